@@ -1,0 +1,40 @@
+"""transformers' own decoding loops as peer baselines (traced through LM.hf_generate)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .lm import LM
+from .sampling import Sampling
+from .trace import Generation
+
+
+@dataclass
+class HFGenerate:
+    """model.generate(): greedy or sampling, DynamicCache, no assistant."""
+
+    name: str = "hf_generate"
+    lossless: bool = True
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids)
+
+
+@dataclass
+class HFPromptLookup:
+    """Prompt lookup decoding in generate(): candidates are copied from the context after
+    the longest matching n-gram (up to max_ngram) and verified in one pass."""
+
+    name: str = "hf_pld"
+    lossless: bool = True
+    num_tokens: int = 10  # prompt_lookup_num_tokens: candidate length
+    max_ngram: int = 2  # max_matching_ngram_size
+
+    def __post_init__(self):
+        if not (isinstance(self.num_tokens, int) and self.num_tokens >= 1):
+            raise ValueError(f"decoder.num_tokens must be an integer >= 1, got {self.num_tokens}")
+        if not (isinstance(self.max_ngram, int) and self.max_ngram >= 1):
+            raise ValueError(f"decoder.max_ngram must be an integer >= 1, got {self.max_ngram}")
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids,
+                              prompt_lookup_num_tokens=self.num_tokens, max_matching_ngram_size=self.max_ngram)

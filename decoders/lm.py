@@ -1,0 +1,250 @@
+"""The thin wrapper every decoder talks to instead of transformers.
+
+transformers' API details (cache classes and their crop semantics, 4D-mask formats per
+attention implementation, generate()'s config merging) live here and nowhere else.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.streamers import BaseStreamer
+
+from .sampling import Sampling
+from .trace import Generation, Step, truncate_at_stop
+
+
+class KVCache:
+    """A DynamicCache plus the two edits decoders need: crop (chain rollback) and keep (tree path)."""
+
+    def __init__(self, hf_cache: DynamicCache):
+        self.hf = hf_cache
+
+    def __len__(self) -> int:
+        return self.hf.get_seq_length()
+
+    @torch.inference_mode()
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions."""
+        remove = len(self) - length
+        if remove < 0:
+            raise ValueError(f"cannot crop a cache of {len(self)} positions to {length}")
+        if remove:
+            self.hf.crop(-remove)  # transformers 5: a negative count removes that many
+
+    @torch.inference_mode()
+    def keep(self, indices: Sequence[int] | torch.Tensor) -> None:
+        """Keep only the positions `indices` (ascending), in that order: e.g. prefix + accepted path."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        n = len(idx)
+        # Positions already in place need no copy: find the first one that moves.
+        moved = torch.nonzero(idx != torch.arange(n), as_tuple=False)
+        start = int(moved[0]) if len(moved) else n
+        for layer in self.hf.layers:
+            if type(layer) is not DynamicLayer:
+                raise NotImplementedError(f"KVCache.keep supports full-attention DynamicLayer only, not {type(layer).__name__}")
+            if not layer.is_initialized:
+                continue
+            if start < n:
+                src = idx[start:].to(layer.keys.device)
+                # Advanced indexing copies first, so overlapping source and destination are safe.
+                layer.keys[..., start:n, :] = layer.keys[..., src, :]
+                layer.values[..., start:n, :] = layer.values[..., src, :]
+            layer.keys = layer.keys[..., :n, :]
+            layer.values = layer.values[..., :n, :]
+
+
+class LM:
+    """A HF causal LM, its tokenizer, and what metrics need to know about it."""
+
+    def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.device = model.get_input_embeddings().weight.device
+        self.dtype = model.dtype
+        self.attn_implementation = model.config._attn_implementation
+        self.max_context = max_context or getattr(self.config, "max_position_embeddings", None)
+        self.stop_ids = self._stop_ids()
+        self._hidden: torch.Tensor | None = None
+        self._want_hidden = False
+        model.base_model.register_forward_hook(self._capture_hidden)
+
+    # ---- what metrics need -------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def flops_spec(self) -> dict:
+        """Parameters doing matmul work per token (all but the input-embedding lookup; a tied
+        output head is a matmul and counts), layers, and attention width."""
+        unique = {p.data_ptr(): p.numel() for p in self.model.parameters()}
+        emb = self.model.get_input_embeddings().weight
+        head = self.model.get_output_embeddings().weight
+        matmul = sum(unique.values()) - emb.numel() + (head.numel() if head.data_ptr() == emb.data_ptr() else 0)
+        cfg = self.config.get_text_config()
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return {"matmul_params": int(matmul), "n_layers": int(cfg.num_hidden_layers),
+                "d_attn": int(cfg.num_attention_heads * head_dim)}
+
+    def _stop_ids(self) -> frozenset[int]:
+        ids = set()
+        for source in (getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(source, "eos_token_id", None) if source is not None else None
+            if eos is not None:
+                ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+        return frozenset(int(i) for i in ids)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ---- forward ------------------------------------------------------------------------
+    def new_cache(self) -> KVCache:
+        return KVCache(DynamicCache(config=self.config))
+
+    def _capture_hidden(self, module, args, output):
+        if self._want_hidden:
+            self._hidden = output.last_hidden_state
+
+    def _mask_4d(self, mask: torch.Tensor) -> torch.Tensor:
+        mask = mask.to(self.device)[None, None]
+        if self.attn_implementation == "sdpa":
+            return mask
+        if self.attn_implementation == "eager":
+            return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(~mask, torch.finfo(self.dtype).min)
+        raise ValueError(f"custom attention masks need attn_implementation 'sdpa' or 'eager', not {self.attn_implementation!r}")
+
+    @torch.inference_mode()
+    def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None,
+                last_only: bool = False, hidden: bool = False):
+        """Feed new tokens after the cache; they are appended to it.
+
+        input_ids: 1D ids (list or tensor). position_ids: 1D, default cache length onward.
+        mask: bool (q, len(cache) + q), True where a new token may attend; None = causal.
+        Returns logits (q, V) (only the last row's if last_only), and the last hidden
+        state (q, d) too when hidden=True.
+        """
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        kwargs = {}
+        if position_ids is not None:
+            kwargs["position_ids"] = torch.as_tensor(position_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        if mask is not None:
+            if mask.shape != (ids.shape[1], len(cache) + ids.shape[1]):
+                raise ValueError(f"mask shape {tuple(mask.shape)} != (new, cache + new) = {(ids.shape[1], len(cache) + ids.shape[1])}")
+            kwargs["attention_mask"] = self._mask_4d(mask)
+            if position_ids is None:
+                raise ValueError("a custom mask needs explicit position_ids")
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+        self._want_hidden = hidden
+        try:
+            out = self.model(input_ids=ids, past_key_values=cache.hf, use_cache=True, **kwargs)
+        finally:
+            self._want_hidden = False
+        logits = out.logits[0]
+        if hidden:
+            h = self._hidden[0]
+            self._hidden = None
+            return logits, (h[-1:] if last_only else h)
+        return logits
+
+    # ---- transformers' own generate(), traced -------------------------------------------
+    @torch.inference_mode()
+    def hf_generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                    stop_ids, **generate_kwargs) -> Generation:
+        """Run model.generate() and recover the DESIGN trace: one Step per target forward
+        (forward hooks), tokens committed per step (the streamer is called once per step
+        with exactly the tokens that step committed)."""
+        steps: list[Step] = []
+        pending: dict = {}
+        start = time.perf_counter()
+
+        def pre_hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            cache = kwargs.get("past_key_values")
+            pending.update(t0=time.perf_counter(), tokens=int(ids.shape[-1]),
+                           context=cache.get_seq_length() if cache is not None else 0)
+
+        def post_hook(module, args, kwargs, output):
+            self.sync()
+            steps.append(Step(accepted=0, forward_tokens=pending["tokens"], context_tokens=pending["context"],
+                              target_time=time.perf_counter() - pending["t0"]))
+
+        streamer = _StepStreamer(steps)
+        config = self._generation_config(max_new_tokens, sampling, stop_ids, **generate_kwargs)
+        handles = [self.model.register_forward_pre_hook(pre_hook, with_kwargs=True),
+                   self.model.register_forward_hook(post_hook, with_kwargs=True)]
+        try:
+            if not sampling.greedy:
+                torch.manual_seed(sampling.seed)  # generate() samples from the global RNG
+            ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      generation_config=config, streamer=streamer)
+        finally:
+            for h in handles:
+                h.remove()
+        self.sync()
+        total = time.perf_counter() - start
+        tokens = truncate_at_stop(out[0, ids.shape[1]:].tolist(), stop_ids, max_new_tokens)
+        _fit_accepted(steps, len(tokens))
+        committed = 0
+        for s in steps:
+            # Tokens fed = committed tokens not yet in the cache + candidates to verify.
+            uncached = len(prompt_ids) + committed - s.context_tokens
+            s.draft_tokens = max(0, s.forward_tokens - uncached)
+            s.accepted_draft_tokens = max(0, min(s.accepted - 1, s.draft_tokens))
+            committed += s.accepted
+        # Whatever generate() did outside the forwards is overhead; spread it per step.
+        outside = max(0.0, total - sum(s.target_time for s in steps))
+        for s in steps:
+            s.overhead_time = outside / len(steps)
+        ttft = streamer.first_token_time - start if streamer.first_token_time else total
+        stop_reason = "eos" if tokens and tokens[-1] in stop_ids else "length"
+        return Generation(tokens=tokens, steps=steps, ttft=ttft, stop_reason=stop_reason)
+
+    def _generation_config(self, max_new_tokens, sampling: Sampling, stop_ids, **extra) -> GenerationConfig:
+        # Every knob that changes the output is set explicitly: generate() fills unset (None)
+        # fields from the checkpoint's generation_config (e.g. llama-2-chat's sampling defaults).
+        neutral = dict(
+            max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=not sampling.greedy,
+            repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+            eos_token_id=sorted(stop_ids), pad_token_id=min(stop_ids) if stop_ids else 0, use_cache=True,
+        )
+        if not sampling.greedy:
+            neutral.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                           min_p=None, typical_p=1.0)
+        neutral.update(extra)
+        return GenerationConfig(**neutral)
+
+
+class _StepStreamer(BaseStreamer):
+    """generate() calls put() once with the prompt, then once per step with its new tokens."""
+
+    def __init__(self, steps: list[Step]):
+        self.steps = steps
+        self.seen_prompt = False
+        self.first_token_time: float | None = None
+
+    def put(self, value):
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        if self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        self.steps[-1].accepted += int(value.numel())
+
+    def end(self):
+        pass
+
+
+def _fit_accepted(steps: list[Step], n_tokens: int) -> None:
+    """After truncation at EOS/max_new_tokens, cap each step's count so they sum to n_tokens."""
+    total = 0
+    for s in steps:
+        s.accepted = min(s.accepted, n_tokens - total)
+        total += s.accepted

@@ -1,0 +1,73 @@
+"""Logits processing shared by every decoder: temperature, top-k, top-p.
+
+The warpers are transformers' own, applied in generate()'s order, so our decoders and the
+hf_* peers sample from the same distribution by construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"gen.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"gen.top_p must be in (0, 1], got {self.top_p}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise ValueError(f"gen.top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def warpers(self) -> LogitsProcessorList:
+        warpers = LogitsProcessorList()
+        if self.greedy:
+            return warpers
+        if self.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k > 0:
+            warpers.append(TopKLogitsWarper(self.top_k))
+        if self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(self.top_p))
+        return warpers
+
+    def generator(self, device) -> torch.Generator | None:
+        """A fresh RNG seeded from `seed` (None when greedy: nothing is drawn)."""
+        if self.greedy:
+            return None
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+
+def probs(logits: torch.Tensor, sampling: Sampling, warpers: LogitsProcessorList | None = None) -> torch.Tensor:
+    """Rows of logits (n, V) -> rows of the sampling distribution (float32)."""
+    warpers = sampling.warpers() if warpers is None else warpers
+    scores = logits.float()
+    if len(warpers):
+        # The warpers ignore input_ids; an empty tensor keeps their signature happy.
+        scores = warpers(scores.new_empty((scores.shape[0], 0), dtype=torch.long), scores)
+    return torch.softmax(scores, dim=-1)
+
+
+def next_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
+               warpers: LogitsProcessorList | None = None) -> int:
+    """Greedy argmax (first index on ties, as transformers) or one sample."""
+    if sampling.greedy:
+        return int(torch.argmax(logits_row))
+    p = probs(logits_row[None], sampling, warpers)[0]
+    return int(torch.multinomial(p, 1, generator=generator))

@@ -1,0 +1,110 @@
+"""What a decoder returns: the new tokens plus one `Step` per target forward pass.
+
+Metrics (bench/metrics.py) are computed from these fields only, so every decoder is
+measured the same way.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+
+@dataclass
+class Step:
+    """One target forward pass and what it committed."""
+
+    accepted: int  # tokens committed by this pass (>= 1, except a final pass cut by max_new_tokens/EOS)
+    forward_tokens: int  # tokens fed to the target in this pass
+    context_tokens: int  # KV-cache length before the pass (for attention FLOPs)
+    draft_tokens: int = 0  # tokens proposed for verification in this pass
+    accepted_draft_tokens: int = 0  # of those, how many were committed
+    draft_forward_tokens: int = 0  # tokens fed to a draft model or heads for this pass
+    draft_flops: float = 0.0  # FLOPs spent drafting for this pass (decoders with a draft fill it)
+    target_time: float = 0.0  # seconds in the target forward
+    draft_time: float = 0.0  # seconds drafting
+    overhead_time: float = 0.0  # the rest of the step: sampling, verification, bookkeeping
+    info: dict = field(default_factory=dict)  # method-specific extras (pool size, hit, ...)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new token ids, EOS included if produced, nothing after it
+    steps: list[Step]
+    ttft: float  # seconds from the call until the first new token was known
+    stop_reason: str  # "eos" or "length"
+    logit_gaps: list[float] | None = None  # per new token, top1 - top2 target logit (reference runs)
+
+    def trace_columns(self) -> dict[str, list]:
+        """The per-step trace as columns (compact in JSON records)."""
+        cols: dict[str, list] = {}
+        for step in self.steps:
+            for key, value in asdict(step).items():
+                cols.setdefault(key, []).append(value)
+        return cols
+
+
+class Tracer:
+    """Times steps and splits each into target / draft / overhead.
+
+    `sync` is called before reading the clock (torch.cuda.synchronize on GPU) so that
+    asynchronous kernels are charged to the region that launched them.
+    """
+
+    def __init__(self, sync: Callable[[], None] | None = None):
+        self.sync = sync or (lambda: None)
+        self.steps: list[Step] = []
+        self.start = time.perf_counter()
+        self.ttft: float | None = None
+        self._step_start = self.start
+        self._target = 0.0
+        self._draft = 0.0
+
+    @contextmanager
+    def target(self):
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self._target += time.perf_counter() - t0
+
+    @contextmanager
+    def draft(self):
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self._draft += time.perf_counter() - t0
+
+    def end_step(self, **fields) -> Step:
+        """Close the current step; its overhead is whatever was not target or draft time."""
+        now = time.perf_counter()
+        step = Step(
+            target_time=self._target,
+            draft_time=self._draft,
+            overhead_time=max(0.0, (now - self._step_start) - self._target - self._draft),
+            **fields,
+        )
+        self.steps.append(step)
+        if self.ttft is None:
+            self.ttft = now - self.start
+        self._step_start, self._target, self._draft = now, 0.0, 0.0
+        return step
+
+    def finish(self, tokens: list[int], stop_ids, logit_gaps=None) -> Generation:
+        stop_reason = "eos" if tokens and tokens[-1] in stop_ids else "length"
+        return Generation(
+            tokens=tokens,
+            steps=self.steps,
+            ttft=self.ttft if self.ttft is not None else 0.0,
+            stop_reason=stop_reason,
+            logit_gaps=logit_gaps,
+        )
+
+
+def truncate_at_stop(tokens: list[int], stop_ids, max_new_tokens: int) -> list[int]:
+    """Cut a committed token list after the first stop token and at max_new_tokens."""
+    tokens = tokens[:max_new_tokens]
+    for i, tok in enumerate(tokens):
+        if tok in stop_ids:
+            return tokens[: i + 1]
+    return tokens

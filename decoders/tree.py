@@ -1,0 +1,85 @@
+"""Token trees: the candidates a target verifies in one forward pass.
+
+Node 0 is the root: the last committed token, not yet in the KV cache. Every other node
+has a parent with a smaller index, so a chain of k drafts is the tree with parents
+[-1, 0, 1, ..., k-1].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class TokenTree:
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int] = field(init=False)
+    children: list[list[int]] = field(init=False)
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.parents) or not self.tokens:
+            raise ValueError("a token tree needs one parent per token and at least the root")
+        if self.parents[0] != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        self.depths = [0] * len(self.tokens)
+        self.children = [[] for _ in self.tokens]
+        for i, parent in enumerate(self.parents[1:], start=1):
+            if not 0 <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}: parents must precede their children")
+            self.depths[i] = self.depths[parent] + 1
+            self.children[parent].append(i)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def chain(cls, root: int, drafts: Sequence[int]) -> "TokenTree":
+        return cls([root, *drafts], list(range(-1, len(drafts))))
+
+    @classmethod
+    def from_sequences(cls, root: int, sequences: Sequence[Sequence[int]]) -> "TokenTree":
+        """Merge candidate continuations of `root` into a trie (shared prefixes verified once)."""
+        tokens, parents = [root], [-1]
+        index: dict[tuple[int, int], int] = {}
+        for seq in sequences:
+            node = 0
+            for tok in seq:
+                key = (node, int(tok))
+                if key not in index:
+                    index[key] = len(tokens)
+                    tokens.append(int(tok))
+                    parents.append(node)
+                node = index[key]
+        return cls(tokens, parents)
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root to `node`, inclusive."""
+        out = []
+        while node != -1:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def leaves(self) -> list[int]:
+        return [i for i, kids in enumerate(self.children) if not kids]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """(n, n) bool: [i, j] is True when j is i or one of its ancestors."""
+        n = len(self)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            mask[i, i] = True
+            parent = self.parents[i]
+            if parent >= 0:
+                mask[i] |= mask[parent]  # parents precede children, so their rows are complete
+        return mask
+
+    def attention_mask(self, cache_len: int) -> torch.Tensor:
+        """(n, cache_len + n) bool for LM.forward: the whole cache plus the node's own ancestry."""
+        return torch.cat([torch.ones(len(self), cache_len, dtype=torch.bool), self.ancestor_mask()], dim=1)
+
+    def position_ids(self, cache_len: int) -> torch.Tensor:
+        return cache_len + torch.tensor(self.depths, dtype=torch.long)

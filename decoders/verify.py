@@ -1,0 +1,72 @@
+"""Verification of a token tree against one target forward pass.
+
+Both functions return (path, next_token): `path` holds the accepted node indices from the
+root (node 0) down, and `next_token` is the token the target itself contributes after the
+path (the "bonus" token). The committed tokens are the path's tokens after the root,
+then next_token.
+"""
+from __future__ import annotations
+
+import torch
+
+from .tree import TokenTree
+
+
+def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """Longest path whose every token is the target's argmax after its parent."""
+    prediction = torch.argmax(target_logits, dim=-1).tolist()
+    node, path = 0, [0]
+    while True:
+        want = prediction[node]
+        node_next = next((c for c in tree.children[node] if tree.tokens[c] == want), None)
+        if node_next is None:
+            return path, want
+        path.append(node_next)
+        node = node_next
+
+
+def verify_sampling(tree: TokenTree, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                    generator: torch.Generator | None, without_replacement: bool = False) -> tuple[list[int], int]:
+    """Stochastic verification that preserves the target distribution.
+
+    target_probs: (n, V), the target's sampling distribution after each node.
+    draft_probs: (n, V), row c = the distribution node c's token was drawn from (its
+      parent's draft distribution), or None for deterministic candidates (point masses, as
+      lookahead's n-gram guesses).
+    At each node the children are tried in order: child x is accepted with probability
+    min(1, p(x) / q(x)); on rejection p becomes the residual norm(max(p - q, 0)). With
+    deterministic candidates this is "accept with p(x), else zero p(x) and renormalise".
+    without_replacement (Sequoia): siblings were drawn without replacement, so after each
+    rejection the draft distribution for the next sibling drops the rejected token.
+    If every child is rejected, the next token is sampled from the residual.
+    """
+    node, path = 0, [0]
+    while True:
+        p = target_probs[node].clone()
+        q_shared = None  # the running without-replacement draft distribution of these siblings
+        accepted = None
+        for child in tree.children[node]:
+            x = tree.tokens[child]
+            if draft_probs is None:
+                q = torch.zeros_like(p)
+                q[x] = 1.0
+            elif without_replacement:
+                q = draft_probs[child].clone() if q_shared is None else q_shared
+            else:
+                q = draft_probs[child]
+            if q[x] <= 0:
+                raise ValueError(f"node {child} holds token {x}, which its draft distribution gives probability 0")
+            u = torch.rand((), generator=generator, device=p.device)
+            if u * q[x] <= p[x]:
+                accepted = child
+                break
+            residual = torch.clamp(p - q, min=0)
+            p = residual / residual.sum() if residual.sum() > 0 else p  # p == q: rejection had probability 0
+            if without_replacement and draft_probs is not None:
+                q_shared = q.clone()
+                q_shared[x] = 0
+                q_shared = q_shared / q_shared.sum() if q_shared.sum() > 0 else q_shared
+        if accepted is None:
+            return path, int(torch.multinomial(p, 1, generator=generator))
+        path.append(accepted)
+        node = accepted
