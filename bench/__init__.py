@@ -1,0 +1,1 @@
+"""The benchmark harness: Hydra entry, runner, models, datasets, metrics, reports."""

