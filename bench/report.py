@@ -1,0 +1,84 @@
+"""`python -m bench.report DIR... [--out DIR]`: one table across runs.
+
+Finds every run directory (one holding records.jsonl) under the given paths, recomputes
+each summary from its records with bench.metrics, and prints one Markdown table; with
+--out also writes report.csv and report.md there. Sweep parameters that differ between
+runs are added as columns (from each run's config.yaml).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from . import metrics
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    runs = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise SystemExit(f"error: {p} does not exist")
+        runs += sorted({f.parent for f in p.rglob("records.jsonl")})
+    return runs
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_run(run: Path) -> tuple[pd.DataFrame, dict]:
+    records = [json.loads(line) for line in run.joinpath("records.jsonl").read_text().splitlines() if line.strip()]
+    config = run / "config.yaml"
+    params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.exists() else {}
+    return metrics.summarize(records), params
+
+
+def report(paths: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    runs = find_runs(paths)
+    if not runs:
+        raise SystemExit(f"error: no run directories (with records.jsonl) under {' '.join(paths)}")
+    loaded = [load_run(r) for r in runs]
+    # Config keys that vary across runs are the sweep's parameters: show them.
+    keys = sorted({k for _, p in loaded for k in p})
+    varying = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for _, p in loaded}) > 1
+               and not k.startswith(("data_dir", "cache_dir", "resume", "progress"))]
+    tables = []
+    for run, (summary, params) in zip(runs, loaded):
+        summary = summary.copy()
+        for k in varying:
+            summary[k] = json.dumps(params.get(k)) if isinstance(params.get(k), (list, dict)) else params.get(k)
+        summary["run"] = str(run)
+        tables.append(summary)
+    return pd.concat(tables, ignore_index=True), varying
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", help="run or sweep directories")
+    parser.add_argument("--out", help="directory for report.csv and report.md")
+    args = parser.parse_args(argv)
+    table, varying = report(args.paths)
+    shown = [c for c in metrics.DISPLAY[:3] + varying + metrics.DISPLAY[3:] if c in table.columns]
+    md = table[shown].to_markdown(index=False, floatfmt=".4g")
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "report.csv", index=False)
+        (out / "report.md").write_text(md + "\n")
+        print(f"\nwrote {out / 'report.csv'} and {out / 'report.md'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
