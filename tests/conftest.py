@@ -1,0 +1,27 @@
+import os
+
+import pytest
+import torch
+
+from helpers import CACHE_DIR, DATA_DIR, smollm2
+
+# Tests must see the data copies and the model cache the README's commands set up.
+os.environ.setdefault("BENCH_DATA_DIR", str(DATA_DIR))
+os.environ.setdefault("BENCH_CACHE_DIR", CACHE_DIR)
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("WANDB_MODE", "offline")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    if not (DATA_DIR / "mt_bench" / "question.jsonl").is_file() or not (DATA_DIR / "gsm8k" / "test.jsonl").is_file():
+        pytest.fail(f"MT-Bench/GSM8K copies not found under {DATA_DIR}; set BENCH_DATA_DIR to a directory holding "
+                    "mt_bench/question.jsonl and gsm8k/{test,train}.jsonl")
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The real default model (SmolLM2-135M-Instruct, fp32, CPU), loaded once."""
+    return smollm2()

@@ -1,0 +1,188 @@
+"""`python -m bench` as a user runs it: outputs, overrides, errors, resume after SIGKILL."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli
+
+TINY = ["model=tiny-random", "gen.max_new_tokens=8"]
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_the_run_directory(tmp_path):
+    out = run_cli(*TINY, "dataset.limit=3", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    for name in ["config.yaml", "records.jsonl", "summary.csv", "summary.md", "provenance.json"]:
+        assert (tmp_path / name).is_file(), name
+    recs = records(tmp_path)
+    assert [r["prompt_id"] for r in recs] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert all(r["status"] == "ok" and r["new_tokens"] == len(r["tokens"]) == 8 for r in recs)
+    assert all(r["steps"] == 8 and len(r["trace"]["accepted"]) == 8 for r in recs)
+    assert all(r["rendering"] == "chat" and r["quality"]["passed"] in (True, False) for r in recs)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary.loc[0, "records"] == 3 and summary.loc[0, "tokens_per_step"] == 1.0
+    assert summary.loc[0, "quality_metric"] == "pass@1"
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    assert prov["dtype"] == "float32" and prov["device"] == "cpu" and prov["torch_threads"] >= 1
+    assert prov["packages"]["transformers"].startswith("5.") and "git_commit" in prov
+    assert "tokens_per_step" in out.stdout and str(tmp_path) in out.stdout  # the table and where it went
+    assert "tok_s=" in out.stderr and "tok_per_step=" in out.stderr and "3/3" in out.stderr  # live progress
+
+
+def test_sampling_overrides_are_applied_and_seeded(tmp_path):
+    args = [*TINY, "decoder=hf_generate", "dataset=mt_bench", "dataset.limit=2", "gen.temperature=0.8",
+            "gen.top_p=0.9", "gen.top_k=50"]
+    a, b, c = (run_cli(*args, f"seed={s}", f"hydra.run.dir={tmp_path / d}") for s, d in [(3, "a"), (3, "b"), (4, "c")])
+    assert a.returncode == b.returncode == c.returncode == 0, a.stderr + c.stderr
+    ra, rb, rc = records(tmp_path / "a"), records(tmp_path / "b"), records(tmp_path / "c")
+    assert [(r["prompt_id"], r["turn"]) for r in ra] == [("81", 0), ("81", 1), ("82", 0), ("82", 1)]
+    assert [r["tokens"] for r in ra] == [r["tokens"] for r in rb]  # same seed, same samples
+    assert [r["tokens"] for r in ra] != [r["tokens"] for r in rc]
+    config = (tmp_path / "a" / "config.yaml").read_text()
+    assert "temperature: 0.8" in config and "top_p: 0.9" in config and "top_k: 50" in config
+    # Turn 2 is asked after the model's own first answer.
+    assert ra[0]["text"] in ra[1]["prompt_text"]
+
+
+def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
+    out = run_cli(*TINY, "decoder=hf_pld", "dataset=gsm8k", "dataset.limit=2", "check_lossless=true",
+                  f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    recs = records(tmp_path)
+    assert all(r["lossless"] is True and r["first_divergence"] is None for r in recs)
+    assert all(r["reference"]["decoder"] == "autoregressive" and r["reference"]["latency_s"] > 0 for r in recs)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary.loc[0, "lossless"] == 1.0
+    assert summary.loc[0, "speedup"] > 0 and summary.loc[0, "speedup_latency_geomean"] > 0
+    assert summary.loc[0, "quality_metric"] == "accuracy"
+
+
+def test_default_model_end_to_end(tmp_path):
+    """The main job on the embedded default: SmolLM2 on HumanEval, checked lossless."""
+    out = run_cli("dataset.limit=2", "gen.max_new_tokens=24", "check_lossless=true", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    row = summary.iloc[0]
+    assert (row["decoder"], row["model"], row["dataset"]) == ("autoregressive", "smollm2-135m", "humaneval")
+    assert row["records"] == 2 and row["lossless"] == 1.0 and row["tokens_per_step"] == 1.0
+    assert all(r["text"].strip() for r in records(tmp_path))  # real text from a real model
+
+
+def test_overlong_prompt_is_skipped_with_its_reason(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in [
+        {"id": "short", "prompt": "Say hi."},
+        {"id": "long", "prompt": ["word " * 400, "and then?"]},
+    ]) + "\n")
+    out = run_cli(*TINY, "dataset=jsonl", f"dataset.path={prompts}", "model.max_context=256",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr
+    by_key = {r["key"]: r for r in records(tmp_path / "run")}
+    assert by_key["short#0"]["status"] == "ok"
+    assert by_key["long#0"]["status"] == "skipped" and "exceeds the model's context of 256" in by_key["long#0"]["reason"]
+    assert by_key["long#1"]["status"] == "skipped" and "earlier turn" in by_key["long#1"]["reason"]
+    summary = pd.read_csv(tmp_path / "run" / "summary.csv")
+    assert summary.loc[0, "records"] == 1 and summary.loc[0, "skipped"] == 2
+
+
+ERRORS = [
+    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, hf_generate, hf_pld"),
+    (["model=nope"], "unknown model 'nope'"),
+    (["dataset=nope"], "unknown dataset 'nope'"),
+    (["gen.max_new_tokens=0"], "gen.max_new_tokens must be an integer >= 1"),
+    (["gen.temperature=-1"], "gen.temperature must be >= 0"),
+    (["gen.top_p=1.5"], "gen.top_p must be in (0, 1]"),
+    (["decoder=hf_pld", "decoder.num_tokens=0"], "decoder.num_tokens must be an integer >= 1"),
+    (["-m", "decoder=hf_pld", "decoder.num_tokens=4,0"], "decoder.num_tokens must be an integer >= 1"),
+    (["gen.nope=1"], "gen.nope"),
+    (["check_lossless=true", "gen.temperature=0.7"], "check_lossless=true compares against autoregressive greedy"),
+    (["threads=0"], "threads must be a positive integer"),
+    (["dataset=jsonl"], "dataset=jsonl needs dataset.path=FILE"),
+    (["dataset=gsm8k", "dataset.path=/no/such/dir"], "dataset.path=/no/such/dir does not exist"),
+    (["model=codellama-7b", "model.path=/no/such/model"], "no directory at model.path=/no/such/model"),
+    (["dataset.limit=0"], "dataset.limit must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", ERRORS, ids=[" ".join(o) for o, _ in ERRORS])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
+    out = run_cli(*TINY, *overrides, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 2
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def test_missing_data_names_where_it_looked(tmp_path):
+    env = dict(os.environ, BENCH_DATA_DIR=str(tmp_path), BENCH_CACHE_DIR=CACHE_DIR, HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "bench", *TINY, "dataset=mt_bench", f"hydra.run.dir={tmp_path / 'r'}"],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert out.returncode == 2
+    line = out.stderr.strip()
+    assert "\n" not in line and "no MT-Bench data" in line
+    assert str(tmp_path / "mt_bench" / "question.jsonl") in line and "HuggingFaceH4/mt_bench_prompts" in line
+    assert "dataset.path=" in line and "BENCH_DATA_DIR" in line
+
+
+def test_existing_run_needs_resume_and_resume_needs_same_config(tmp_path):
+    assert run_cli(*TINY, "dataset.limit=1", f"hydra.run.dir={tmp_path}").returncode == 0
+    again = run_cli(*TINY, "dataset.limit=1", f"hydra.run.dir={tmp_path}")
+    assert again.returncode == 2 and "pass resume=true" in again.stderr
+    other = run_cli(*TINY, "dataset.limit=1", "gen.max_new_tokens=9", "resume=true", f"hydra.run.dir={tmp_path}")
+    assert other.returncode == 2 and "gen.max_new_tokens: 8 then, 9 now" in other.stderr
+    same = run_cli(*TINY, "dataset.limit=1", "resume=true", f"hydra.run.dir={tmp_path}")
+    assert same.returncode == 0 and len(records(tmp_path)) == 1
+
+
+def test_sigkill_then_resume_gives_every_record_exactly_once(tmp_path):
+    args = ["model=tiny-random", "gen.max_new_tokens=48", "dataset.limit=14", f"hydra.run.dir={tmp_path}"]
+    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = tmp_path / "records.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < 3):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_at_kill = path.read_text().count("\n")
+    assert 3 <= done_at_kill < 14, "the kill must land mid-run for this test to mean anything"
+    with open(path, "a") as f:  # and as if it died mid-write
+        f.write('{"key": "HumanEval/13#0", "status": "o')
+    out = run_cli(*args, "resume=true")
+    assert out.returncode == 0, out.stderr
+    recs = records(tmp_path)
+    keys = [r["key"] for r in recs]
+    assert sorted(keys) == sorted(f"HumanEval/{i}#0" for i in range(14)) and len(set(keys)) == 14
+    assert pd.read_csv(tmp_path / "summary.csv").loc[0, "records"] == 14
+
+
+def test_multirun_sweep_and_report(tmp_path):
+    out = run_cli("-m", *TINY, "decoder=autoregressive,hf_pld", "dataset.limit=2", f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    runs = sorted(p.parent.name for p in tmp_path.rglob("summary.csv"))
+    assert runs == ["dataset.limit=2,decoder=autoregressive,gen.max_new_tokens=8,model=tiny-random",
+                    "dataset.limit=2,decoder=hf_pld,gen.max_new_tokens=8,model=tiny-random"]
+    report = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path), "--out", str(tmp_path / "rep")],
+                            capture_output=True, text=True, cwd=REPO)
+    assert report.returncode == 0, report.stderr
+    table = pd.read_csv(tmp_path / "rep" / "report.csv")
+    assert sorted(table["decoder"]) == ["autoregressive", "hf_pld"] and (table["records"] == 2).all()
+    assert "decoder.name" in table.columns  # the swept parameter is a column
+
+
+def test_wandb_offline_logging(tmp_path):
+    out = run_cli(*TINY, "dataset.limit=2", "logger=wandb", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    offline_runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1 and any(offline_runs[0].glob("*.wandb"))

@@ -1,0 +1,110 @@
+"""Greedy equality: every lossless decoder returns exactly autoregressive greedy's tokens.
+
+Parametrised over decoders and hyper-parameters, on tiny random models across seeds (fast,
+with edge cases forced) and on the real SmolLM2 with prompts of all three datasets.
+"""
+import pytest
+import torch
+
+from bench.prompts import render
+from decoders.autoregressive import Autoregressive, autoregressive_decode
+from decoders.hf_peers import HFGenerate, HFPromptLookup
+from decoders.sampling import Sampling
+from helpers import tiny_lm
+
+GREEDY = Sampling()
+
+DECODERS = {
+    "autoregressive": Autoregressive(),
+    "hf_generate": HFGenerate(),
+    "hf_pld-10-2": HFPromptLookup(num_tokens=10, max_ngram=2),
+    "hf_pld-3-1": HFPromptLookup(num_tokens=3, max_ngram=1),
+    "hf_pld-1-3": HFPromptLookup(num_tokens=1, max_ngram=3),
+}
+
+
+def check_trace(gen, max_new_tokens, stop_ids):
+    assert 1 <= len(gen.tokens) <= max_new_tokens
+    assert not any(t in stop_ids for t in gen.tokens[:-1]), "tokens after a stop token"
+    assert sum(s.accepted for s in gen.steps) == len(gen.tokens)
+    assert all(s.forward_tokens >= 1 and s.accepted >= 0 for s in gen.steps)
+    assert 0 <= sum(s.accepted_draft_tokens for s in gen.steps) <= sum(s.draft_tokens for s in gen.steps)
+    assert gen.stop_reason == ("eos" if gen.tokens[-1] in stop_ids else "length")
+
+
+def tiny_case(seed: int, kind: str):
+    """A prompt and stop ids for one edge case, on a vocabulary of 64."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "one_token_prompt":
+        prompt = [int(torch.randint(0, 64, (1,), generator=g))]
+    elif kind == "repetitive":  # prompt lookup finds matches
+        unit = torch.randint(0, 64, (5,), generator=g).tolist()
+        prompt = unit * 4
+    else:
+        prompt = torch.randint(0, 64, (int(torch.randint(2, 30, (1,), generator=g)),), generator=g).tolist()
+    return prompt
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("kind", ["random", "repetitive", "one_token_prompt"])
+@pytest.mark.parametrize("max_new_tokens", [1, 7, 40])
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_equality_tiny_random(decoder, kind, max_new_tokens, seed):
+    lm = tiny_lm(seed=seed)
+    prompt = tiny_case(seed, kind)
+    reference = autoregressive_decode(lm, prompt, max_new_tokens, GREEDY, stop_ids=set())
+    out = DECODERS[decoder].generate(lm, prompt, max_new_tokens, GREEDY, set())
+    assert out.tokens == reference.tokens
+    check_trace(out, max_new_tokens, set())
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_equality_eos_inside_output(decoder, seed):
+    """EOS is a token autoregressive emits mid-output: every decoder stops right after it,
+    even when it arrives inside a block of accepted draft tokens."""
+    lm = tiny_lm(seed=seed)
+    prompt = tiny_case(seed, "repetitive")
+    free = autoregressive_decode(lm, prompt, 40, GREEDY, stop_ids=set()).tokens
+    eos = free[min(len(free) - 1, 3 + seed * 5)]
+    reference = autoregressive_decode(lm, prompt, 40, GREEDY, stop_ids={eos})
+    assert reference.tokens[-1] == eos and reference.stop_reason == "eos"
+    out = DECODERS[decoder].generate(lm, prompt, 40, GREEDY, {eos})
+    assert out.tokens == reference.tokens
+    check_trace(out, 40, {eos})
+
+
+@pytest.mark.parametrize("decoder", ["hf_generate", "hf_pld-10-2", "hf_pld-3-1"])
+@pytest.mark.parametrize("dataset", ["humaneval", "mt_bench", "gsm8k"])
+def test_greedy_equality_smollm2(smollm, data_dir, dataset, decoder):
+    """The real default model on the harness's own rendering of real prompts."""
+    from bench.datasets import GSM8K, HumanEval, MTBench
+
+    loader = {"humaneval": HumanEval(limit=2), "mt_bench": MTBench(limit=2, data_dir=str(data_dir)),
+              "gsm8k": GSM8K(limit=2, data_dir=str(data_dir))}[dataset]
+    for prompt in loader.load():
+        _, ids = render(smollm.tokenizer, prompt, 0, [], "chat")
+        reference = autoregressive_decode(smollm, ids, 40, GREEDY, smollm.stop_ids)
+        out = DECODERS[decoder].generate(smollm, ids, 40, GREEDY, smollm.stop_ids)
+        assert out.tokens == reference.tokens, f"{prompt.id}: first difference at " \
+            f"{next(i for i, (a, b) in enumerate(zip(out.tokens + [-1], reference.tokens + [-1])) if a != b)}"
+        check_trace(out, 40, smollm.stop_ids)
+
+
+def test_autoregressive_trace_counts_prefill_as_a_step(smollm):
+    ids = smollm.tokenizer("def fibonacci(n):")["input_ids"]
+    gen = autoregressive_decode(smollm, ids, 12, GREEDY, stop_ids=set())
+    assert len(gen.steps) == len(gen.tokens) == 12
+    assert gen.steps[0].forward_tokens == len(ids) and gen.steps[0].context_tokens == 0
+    assert [s.context_tokens for s in gen.steps[1:]] == list(range(len(ids), len(ids) + 11))
+    assert all(s.forward_tokens == 1 and s.accepted == 1 for s in gen.steps[1:])
+    assert 0 < gen.ttft <= sum(s.target_time + s.overhead_time for s in gen.steps)
+
+
+def test_hf_generate_trace_matches_autoregressive_shape(smollm):
+    ids = smollm.tokenizer("def fibonacci(n):")["input_ids"]
+    gen = HFGenerate().generate(smollm, ids, 12, GREEDY, set())
+    assert len(gen.steps) == 12  # one forward per token, prefill included
+    assert gen.steps[0].forward_tokens == len(ids)
+    assert [s.accepted for s in gen.steps] == [1] * 12
+    assert all(s.draft_tokens == 0 for s in gen.steps)

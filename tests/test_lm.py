@@ -1,0 +1,113 @@
+"""The LM wrapper: custom masks and positions, cache crop/keep, hidden states."""
+import pytest
+import torch
+
+from decoders import TokenTree
+from helpers import tiny_lm
+
+PROMPT = [3, 17, 22, 5, 9, 41, 2, 33]
+
+
+def fresh_logits(lm, ids):
+    return lm.forward(ids, lm.new_cache())
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_explicit_causal_mask_and_positions_match_default(attn, seed):
+    lm = tiny_lm(seed=seed, attn=attn)
+    cache = lm.new_cache()
+    lm.forward(PROMPT[:5], cache)
+    new = PROMPT[5:]
+    mask = torch.ones(len(new), len(cache) + len(new), dtype=torch.bool).tril(diagonal=len(cache))
+    explicit = lm.forward(new, cache, position_ids=torch.arange(5, 8), mask=mask)
+    assert torch.allclose(explicit, fresh_logits(lm, PROMPT)[5:], atol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_tree_pass_equals_each_path_run_alone(attn, seed):
+    lm = tiny_lm(seed=seed, attn=attn)
+    gen = torch.Generator().manual_seed(seed)
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 5]
+    tokens = torch.randint(0, 64, (len(parents),), generator=gen).tolist()
+    tree = TokenTree(tokens, parents)
+    cache = lm.new_cache()
+    lm.forward(PROMPT, cache)
+    logits = lm.forward(tree.tokens, cache, position_ids=tree.position_ids(len(PROMPT)),
+                        mask=tree.attention_mask(len(PROMPT)))
+    for node in range(len(tree)):
+        path = [tree.tokens[i] for i in tree.path(node)]
+        assert torch.allclose(logits[node], fresh_logits(lm, PROMPT + path)[-1], atol=1e-5), node
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_keep_accepted_path_then_continue_equals_recompute(seed):
+    lm = tiny_lm(seed=seed)
+    tree = TokenTree([7, 11, 12, 13, 14, 15], [-1, 0, 0, 2, 2, 4])
+    cache = lm.new_cache()
+    lm.forward(PROMPT, cache)
+    lm.forward(tree.tokens, cache, position_ids=tree.position_ids(len(PROMPT)), mask=tree.attention_mask(len(PROMPT)))
+    path = tree.path(5)  # nodes 0, 2, 4, 5: not contiguous in the cache
+    cache.keep(list(range(len(PROMPT))) + [len(PROMPT) + i for i in path])
+    assert len(cache) == len(PROMPT) + len(path)
+    committed = PROMPT + [tree.tokens[i] for i in path]
+    after = lm.forward([21, 22], cache)
+    assert torch.allclose(after, fresh_logits(lm, committed + [21, 22])[-2:], atol=1e-5)
+
+
+def test_keep_identity_prefix_is_a_crop():
+    lm = tiny_lm()
+    cache = lm.new_cache()
+    lm.forward(PROMPT, cache)
+    cache.keep(range(5))
+    assert len(cache) == 5
+    assert torch.allclose(lm.forward(PROMPT[5:], cache), fresh_logits(lm, PROMPT)[5:], atol=1e-5)
+
+
+def test_crop_rolls_back_rejected_tokens():
+    lm = tiny_lm()
+    cache = lm.new_cache()
+    lm.forward(PROMPT, cache)
+    lm.forward([1, 2, 3], cache)  # a rejected draft
+    cache.crop(len(PROMPT))
+    assert len(cache) == len(PROMPT)
+    assert torch.allclose(lm.forward([40], cache)[-1], fresh_logits(lm, PROMPT + [40])[-1], atol=1e-5)
+    with pytest.raises(ValueError, match="cannot crop"):
+        cache.crop(len(cache) + 1)
+
+
+def test_last_only_and_hidden_state():
+    lm = tiny_lm()
+    full, hidden = lm.forward(PROMPT, lm.new_cache(), hidden=True)
+    last, last_hidden = lm.forward(PROMPT, lm.new_cache(), last_only=True, hidden=True)
+    assert full.shape == (len(PROMPT), 64) and hidden.shape == (len(PROMPT), 64)
+    assert last.shape == (1, 64) and last_hidden.shape == (1, 64)
+    assert torch.allclose(last[0], full[-1], atol=1e-5)
+    # The hidden state is what the output head reads.
+    with torch.inference_mode():
+        assert torch.allclose(lm.model.get_output_embeddings()(hidden), full, atol=1e-4)
+    assert torch.allclose(lm.forward(PROMPT, lm.new_cache()), full)  # no hidden requested: logits only
+
+
+def test_mask_shape_and_missing_positions_are_errors():
+    lm = tiny_lm()
+    cache = lm.new_cache()
+    lm.forward(PROMPT, cache)
+    with pytest.raises(ValueError, match="mask shape"):
+        lm.forward([1, 2], cache, position_ids=[8, 9], mask=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="position_ids"):
+        lm.forward([1, 2], cache, mask=torch.ones(2, 10, dtype=torch.bool))
+
+
+def test_flops_spec_counts_matmul_parameters():
+    lm = tiny_lm(vocab=64, hidden=64, layers=2)
+    spec = lm.flops_spec()
+    per_layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128  # q,o + k,v (2 kv heads of 16) + mlp
+    assert spec["matmul_params"] == 2 * per_layer + 64 * 64 + (2 * 2 + 1) * 64  # + untied head + RMSNorm weights
+    assert spec["n_layers"] == 2 and spec["d_attn"] == 64
+
+
+def test_stop_ids_from_config_and_tokenizer():
+    assert tiny_lm(eos=5).stop_ids == {5}
+    assert tiny_lm(eos=None).stop_ids == frozenset()

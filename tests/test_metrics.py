@@ -1,0 +1,84 @@
+import math
+
+import pytest
+
+from bench import metrics
+from decoders.trace import Generation, Step
+
+SPEC = {"matmul_params": 1000, "n_layers": 2, "d_attn": 8}
+
+
+def test_forward_flops_formula():
+    # 1 token after 10 cached: 2*1000*1 + 4*2*8*(10 + 1)
+    assert metrics.forward_flops(SPEC, 1, 10) == 2000 + 64 * 11
+    # prefill of 3: each token attends to itself and those before it: 1 + 2 + 3 = 6 pairs
+    assert metrics.forward_flops(SPEC, 3, 0) == 6000 + 64 * 6
+
+
+def gen(accepted, forward, context, drafts=(), accepted_drafts=()):
+    steps = [Step(accepted=a, forward_tokens=f, context_tokens=c, target_time=0.1, overhead_time=0.01,
+                  draft_tokens=d, accepted_draft_tokens=ad)
+             for a, f, c, d, ad in zip(accepted, forward, context, drafts or [0] * len(accepted),
+                                       accepted_drafts or [0] * len(accepted))]
+    return Generation(tokens=list(range(sum(accepted))), steps=steps, ttft=0.1, stop_reason="length")
+
+
+def test_generation_metrics():
+    g = gen([1, 3, 2], [5, 4, 4], [0, 5, 8], drafts=[0, 3, 3], accepted_drafts=[0, 2, 1])
+    m = metrics.generation_metrics(g, SPEC, latency=0.5)
+    assert m["new_tokens"] == 6 and m["steps"] == 3 and m["tokens_per_step"] == 2.0
+    assert m["tokens_per_s"] == 12.0
+    assert m["forward_tokens"] == 13 and m["draft_tokens"] == 6 and m["accepted_draft_tokens"] == 3
+    assert m["target_flops"] == sum(metrics.forward_flops(SPEC, f, c) for f, c in [(5, 0), (4, 5), (4, 8)])
+    assert math.isclose(m["target_time_s"], 0.3) and math.isclose(m["overhead_time_s"], 0.03)
+
+
+def test_first_divergence():
+    assert metrics.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert metrics.first_divergence([1, 2, 4], [1, 2, 3]) == 2
+    assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert metrics.first_divergence([9], [1]) == 0
+
+
+def record(key, tokens, steps, latency, ref_latency=None, lossless=None, score=None, status="ok"):
+    rec = {"key": key, "decoder": "d", "model": "m", "dataset": "x", "status": status}
+    if status != "ok":
+        return rec
+    rec.update(new_tokens=tokens, steps=steps, latency_s=latency, tokens_per_s=tokens / latency, ttft_s=0.01,
+               target_time_s=latency * 0.9, draft_time_s=0.0, overhead_time_s=latency * 0.1,
+               forward_tokens=steps * 3, draft_tokens=steps * 2, accepted_draft_tokens=tokens - steps,
+               target_flops=100.0 * steps, draft_flops=0.0, quality_metric="pass@1" if score is not None else None,
+               quality_score=score, lossless=lossless,
+               reference={"latency_s": ref_latency, "new_tokens": tokens} if ref_latency else None)
+    return rec
+
+
+def test_summarize_aggregates_and_speedups():
+    recs = [record("a", 10, 5, 1.0, ref_latency=2.0, lossless=True, score=1.0),
+            record("b", 30, 10, 2.0, ref_latency=2.0, lossless=False, score=0.0),
+            record("c", 0, 0, 0, status="skipped")]
+    row = metrics.summarize(recs).iloc[0]
+    assert row["records"] == 2 and row["skipped"] == 1
+    assert row["tokens_per_step"] == 40 / 15
+    assert row["tokens_per_s"] == 40 / 3.0
+    assert row["tokens_per_s_median"] == 12.5
+    assert row["acceptance_rate"] == 25 / 30
+    assert row["flops_per_token"] == 1500 / 40
+    assert row["lossless"] == 0.5 and row["quality"] == 0.5 and row["quality_metric"] == "pass@1"
+    # ratio of tokens/s: (40/3) / (40/4); geometric mean of latency ratios: sqrt(2/1 * 2/2)
+    assert row["speedup"] == pytest.approx(4 / 3)
+    assert row["speedup_latency_geomean"] == pytest.approx(math.sqrt(2.0))
+    assert row["overhead_frac"] == pytest.approx(0.1)
+
+
+def test_summarize_without_reference_or_checks_reports_nan():
+    row = metrics.summarize([record("a", 10, 10, 1.0)]).iloc[0]
+    assert row["tokens_per_step"] == 1.0
+    assert math.isnan(row["lossless"]) and math.isnan(row["quality"])
+    assert "speedup" not in row or math.isnan(row["speedup"])
+
+
+def test_markdown_has_the_headline_columns():
+    md = metrics.to_markdown(metrics.summarize([record("a", 10, 5, 1.0)]))
+    for col in ["decoder", "tokens_per_step", "tokens_per_s", "flops_per_token", "lossless"]:
+        assert col in md.splitlines()[0]

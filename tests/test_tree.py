@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from decoders import TokenTree
+
+
+def test_chain_tree():
+    tree = TokenTree.chain(5, [6, 7, 8])
+    assert tree.parents == [-1, 0, 1, 2]
+    assert tree.depths == [0, 1, 2, 3]
+    assert tree.path(3) == [0, 1, 2, 3]
+    assert torch.equal(tree.ancestor_mask(), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_branching_tree_mask_positions_paths():
+    #        0
+    #      /   \
+    #     1     2
+    #    / \     \
+    #   3   4     5
+    tree = TokenTree([10, 11, 12, 13, 14, 15], [-1, 0, 0, 1, 1, 2])
+    assert tree.depths == [0, 1, 1, 2, 2, 2]
+    assert tree.children == [[1, 2], [3, 4], [5], [], [], []]
+    assert tree.leaves() == [3, 4, 5]
+    assert tree.path(4) == [0, 1, 4]
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 0, 1, 0, 0, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(tree.ancestor_mask(), expected)
+    full = tree.attention_mask(cache_len=3)
+    assert full.shape == (6, 9) and full[:, :3].all() and torch.equal(full[:, 3:], expected)
+    assert tree.position_ids(7).tolist() == [7, 8, 8, 9, 9, 9]
+
+
+def test_from_sequences_merges_shared_prefixes():
+    tree = TokenTree.from_sequences(1, [[2, 3, 4], [2, 3, 5], [6], [2, 7]])
+    assert tree.tokens == [1, 2, 3, 4, 5, 6, 7]
+    assert tree.parents == [-1, 0, 1, 2, 2, 0, 1]
+    assert sorted(tuple(tree.tokens[i] for i in tree.path(leaf)) for leaf in tree.leaves()) == \
+        [(1, 2, 3, 4), (1, 2, 3, 5), (1, 2, 7), (1, 6)]
+
+
+@pytest.mark.parametrize("tokens,parents,message", [
+    ([1, 2], [0, 0], "root"),
+    ([1, 2, 3], [-1, 2, 0], "precede"),
+    ([1, 2], [-1], "one parent per token"),
+    ([], [], "one parent per token"),
+])
+def test_invalid_trees(tokens, parents, message):
+    with pytest.raises(ValueError, match=message):
+        TokenTree(tokens, parents)
