@@ -27,23 +27,26 @@ class Prompt:
     meta: dict = field(default_factory=dict)
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def iter_jsonl(path: Path):
+    """(line number, object) for each non-blank line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    yield lineno, json.loads(line)
                 except json.JSONDecodeError as e:
                     raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
-    return rows
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [row for _, row in iter_jsonl(path)]
 
 
 def _limit(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
     if limit is None:
         return prompts
-    if not (isinstance(limit, int) and limit >= 1):
+    if isinstance(limit, bool) or not (isinstance(limit, int) and limit >= 1):
         raise BenchError(f"dataset.limit must be a positive integer or null (all), got {limit!r}")
     return prompts[:limit]
 
@@ -55,7 +58,11 @@ def _locate(name: str, path: str | None, data_dir: str | None, relative: str, hu
         p = Path(path).expanduser()
         if not p.exists():
             raise BenchError(f"dataset.path={path} does not exist; {how}")
-        return read_jsonl(p / Path(relative).name if p.is_dir() else p)
+        if p.is_dir():
+            p = p / Path(relative).name
+            if not p.is_file():
+                raise BenchError(f"dataset.path={path} has no {p.name}; {how}")
+        return read_jsonl(p)
     looked = ["dataset.path (unset)"]
     if data_dir:
         p = Path(data_dir).expanduser() / relative
@@ -211,11 +218,11 @@ class JsonlPrompts:
         if not p.is_file():
             raise BenchError(f"dataset.path={self.path} does not exist; give a .jsonl file with one object per line")
         prompts = []
-        for i, r in enumerate(read_jsonl(p)):
+        for i, (lineno, r) in enumerate(iter_jsonl(p)):
             value: Any = r.get(self.prompt_field)
             turns = [value] if isinstance(value, str) else value
             if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-                raise BenchError(f"{p} line {i + 1}: field {self.prompt_field!r} must be a string or a list of strings "
+                raise BenchError(f"{p} line {lineno}: field {self.prompt_field!r} must be a string or a list of strings "
                                  f"(set dataset.prompt_field=NAME); the line has {sorted(r)}")
             prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns))
         ids = [pr.id for pr in prompts]

