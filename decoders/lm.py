@@ -162,6 +162,11 @@ class LM:
         with exactly the tokens that step committed)."""
         steps: list[Step] = []
         pending: dict = {}
+        if not sampling.greedy:  # generate() draws from the device's global RNG; seed it before the clock starts
+            if self.device.type == "cuda":
+                torch.cuda.manual_seed(sampling.seed)
+            else:
+                torch.default_generator.manual_seed(sampling.seed)
         start = time.perf_counter()
 
         def pre_hook(module, args, kwargs):
@@ -180,8 +185,6 @@ class LM:
         handles = [self.model.register_forward_pre_hook(pre_hook, with_kwargs=True),
                    self.model.register_forward_hook(post_hook, with_kwargs=True)]
         try:
-            if not sampling.greedy:
-                torch.manual_seed(sampling.seed)  # generate() samples from the global RNG
             ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                       generation_config=config, streamer=streamer)

@@ -13,16 +13,21 @@ from .tree import TokenTree
 
 
 def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """Longest path whose every token is the target's argmax after its parent."""
+    """Longest path whose every token is the target's argmax after its parent (siblings
+    holding the same token are all explored: the deeper match wins)."""
     prediction = torch.argmax(target_logits, dim=-1).tolist()
-    node, path = 0, [0]
-    while True:
-        want = prediction[node]
-        node_next = next((c for c in tree.children[node] if tree.tokens[c] == want), None)
-        if node_next is None:
-            return path, want
-        path.append(node_next)
-        node = node_next
+
+    def longest(node: int) -> list[int]:
+        best: list[int] = []
+        for child in tree.children[node]:
+            if tree.tokens[child] == prediction[node]:
+                below = longest(child)
+                if len(below) + 1 > len(best):
+                    best = [child] + below
+        return best
+
+    path = [0] + longest(0)
+    return path, prediction[path[-1]]
 
 
 def verify_sampling(tree: TokenTree, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -57,7 +62,8 @@ def verify_sampling(tree: TokenTree, target_probs: torch.Tensor, draft_probs: to
             if q[x] <= 0:
                 raise ValueError(f"node {child} holds token {x}, which its draft distribution gives probability 0")
             u = torch.rand((), generator=generator, device=p.device)
-            if u * q[x] <= p[x]:
+            # Strict: u is in [0, 1), so this accepts with probability min(1, p/q), and never when p(x) = 0.
+            if u * q[x] < p[x]:
                 accepted = child
                 break
             residual = torch.clamp(p - q, min=0)
