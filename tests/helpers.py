@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from bench.models import GGUFPackageModel, TinyRandomModel
 from decoders.lm import LM
 
@@ -32,3 +34,36 @@ def run_cli(*overrides: str, timeout: int = 600, cwd: Path | None = None) -> sub
                WANDB_SILENT="true")
     return subprocess.run([sys.executable, "-m", "bench", *overrides], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or REPO, env=env)
+
+
+def chi2_pvalue(counts, expected, min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness-of-fit p-value of `counts` against the exact probabilities
+    `expected` (same shape). Cells with expected count < min_expected are merged into one bin
+    (and that bin into the smallest other one if it is still too small). An observation in a
+    cell of probability 0 is impossible under `expected`: p-value 0."""
+    obs = torch.as_tensor(counts, dtype=torch.float64).flatten()
+    p = torch.as_tensor(expected, dtype=torch.float64).flatten()
+    assert obs.shape == p.shape, (obs.shape, p.shape)
+    assert torch.all(p >= 0) and abs(float(p.sum()) - 1) < 1e-6, p
+    if obs[p == 0].sum() > 0:
+        return 0.0
+    n = obs.sum()
+    exp = p * n
+    keep = exp >= min_expected
+    rare = (~keep) & (p > 0)
+    obs_bins, exp_bins = list(obs[keep]), list(exp[keep])
+    if rare.any():
+        rare_obs, rare_exp = obs[rare].sum(), exp[rare].sum()
+        if rare_exp < min_expected and exp_bins:
+            i = min(range(len(exp_bins)), key=lambda j: float(exp_bins[j]))
+            obs_bins[i] = obs_bins[i] + rare_obs
+            exp_bins[i] = exp_bins[i] + rare_exp
+        else:
+            obs_bins.append(rare_obs)
+            exp_bins.append(rare_exp)
+    obs_t, exp_t = torch.stack(obs_bins), torch.stack(exp_bins)
+    df = len(obs_bins) - 1
+    assert df >= 1, "need at least two bins for a goodness-of-fit test"
+    stat = ((obs_t - exp_t) ** 2 / exp_t).sum()
+    # Survival function of chi2(df) at stat = Q(df/2, stat/2), the regularised upper gamma.
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
