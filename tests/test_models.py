@@ -293,3 +293,25 @@ def test_vicuna_chat_template_renders(smollm):
     assert tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=False) == \
         f"{system} USER: Hi there"
     assert smollm.tokenizer.chat_template != spec.chat_template  # the copy, not the shared tokenizer
+
+
+def test_pretrained_device_map_goes_to_accelerate(local_checkpoint, monkeypatch):
+    import transformers
+
+    path, original = local_checkpoint
+    seen = {}
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    lm = PretrainedModel(name="local", path=str(path), device="cpu", dtype="float32", device_map={"": "cpu"}).load()
+    assert seen["device_map"] == {"": "cpu"}
+    ids = [1, 50, 700]
+    with torch.inference_mode():
+        torch.testing.assert_close(lm.forward(ids, lm.new_cache()), original(torch.tensor([ids])).logits[0])
+    seen.clear()
+    PretrainedModel(name="local", path=str(path), device="cpu", dtype="float32").load()
+    assert "device_map" not in seen  # without one, the model is moved to `device` instead

@@ -1,0 +1,108 @@
+"""The runner's per-prompt checks, exercised with deliberately wrong decoders."""
+from dataclasses import dataclass
+
+import pytest
+from omegaconf import OmegaConf
+
+from bench.datasets import Prompt
+from bench.runner import run_unit
+from decoders.autoregressive import autoregressive_decode
+from decoders.sampling import Sampling
+from decoders.trace import Generation, Step
+from helpers import tiny_lm
+
+
+class CharTokenizer:
+    """Enough of a tokenizer for run_unit on a vocabulary of 64: one id per character."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) % 64 for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(48 + i % 64) for i in ids)
+
+
+@dataclass
+class FlipToken:
+    """Autoregressive, but token `at` replaced: a lossy decoder the lossless check must catch."""
+
+    at: int
+    name: str = "flip"
+
+    def generate(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids):
+        gen = autoregressive_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+        gen.tokens[self.at] = (gen.tokens[self.at] + 1) % 64
+        return gen
+
+
+@dataclass
+class Broken:
+    """Breaks the Generation contract in a chosen way."""
+
+    how: str
+    name: str = "broken"
+
+    def generate(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids):
+        tokens = [5] * (max_new_tokens + 1 if self.how == "too_long" else 3)
+        if self.how == "after_eos":
+            tokens = [7, 1, 5]
+        steps = [Step(accepted=1, forward_tokens=1, context_tokens=0) for _ in tokens]
+        if self.how == "miscounted":
+            steps = steps[:-1]
+        return Generation(tokens=tokens, steps=steps, ttft=0.0, stop_reason="length")
+
+
+class NoQuality:
+    quality_metric = None
+
+    def score(self, *args):
+        return None
+
+
+def config(**over):
+    cfg = {"decoder": {"name": "x"}, "model": {"name": "tiny"}, "dataset": {"name": "d"},
+           "gen": {"max_new_tokens": 12}, "check_lossless": True, "quality": True}
+    cfg.update(over)
+    return OmegaConf.create(cfg)
+
+
+@pytest.fixture
+def lm():
+    lm = tiny_lm(seed=3, eos=1)
+    lm.tokenizer = CharTokenizer()
+    lm.stop_ids = frozenset()
+    return lm
+
+
+PROMPT = Prompt(id="p", turns=["hello world"], raw_turns=["hello world"])
+
+
+def test_lossless_check_reports_first_divergence_and_logit_gap(lm):
+    record = run_unit(lm, FlipToken(at=4), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    assert record["lossless"] is False and record["first_divergence"] == 4
+    ids = CharTokenizer()("hello world")["input_ids"]
+    reference = autoregressive_decode(lm, ids, 12, Sampling(), set(), record_logit_gaps=True)
+    assert record["divergence_logit_gap"] == pytest.approx(reference.logit_gaps[4])
+    assert record["divergence_logit_gap"] > 0
+    assert record["reference"]["new_tokens"] == 12
+
+
+def test_identical_output_is_lossless(lm):
+    record = run_unit(lm, FlipToken(at=-1), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    assert record["lossless"] is False and record["first_divergence"] == 11
+    from decoders.autoregressive import Autoregressive
+
+    record = run_unit(lm, Autoregressive(), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    assert record["lossless"] is True and record["first_divergence"] is None
+    assert record["divergence_logit_gap"] is None
+
+
+@pytest.mark.parametrize("how,message", [("too_long", "13 tokens for max_new_tokens=12"),
+                                         ("after_eos", "tokens after a stop token"),
+                                         ("miscounted", "steps commit 2 tokens, output has 3")])
+def test_generation_contract_is_enforced(lm, how, message):
+    lm.stop_ids = frozenset({1})
+    with pytest.raises(RuntimeError, match=message):
+        run_unit(lm, Broken(how), NoQuality(), PROMPT, 0, [], "raw", config(check_lossless=False), Sampling())
