@@ -58,36 +58,34 @@ class Tracer:
         self.start = time.perf_counter()
         self.ttft: float | None = None
         self._step_start = self.start
-        self._target = 0.0
-        self._draft = 0.0
+        self._spent = {"target": 0.0, "draft": 0.0}
 
     @contextmanager
+    def _timed(self, region: str):
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self._spent[region] += time.perf_counter() - t0
+
     def target(self):
-        t0 = time.perf_counter()
-        yield
-        self.sync()
-        self._target += time.perf_counter() - t0
+        """Time spent in the target forward."""
+        return self._timed("target")
 
-    @contextmanager
     def draft(self):
-        t0 = time.perf_counter()
-        yield
-        self.sync()
-        self._draft += time.perf_counter() - t0
+        """Time spent drafting (draft model, heads, n-gram lookups)."""
+        return self._timed("draft")
 
     def end_step(self, **fields) -> Step:
         """Close the current step; its overhead is whatever was not target or draft time."""
         now = time.perf_counter()
-        step = Step(
-            target_time=self._target,
-            draft_time=self._draft,
-            overhead_time=max(0.0, (now - self._step_start) - self._target - self._draft),
-            **fields,
-        )
+        target, draft = self._spent["target"], self._spent["draft"]
+        step = Step(target_time=target, draft_time=draft,
+                    overhead_time=max(0.0, (now - self._step_start) - target - draft), **fields)
         self.steps.append(step)
         if self.ttft is None:
             self.ttft = now - self.start
-        self._step_start, self._target, self._draft = now, 0.0, 0.0
+        self._step_start = now
+        self._spent = {"target": 0.0, "draft": 0.0}
         return step
 
     def finish(self, tokens: list[int], stop_ids, logit_gaps=None) -> Generation:

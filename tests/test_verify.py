@@ -162,20 +162,13 @@ def test_first_token_deterministic_candidates(candidates):
     assert p > ALPHA, (counts / N_FIRST, P_FIRST, p)
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_first_token_iid_drafts(k):
-    g = torch.Generator().manual_seed(100 + k)
-    children = torch.multinomial(Q_FIRST.expand(N_FIRST, V1), k, replacement=True, generator=g)
-    counts = _first_token_counts(children, draft=True, without_replacement=False, seed=200 + k)
-    p = chi2_pvalue(counts, P_FIRST)
-    assert p > ALPHA, (counts / N_FIRST, P_FIRST, p)
-
-
-@pytest.mark.parametrize("k", [2, 5])
-def test_first_token_without_replacement_drafts(k):
-    g = torch.Generator().manual_seed(300 + k)
-    children = torch.multinomial(Q_FIRST.expand(N_FIRST, V1), k, replacement=False, generator=g)
-    counts = _first_token_counts(children, draft=True, without_replacement=True, seed=400 + k)
+@pytest.mark.parametrize("replacement,k", [(True, 1), (True, 3), (False, 2), (False, 5)],
+                         ids=["iid-1", "iid-3", "without_replacement-2", "without_replacement-5"])
+def test_first_token_drafted(replacement, k):
+    base = 100 if replacement else 300
+    g = torch.Generator().manual_seed(base + k)
+    children = torch.multinomial(Q_FIRST.expand(N_FIRST, V1), k, replacement=replacement, generator=g)
+    counts = _first_token_counts(children, draft=True, without_replacement=not replacement, seed=base + 100 + k)
     p = chi2_pvalue(counts, P_FIRST)
     assert p > ALPHA, (counts / N_FIRST, P_FIRST, p)
 
