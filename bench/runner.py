@@ -22,7 +22,7 @@ from .errors import BenchError
 from .prompts import render, rendering_for
 from .records import RecordLog
 
-# Keys that may change between a run and its resumption without changing its records.
+# Keys (at any depth) that may change between a run and its resumption without changing its records.
 RESUME_FREE = {"resume", "progress", "logger", "data_dir", "cache_dir"}
 
 
@@ -51,13 +51,14 @@ def sampling_from(cfg: DictConfig) -> Sampling:
     return sampling
 
 
-def check_config(cfg: DictConfig) -> None:
+def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     """Everything that can be checked without loading a model or data: used before a
-    (multi)run starts and again by each run."""
-    sampling_from(cfg)
-    build(cfg.decoder, "decoder")
+    (multi)run starts and again by each run. Returns the sampling settings and the decoder."""
+    sampling = sampling_from(cfg)
+    decoder = build(cfg.decoder, "decoder")
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
+    return sampling, decoder
 
 
 def prompt_seed(seed: int, key: str) -> int:
@@ -66,11 +67,12 @@ def prompt_seed(seed: int, key: str) -> int:
 
 
 def _comparable(cfg: DictConfig) -> dict:
-    data = OmegaConf.to_container(cfg, resolve=True)
-    data = {k: v for k, v in data.items() if k not in RESUME_FREE}
-    data.get("model", {}).pop("cache_dir", None)
-    data.get("dataset", {}).pop("data_dir", None)
-    return data
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k not in RESUME_FREE}
+        return node
+
+    return strip(OmegaConf.to_container(cfg, resolve=True))
 
 
 def _first_difference(a, b, prefix="") -> str | None:
@@ -146,30 +148,26 @@ def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rende
 
 def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
     run_dir = Path(run_dir)
-    sampling = sampling_from(cfg)
-    check_config(cfg)
+    sampling, decoder = check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    decoder = build(cfg.decoder, "decoder")
     dataset = build(cfg.dataset, "dataset")
     prompts = dataset.load()
     if not prompts:
         raise BenchError(f"dataset {cfg.dataset.name} has no prompts")
 
     config_file = run_dir / "config.yaml"
-    log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume)
     if cfg.resume and config_file.exists():
         diff = _first_difference(_comparable(OmegaConf.load(config_file)), _comparable(cfg))
         if diff:
             raise BenchError(f"resume=true, but {run_dir} holds a run with another config ({diff}); "
                              "resume with the same settings or choose a new hydra.run.dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume)
     config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
-    todo = [(p, t) for p, t in units if f"{p.id}#{t}" not in log]
     try:
-        if todo:
+        if any(f"{p.id}#{t}" not in log for p, t in units):
             lm = build(cfg.model, "model").load()
             (run_dir / "provenance.json").write_text(json.dumps(provenance.collect(lm), indent=2))
             _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
