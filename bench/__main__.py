@@ -45,7 +45,15 @@ def precheck(argv: list[str]) -> None:
     from .errors import BenchError
     from .runner import check_config
 
-    overrides = [a for a in argv if not a.startswith("-")]
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        args = get_args_parser().parse_intermixed_args(argv)
+    except SystemExit:
+        return  # not our arguments to judge: Hydra reports its own usage errors
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
+        return  # Hydra prints something and runs nothing
+    overrides = args.overrides
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as e:

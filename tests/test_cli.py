@@ -186,3 +186,11 @@ def test_wandb_offline_logging(tmp_path):
     assert out.returncode == 0, out.stderr
     offline_runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1 and any(offline_runs[0].glob("*.wandb"))
+
+
+def test_hydra_flags_pass_through():
+    shown = run_cli("--cfg", "job", "model=tiny-random", "decoder=hf_pld")
+    assert shown.returncode == 0, shown.stderr
+    assert "_target_: decoders.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
+    helped = run_cli("--help")
+    assert helped.returncode == 0 and "decoder: autoregressive, hf_generate, hf_pld" in helped.stdout
