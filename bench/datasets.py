@@ -130,7 +130,7 @@ class MTBench:
     limit: int | None = None
     path: str | None = None  # FastChat's question.jsonl
     data_dir: str | None = None
-    hub_id: str = "HuggingFaceH4/mt_bench_prompts"
+    hub_id: str = "lighteval/mt-bench"
     hub_split: str = "train"
     quality_metric: str | None = None
 
@@ -140,7 +140,7 @@ class MTBench:
                        "set dataset.path=/path/to/question.jsonl (FastChat's llm_judge data) or BENCH_DATA_DIR=DIR holding mt_bench/question.jsonl")
         prompts = []
         for r in rows:
-            turns = r.get("turns") or r.get("prompt")  # FastChat file / hub copy
+            turns = r.get("turns") or r.get("prompt")  # FastChat's field / HuggingFaceH4's rename
             qid = r.get("question_id", r.get("prompt_id"))
             if not turns or qid is None:
                 raise BenchError(f"MT-Bench row without turns/question_id: {sorted(r)}")

@@ -130,7 +130,7 @@ def test_missing_data_names_where_it_looked(tmp_path):
     assert out.returncode == 2
     line = out.stderr.strip()
     assert "\n" not in line and "no MT-Bench data" in line
-    assert str(tmp_path / "mt_bench" / "question.jsonl") in line and "HuggingFaceH4/mt_bench_prompts" in line
+    assert str(tmp_path / "mt_bench" / "question.jsonl") in line and "lighteval/mt-bench" in line
     assert "dataset.path=" in line and "BENCH_DATA_DIR" in line
 
 

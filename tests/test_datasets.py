@@ -149,7 +149,7 @@ def test_mt_bench_missing_everywhere(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "dataset.path" in msg
     assert str(tmp_path / "mt_bench" / "question.jsonl") in msg
-    assert "HuggingFaceH4/mt_bench_prompts" in msg and "ConnectionError" in msg
+    assert "lighteval/mt-bench" in msg and "ConnectionError" in msg
     assert "BENCH_DATA_DIR" in msg
     assert "\n" not in msg
 
@@ -158,7 +158,7 @@ def test_mt_bench_missing_without_data_dir(monkeypatch):
     monkeypatch.setattr(ds, "_from_hub", _hub_fails)
     with pytest.raises(BenchError, match="BENCH_DATA_DIR unset") as e:
         MTBench(path=None, data_dir=None).load()
-    assert "HuggingFaceH4/mt_bench_prompts" in str(e.value)
+    assert "lighteval/mt-bench" in str(e.value)
 
 
 def test_mt_bench_nonexistent_path(monkeypatch):
@@ -180,17 +180,24 @@ def test_path_without_expected_file(case, data_dir, tmp_path, monkeypatch):
             GSM8K(path=str(test), num_shots=2).load()
 
 
-def test_mt_bench_hub_rows(monkeypatch):
+@pytest.mark.parametrize("rows", [
+    # lighteval/mt-bench (the default): FastChat's own fields and ids
+    [{"turns": ["Write a poem.", "Now shorter."], "question_id": 81, "category": "writing", "reference": []},
+     {"turns": ["Solve x.", "Explain."], "question_id": 82, "category": "math", "reference": []}],
+    # HuggingFaceH4/mt_bench_prompts (dataset.hub_id=...): turns renamed to prompt
+    [{"prompt": ["Write a poem.", "Now shorter."], "prompt_id": 81, "category": "writing"},
+     {"prompt": ["Solve x.", "Explain."], "prompt_id": 82, "category": "math"}],
+], ids=["lighteval", "h4"])
+def test_mt_bench_hub_rows(monkeypatch, rows):
     calls = []
 
     def fake_hub(hub_id, config, split):
         calls.append((hub_id, config, split))
-        return lambda: [{"prompt": ["Write a poem.", "Now shorter."], "prompt_id": 81, "category": "writing"},
-                        {"prompt": ["Solve x.", "Explain."], "prompt_id": 82, "category": "math"}]
+        return lambda: rows
 
     monkeypatch.setattr(ds, "_from_hub", fake_hub)
     prompts = MTBench(data_dir=None).load()
-    assert calls == [("HuggingFaceH4/mt_bench_prompts", None, "train")]
+    assert calls == [("lighteval/mt-bench", None, "train")]
     assert [p.id for p in prompts] == ["81", "82"]
     assert prompts[0].turns == ["Write a poem.", "Now shorter."] == prompts[0].raw_turns
     assert prompts[0].meta == {"category": "writing"}
