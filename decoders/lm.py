@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.streamers import BaseStreamer
 
 from .sampling import Sampling
-from .trace import Generation, Step, truncate_at_stop
+from .trace import Generation, Step, stop_reason, truncate_at_stop
 
 
 class KVCache:
@@ -72,6 +72,7 @@ class LM:
         self.stop_ids = self._stop_ids()
         self._hidden: torch.Tensor | None = None
         self._want_hidden = False
+        self._flops_spec: dict | None = None
         model.base_model.register_forward_hook(self._capture_hidden)
 
     # ---- what metrics need -------------------------------------------------------------
@@ -81,15 +82,17 @@ class LM:
 
     def flops_spec(self) -> dict:
         """Parameters doing matmul work per token (all but the input-embedding lookup; a tied
-        output head is a matmul and counts), layers, and attention width."""
-        unique = {p.data_ptr(): p.numel() for p in self.model.parameters()}
-        emb = self.model.get_input_embeddings().weight
-        head = self.model.get_output_embeddings().weight
-        matmul = sum(unique.values()) - emb.numel() + (head.numel() if head.data_ptr() == emb.data_ptr() else 0)
-        cfg = self.config.get_text_config()
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return {"matmul_params": int(matmul), "n_layers": int(cfg.num_hidden_layers),
-                "d_attn": int(cfg.num_attention_heads * head_dim)}
+        output head is a matmul and counts), layers, and attention width. Computed once."""
+        if self._flops_spec is None:
+            unique = {p.data_ptr(): p.numel() for p in self.model.parameters()}
+            emb = self.model.get_input_embeddings().weight
+            head = self.model.get_output_embeddings().weight
+            matmul = sum(unique.values()) - emb.numel() + (head.numel() if head.data_ptr() == emb.data_ptr() else 0)
+            cfg = self.config.get_text_config()
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            self._flops_spec = {"matmul_params": int(matmul), "n_layers": int(cfg.num_hidden_layers),
+                                "d_attn": int(cfg.num_attention_heads * head_dim)}
+        return dict(self._flops_spec)
 
     def _stop_ids(self) -> frozenset[int]:
         ids = set()
@@ -207,8 +210,7 @@ class LM:
         for s in steps:
             s.overhead_time = outside / len(steps)
         ttft = streamer.first_token_time - start if streamer.first_token_time else total
-        stop_reason = "eos" if tokens and tokens[-1] in stop_ids else "length"
-        return Generation(tokens=tokens, steps=steps, ttft=ttft, stop_reason=stop_reason)
+        return Generation(tokens=tokens, steps=steps, ttft=ttft, stop_reason=stop_reason(tokens, stop_ids))
 
     def _generation_config(self, max_new_tokens, sampling: Sampling, stop_ids, **extra) -> GenerationConfig:
         # Every knob that changes the output is set explicitly: generate() fills unset (None)

@@ -89,14 +89,12 @@ class Tracer:
         return step
 
     def finish(self, tokens: list[int], stop_ids, logit_gaps=None) -> Generation:
-        stop_reason = "eos" if tokens and tokens[-1] in stop_ids else "length"
-        return Generation(
-            tokens=tokens,
-            steps=self.steps,
-            ttft=self.ttft if self.ttft is not None else 0.0,
-            stop_reason=stop_reason,
-            logit_gaps=logit_gaps,
-        )
+        return Generation(tokens=tokens, steps=self.steps, ttft=self.ttft if self.ttft is not None else 0.0,
+                          stop_reason=stop_reason(tokens, stop_ids), logit_gaps=logit_gaps)
+
+
+def stop_reason(tokens: list[int], stop_ids) -> str:
+    return "eos" if tokens and tokens[-1] in stop_ids else "length"
 
 
 def truncate_at_stop(tokens: list[int], stop_ids, max_new_tokens: int) -> list[int]:
