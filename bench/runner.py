@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from decoders.autoregressive import autoregressive_decode
 from decoders.sampling import Sampling
+from decoders.trace import check_generation
 
 from . import metrics, provenance
 from .errors import BenchError
@@ -85,20 +86,6 @@ def _first_difference(a, b, prefix="") -> str | None:
     return None if a == b else f"{prefix[:-1]}: {a!r} then, {b!r} now"
 
 
-def _check_contract(gen, max_new_tokens: int, stop_ids) -> None:
-    """The DESIGN.md decoder contract, checked on every generation of every run."""
-    tokens = gen.tokens
-    problems = []
-    if not 1 <= len(tokens) <= max_new_tokens:
-        problems.append(f"{len(tokens)} tokens for max_new_tokens={max_new_tokens}")
-    if any(t in stop_ids for t in tokens[:-1]):
-        problems.append("tokens after a stop token")
-    if sum(s.accepted for s in gen.steps) != len(tokens):
-        problems.append(f"steps commit {sum(s.accepted for s in gen.steps)} tokens, output has {len(tokens)}")
-    if problems:
-        raise RuntimeError("decoder broke the Generation contract: " + "; ".join(problems))
-
-
 def _record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
     return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, "decoder": cfg.decoder.name,
             "model": cfg.model.name, "dataset": cfg.dataset.name, "status": "ok", "reason": None, **fields}
@@ -121,7 +108,7 @@ def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rende
     gen = decoder.generate(lm, ids, max_new, sampling, lm.stop_ids)
     lm.sync()
     latency = time.perf_counter() - start
-    _check_contract(gen, max_new, lm.stop_ids)
+    check_generation(gen, max_new, lm.stop_ids)
     output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
     record.update(metrics.generation_metrics(gen, lm.flops_spec(), latency))
     record.update(tokens=gen.tokens, text=output, trace=gen.trace_columns())

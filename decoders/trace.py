@@ -97,6 +97,21 @@ def stop_reason(tokens: list[int], stop_ids) -> str:
     return "eos" if tokens and tokens[-1] in stop_ids else "length"
 
 
+def check_generation(gen: Generation, max_new_tokens: int, stop_ids) -> None:
+    """The DESIGN.md decoder contract; the runner checks it on every generation of every run."""
+    tokens = gen.tokens
+    committed = sum(s.accepted for s in gen.steps)
+    problems = []
+    if not 1 <= len(tokens) <= max_new_tokens:
+        problems.append(f"{len(tokens)} tokens for max_new_tokens={max_new_tokens}")
+    if any(t in stop_ids for t in tokens[:-1]):
+        problems.append("tokens after a stop token")
+    if committed != len(tokens):
+        problems.append(f"steps commit {committed} tokens, output has {len(tokens)}")
+    if problems:
+        raise RuntimeError("decoder broke the Generation contract: " + "; ".join(problems))
+
+
 def truncate_at_stop(tokens: list[int], stop_ids, max_new_tokens: int) -> list[int]:
     """Cut a committed token list after the first stop token and at max_new_tokens."""
     tokens = tokens[:max_new_tokens]

@@ -10,6 +10,7 @@ from bench.prompts import render
 from decoders.autoregressive import Autoregressive, autoregressive_decode
 from decoders.hf_peers import HFGenerate, HFPromptLookup
 from decoders.sampling import Sampling
+from decoders.trace import check_generation
 from helpers import tiny_lm
 
 GREEDY = Sampling()
@@ -24,9 +25,7 @@ DECODERS = {
 
 
 def check_trace(gen, max_new_tokens, stop_ids):
-    assert 1 <= len(gen.tokens) <= max_new_tokens
-    assert not any(t in stop_ids for t in gen.tokens[:-1]), "tokens after a stop token"
-    assert sum(s.accepted for s in gen.steps) == len(gen.tokens)
+    check_generation(gen, max_new_tokens, stop_ids)  # the contract the runner enforces
     assert all(s.forward_tokens >= 1 and s.accepted >= 0 for s in gen.steps)
     assert 0 <= sum(s.accepted_draft_tokens for s in gen.steps) <= sum(s.draft_tokens for s in gen.steps)
     assert gen.stop_reason == ("eos" if gen.tokens[-1] in stop_ids else "length")
