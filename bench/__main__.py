@@ -40,12 +40,11 @@ def _choices(group: str) -> list[str]:
 def precheck(argv: list[str]) -> None:
     """Compose the config for every combination of the given (sweep) overrides and check it."""
     from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from .errors import BenchError
     from .runner import check_config
-
-    from hydra._internal.utils import get_args_parser
 
     try:
         args = get_args_parser().parse_intermixed_args(argv)
