@@ -8,6 +8,8 @@
   the cache and to the new tokens before it in the pass (exact for chains and prefill; for
   tree/window masks it is the lower-triangle work a dense masked kernel does).
 - draft acceptance: accepted draft tokens / draft tokens proposed.
+- pool hit rate (n-gram pool methods, whose steps record info["hit"]): share of steps in
+  which at least one candidate token was accepted.
 - tokens/s: new tokens / wall latency summed over prompts; medians and quartiles per prompt.
 - speedup vs the autoregressive reference run on the same prompts in the same process
   (check_lossless=true): ratio of tokens/s, and geometric mean of per-prompt latency ratios.
@@ -49,6 +51,8 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         "target_flops": sum(forward_flops(flops_spec, s.forward_tokens, s.context_tokens) for s in steps),
         "draft_flops": sum(s.draft_flops for s in steps),
         "stop_reason": gen.stop_reason,
+        # Only decoders verifying pool candidates record "hit"; None keeps the rate undefined for the rest.
+        "hit_steps": sum(bool(s.info["hit"]) for s in steps) if steps and "hit" in steps[0].info else None,
     }
 
 
@@ -62,6 +66,13 @@ def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
 
 def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
+
+
+def _pool_hit_rate(ok: pd.DataFrame) -> float:
+    if "hit_steps" not in ok:
+        return math.nan
+    hits = ok["hit_steps"].dropna()
+    return _ratio(hits.sum(), ok.loc[hits.index, "steps"].sum()) if len(hits) else math.nan
 
 
 SUMMARY_KEYS = ["decoder", "model", "dataset"]
@@ -91,6 +102,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                 flops_per_token=_ratio(ok["target_flops"].sum(), tokens),
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
                 acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),
+                pool_hit_rate=_pool_hit_rate(ok),
                 overhead_frac=_ratio(ok["overhead_time_s"].sum(), busy),
             )
             metric = ok["quality_metric"].dropna()
@@ -115,8 +127,8 @@ def summarize(records: list[dict]) -> pd.DataFrame:
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
 DISPLAY = ["decoder", "model", "dataset", "records", "skipped", "new_tokens", "tokens_per_step", "tokens_per_s",
-           "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_token",
-           "acceptance_rate", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
+           "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token",
+           "acceptance_rate", "pool_hit_rate", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
            "speedup_latency_geomean"]
 
 

@@ -124,13 +124,14 @@ class LM:
 
     @torch.inference_mode()
     def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None,
-                last_only: bool = False, hidden: bool = False):
+                last_only: bool = False, hidden: bool = False, logits_last: int | None = None):
         """Feed new tokens after the cache; they are appended to it.
 
         input_ids: 1D ids (list or tensor). position_ids: 1D, default cache length onward.
         mask: bool (q, len(cache) + q), True where a new token may attend; None = causal.
-        Returns logits (q, V) (only the last row's if last_only), and the last hidden
-        state (q, d) too when hidden=True.
+        Returns logits (q, V) (only the last row's if last_only; the last `logits_last` rows'
+        if given: a prefill fused with drafts needs no logits for the prompt), and the last
+        hidden state (q, d) too when hidden=True.
         """
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
         kwargs = {}
@@ -143,7 +144,9 @@ class LM:
             if position_ids is None:
                 raise ValueError("a custom mask needs explicit position_ids")
         if last_only:
-            kwargs["logits_to_keep"] = 1
+            logits_last = 1
+        if logits_last is not None:
+            kwargs["logits_to_keep"] = int(logits_last)
         self._want_hidden = hidden
         try:
             out = self.model(input_ids=ids, past_key_values=cache.hf, use_cache=True, **kwargs)
@@ -153,7 +156,7 @@ class LM:
         if hidden:
             h = self._hidden[0]
             self._hidden = None
-            return logits, (h[-1:] if last_only else h)
+            return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
 
     # ---- transformers' own generate(), traced -------------------------------------------
