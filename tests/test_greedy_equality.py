@@ -9,6 +9,8 @@ import torch
 from bench.prompts import render
 from decoders.autoregressive import Autoregressive, autoregressive_decode
 from decoders.hf_peers import HFGenerate, HFPromptLookup
+from decoders.jacobi import Jacobi
+from decoders.lookahead import Lookahead
 from decoders.sampling import Sampling
 from decoders.trace import check_generation
 from helpers import tiny_lm
@@ -21,6 +23,19 @@ DECODERS = {
     "hf_pld-10-2": HFPromptLookup(num_tokens=10, max_ngram=2),
     "hf_pld-3-1": HFPromptLookup(num_tokens=3, max_ngram=1),
     "hf_pld-1-3": HFPromptLookup(num_tokens=1, max_ngram=3),
+    "jacobi-1": Jacobi(block_size=1),
+    "jacobi-4": Jacobi(block_size=4),
+    "jacobi-16-vocab": Jacobi(block_size=16, init="vocab"),
+    "jacobi-3-repeat": Jacobi(block_size=3, init="repeat"),
+    # lookahead-W-N-G
+    "lookahead-5-4-5": Lookahead(window=5, ngram=4, guess_set_size=5),
+    "lookahead-1-2-1": Lookahead(window=1, ngram=2, guess_set_size=1),
+    "lookahead-3-2-0": Lookahead(window=3, ngram=2, guess_set_size=0),
+    "lookahead-1-5-2": Lookahead(window=1, ngram=5, guess_set_size=2),
+    "lookahead-7-3-unbounded": Lookahead(window=7, ngram=3, guess_set_size=-1),
+    "lookahead-4-6-8-vocab": Lookahead(window=4, ngram=6, guess_set_size=8, init="vocab"),
+    "lookahead-3-3-3-nopool": Lookahead(window=3, ngram=3, guess_set_size=3, pool_from_prompt=False,
+                                        pool_from_output=False, init="repeat"),
 }
 
 
@@ -73,7 +88,8 @@ def test_greedy_equality_eos_inside_output(decoder, seed):
     check_trace(out, 40, {eos})
 
 
-@pytest.mark.parametrize("decoder", ["hf_generate", "hf_pld-10-2", "hf_pld-3-1"])
+@pytest.mark.parametrize("decoder", ["hf_generate", "hf_pld-10-2", "hf_pld-3-1", "jacobi-4", "lookahead-5-4-5",
+                                     "lookahead-1-2-1", "lookahead-7-3-unbounded"])
 @pytest.mark.parametrize("dataset", ["humaneval", "mt_bench", "gsm8k"])
 def test_greedy_equality_smollm2(smollm, data_dir, dataset, decoder):
     """The real default model on the harness's own rendering of real prompts."""
