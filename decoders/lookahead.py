@@ -24,6 +24,7 @@ import torch
 
 from .jacobi import check_init, commit, done, initial_guesses
 from .lm import LM
+from .lookahead_tuning import AUTO, tune
 from .ngram_pool import NGramPool
 from .sampling import Sampling, probs
 from .trace import Generation, Tracer
@@ -123,7 +124,7 @@ def lookahead_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sam
 
 
 def _check(name: str, value, low: int, allow=()) -> None:
-    if value in allow:
+    if any(value == a and type(value) is type(a) for a in allow):
         return
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
         extra = "".join(f" or {a}" for a in allow)
@@ -134,19 +135,56 @@ def _check(name: str, value, low: int, allow=()) -> None:
 class Lookahead:
     name: str = "lookahead"
     lossless: bool = True
-    window: int = 5  # W: guesses per level of the lookahead branch
-    ngram: int = 4  # N: n-gram size; the window holds N-1 levels
-    guess_set_size: int = 5  # G: n-grams verified per step, and kept per key in the pool; -1 = unbounded
+    window: int | str = 5  # W: guesses per level of the lookahead branch; "auto" = chosen for this device
+    ngram: int | str = 4  # N: n-gram size; the window holds N-1 levels; "auto" as W
+    guess_set_size: int | str = 5  # G: n-grams verified per step and kept per key; -1 = unbounded; "auto" = W
     pool_from_prompt: bool = True  # seed the pool with the prompt's n-grams
     pool_from_output: bool = True  # add the output's n-grams as they are committed
     init: str = "prompt"  # initial window guesses: prompt | vocab | repeat
+    # "auto": the grid searched, the calibration (first prompts of the dataset, greedy), the cache.
+    auto_windows: tuple = (1, 2, 3, 4, 5, 7, 10)
+    auto_ngrams: tuple = (2, 3, 4, 5)
+    auto_prompts: int = 2
+    auto_tokens: int = 48
+    cache_dir: str | None = None  # where the latency profile and calibration table are kept; None = not kept
 
     def __post_init__(self):
-        _check("window", self.window, 1)
-        _check("ngram", self.ngram, 2)
-        _check("guess_set_size", self.guess_set_size, 0, allow=(-1,))
+        _check("window", self.window, 1, allow=(AUTO,))
+        _check("ngram", self.ngram, 2, allow=(AUTO,))
+        _check("guess_set_size", self.guess_set_size, 0, allow=(-1, AUTO))
         check_init(self.init)
+        self.auto_windows, self.auto_ngrams = tuple(self.auto_windows), tuple(self.auto_ngrams)
+        for w in self.auto_windows:
+            _check("auto_windows[]", w, 1)
+        for n in self.auto_ngrams:
+            _check("auto_ngrams[]", n, 2)
+        _check("auto_prompts", self.auto_prompts, 1)
+        _check("auto_tokens", self.auto_tokens, 1)
+        self.tuning: dict | None = None  # the choice made for "auto", with its prediction
+
+    @property
+    def calibration_prompts(self) -> int:
+        """Prompts the runner hands to prepare() (0: nothing to tune)."""
+        auto = AUTO in (self.window, self.ngram, self.guess_set_size)
+        return self.auto_prompts if auto and self.tuning is None else 0
+
+    def prepare(self, lm: LM, prompts: list[list[int]], stop_ids) -> None:
+        """Resolve "auto" settings on this device and model, from these calibration prompts."""
+        if not self.calibration_prompts:
+            return
+        self.tuning = tune(lm, [list(p) for p in prompts[:self.auto_prompts]], stop_ids, self.window, self.ngram,
+                           self.guess_set_size, self.auto_windows, self.auto_ngrams, self.auto_tokens, self.cache_dir,
+                           pool_from_prompt=self.pool_from_prompt, pool_from_output=self.pool_from_output,
+                           init=self.init)
+
+    def setting(self) -> tuple[int, int, int]:
+        if self.tuning is not None:
+            return self.tuning["window"], self.tuning["ngram"], self.tuning["guess_set_size"]
+        return self.window, self.ngram, self.guess_set_size
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return lookahead_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, self.window, self.ngram,
-                                self.guess_set_size, self.pool_from_prompt, self.pool_from_output, self.init)
+        if self.calibration_prompts:  # used without the runner: calibrate on this prompt
+            self.prepare(lm, [list(prompt_ids)], stop_ids)
+        window, ngram, guess_set_size = self.setting()
+        return lookahead_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, window, ngram, guess_set_size,
+                                self.pool_from_prompt, self.pool_from_output, self.init)

@@ -110,6 +110,13 @@ ERRORS = [
     (["dataset=gsm8k", "dataset.path=/no/such/dir"], "dataset.path=/no/such/dir does not exist"),
     (["model=codellama-7b", "model.path=/no/such/model"], "no directory at model.path=/no/such/model"),
     (["dataset.limit=0"], "dataset.limit must be a positive integer"),
+    (["decoder=lookahead", "decoder.window=0"], "decoder.window must be an integer >= 1 or auto, got 0"),
+    (["-m", "decoder=lookahead", "decoder.window=3,0"], "decoder.window must be an integer >= 1"),
+    (["decoder=lookahead", "decoder.ngram=1"], "decoder.ngram must be an integer >= 2"),
+    (["decoder=lookahead", "decoder.guess_set_size=-2"], "decoder.guess_set_size must be an integer >= 0"),
+    (["decoder=lookahead", "decoder.init=zeros"], "decoder.init must be one of prompt, vocab, repeat"),
+    (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[2,0]"], "decoder.auto_windows[] must be"),
+    (["decoder=jacobi", "decoder.block_size=0"], "decoder.block_size must be an integer >= 1"),
 ]
 
 

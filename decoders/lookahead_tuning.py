@@ -1,0 +1,65 @@
+"""Hardware-aware W/N/G for lookahead decoding.
+
+predicted speedup over autoregressive = compression / step cost, where compression (tokens
+per decode step) is measured by running each grid point greedily on a few calibration
+prompts, and step cost = latency of a forward of that point's mean forward tokens relative
+to one autoregressive step, from this device's measured latency profile (decoders/profile.py).
+Both measurements are cached, so a setting is chosen once per device, model and prompts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .lm import LM
+from .profile import forward_latency, step_cost
+from .sampling import Sampling
+
+AUTO = "auto"
+
+
+def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_size, windows, ngrams,
+         tokens: int, cache_dir=None, profile_tokens: int = 64, **decode_kwargs) -> dict:
+    """The grid point maximising predicted tokens/s, with the whole table. Parameters given
+    as "auto" range over `windows` / `ngrams`; guess_set_size "auto" follows W (the paper's G = W)."""
+    from .lookahead import lookahead_decode  # lookahead imports this module
+
+    profile = forward_latency(lm, cache_dir, max_tokens=profile_tokens)
+    grid = [(w, n, w if guess_set_size == AUTO else guess_set_size)
+            for w in (windows if window == AUTO else [window])
+            for n in (ngrams if ngram == AUTO else [ngram])]
+    key = json.dumps([profile["key"], prompts, grid, tokens, sorted(stop_ids), decode_kwargs], sort_keys=True)
+    path = None
+    if cache_dir:
+        path = Path(cache_dir).expanduser() / "tuning" / f"lookahead-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+        if path.exists():
+            table = json.loads(path.read_text())
+            return _choose(table, profile)
+    table = []
+    for w, n, g in grid:
+        committed = steps = fed = 0
+        for ids in prompts:
+            gen = lookahead_decode(lm, ids, tokens, Sampling(), stop_ids, w, n, g, **decode_kwargs)
+            decode = gen.steps[1:]  # the prefill step costs the same for every method
+            committed += sum(s.accepted for s in decode)
+            steps += len(decode)
+            fed += sum(s.forward_tokens for s in decode)
+        table.append({"window": w, "ngram": n, "guess_set_size": g,
+                      "compression": committed / steps if steps else 1.0,
+                      "forward_tokens": fed / steps if steps else 1.0})
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(table, indent=1))
+    return _choose(table, profile)
+
+
+def _choose(table: list[dict], profile: dict) -> dict:
+    for row in table:
+        row["step_cost"] = step_cost(profile, row["forward_tokens"])
+        row["predicted_speedup"] = row["compression"] / row["step_cost"]
+    best = max(table, key=lambda r: r["predicted_speedup"])
+    return {"window": best["window"], "ngram": best["ngram"], "guess_set_size": best["guess_set_size"],
+            "predicted_speedup": best["predicted_speedup"],
+            "predicted_tokens_per_s": best["predicted_speedup"] / profile["autoregressive_s"],
+            "latency_profile": profile["key"], "table": table}

@@ -1,0 +1,117 @@
+"""This device's target-forward latency for 1..K new tokens: the cost side of hardware-aware
+choices (lookahead's W/N/G, tree sizes). Measured once per device, threads, model and dtype,
+then cached as JSON.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .lm import LM
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def profile_key(lm: LM) -> str:
+    """What the latency depends on: device (and CPU threads), model, dtype, attention kernel."""
+    threads = f"-{torch.get_num_threads()}threads" if lm.device.type == "cpu" else ""
+    config = json.dumps(lm.config.to_dict(), sort_keys=True, default=str)
+    model = hashlib.sha1(config.encode()).hexdigest()[:10]
+    raw = f"{device_name(lm.device)}{threads}_{lm.name}-{model}_{str(lm.dtype).replace('torch.', '')}_{lm.attn_implementation}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
+
+
+def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256, repeats: int = 5) -> tuple[list[float], float]:
+    """Median seconds of one target forward of k = 1..max_tokens new tokens after `context`
+    cached ones, fed as tree/window decoders feed them (explicit positions and a bool mask,
+    logits for every row), and of one autoregressive step (1 token, causal, no mask): the
+    unit step costs are measured in. Sizes are visited in a fresh random order each round so
+    that drift spreads over all of them."""
+    rng = random.Random(0)
+    ids = [rng.randrange(lm.vocab_size) for _ in range(context + max_tokens)]
+    cache = lm.new_cache()
+    lm.forward(ids[:context], cache, last_only=True)
+    samples: dict[int, list[float]] = {k: [] for k in range(0, max_tokens + 1)}
+
+    def one(k: int) -> float:
+        lm.sync()
+        start = time.perf_counter()
+        if k == 0:  # the autoregressive step
+            lm.forward(ids[context:context + 1], cache, last_only=True)
+        else:
+            mask = torch.ones(k, context + k, dtype=torch.bool)
+            mask[:, context:] = torch.tril(mask[:, context:])
+            lm.forward(ids[context:context + k], cache, position_ids=torch.arange(context, context + k), mask=mask,
+                       logits_last=k)
+        lm.sync()
+        elapsed = time.perf_counter() - start
+        cache.crop(context)
+        return elapsed
+
+    for k in (0, 1, max_tokens):  # warm-up: allocator growth, kernel selection
+        one(k)
+    for _ in range(repeats):
+        order = list(samples)
+        rng.shuffle(order)
+        for k in order:
+            samples[k].append(one(k))
+    return [statistics.median(samples[k]) for k in range(1, max_tokens + 1)], statistics.median(samples[0])
+
+
+def forward_latency(lm: LM, cache_dir: str | os.PathLike | None = None, max_tokens: int = 48, context: int = 256,
+                    repeats: int = 5, refresh: bool = False) -> dict:
+    """The cached latency profile for this device and model (measured when absent, or on refresh).
+    Returns {"key", "device", "context", "repeats", "latency_s": [seconds for 1..K tokens],
+    "autoregressive_s": seconds of one autoregressive step, ...}."""
+    key = profile_key(lm)
+    path = Path(cache_dir).expanduser() / "latency" / f"{key}.json" if cache_dir else None
+    if path is not None and path.exists() and not refresh:
+        profile = json.loads(path.read_text())
+        if "autoregressive_s" in profile and len(profile["latency_s"]) >= max_tokens and profile["context"] == context:
+            return profile
+    latency, autoregressive = measure_forward_latency(lm, max_tokens, context, repeats)
+    profile = {"key": key, "device": device_name(lm.device), "torch_threads": torch.get_num_threads(),
+               "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "context": context,
+               "repeats": repeats, "latency_s": latency, "autoregressive_s": autoregressive}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(profile, indent=1))
+        tmp.replace(path)
+    return profile
+
+
+def step_cost(profile: dict, tokens: float) -> float:
+    """Latency of a forward of `tokens` (fractional: a mean) relative to one autoregressive
+    step: linear interpolation inside the profile; beyond it, a line fitted to its upper half."""
+    latency, unit = profile["latency_s"], profile["autoregressive_s"]
+    k = len(latency)
+    if tokens <= 1:
+        return latency[0] / unit
+    if tokens <= k:
+        lo = min(int(tokens), k - 1)
+        frac = tokens - lo
+        return (latency[lo - 1] * (1 - frac) + latency[lo] * frac) / unit
+    upper = np.arange(k // 2, k)
+    slope = max(0.0, float(np.polyfit(upper + 1, np.asarray(latency)[upper], 1)[0])) if len(upper) > 1 else 0.0
+    return (latency[-1] + slope * (tokens - k)) / unit

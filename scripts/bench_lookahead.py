@@ -1,0 +1,131 @@
+"""Lookahead and Jacobi against autoregressive and transformers' prompt lookup, side by side.
+
+    python scripts/bench_lookahead.py [--prompts 4] [--repeats 2] [--max-new-tokens 128]
+        [--lookahead 4,5,5] [--grid 5,15,15 6,15,15 ...] [--jacobi 8] [hydra overrides...]
+        [decoder.auto_windows=[...] decoder.auto_ngrams=[...]: the grid lookahead-auto searches]
+
+On the same prompts (the first --prompts of HumanEval, MT-Bench turn 1 and GSM8K), in one
+process, every method runs --repeats times per prompt in a rotating order. Prints per
+dataset and method: tokens/s (total tokens / total time), the median and quartiles of the
+per-run tokens/s ratio to autoregressive on the same prompt and repeat, tokens per step,
+and whether the greedy output equals autoregressive. `lookahead-auto` chooses W/N/G for this
+device (decoders/lookahead_tuning.py) from calibration prompts that are NOT benchmarked (the
+two after the benchmarked ones), and its predicted speedup is printed beside the measured
+one. --grid adds lookahead settings (N,W,G) measured for tokens per step.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.prompts import render, rendering_for  # noqa: E402
+from bench_baselines import quartiles, timed  # noqa: E402
+from decoders.autoregressive import Autoregressive  # noqa: E402
+from decoders.hf_peers import HFPromptLookup  # noqa: E402
+from decoders.jacobi import Jacobi  # noqa: E402
+from decoders.lookahead import Lookahead  # noqa: E402
+from decoders.sampling import Sampling  # noqa: E402
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def nwg(text: str) -> tuple[int, int, int]:
+    n, w, g = (int(x) for x in text.split(","))
+    return n, w, g
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per dataset")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--datasets", default="humaneval,mt_bench,gsm8k")
+    parser.add_argument("--lookahead", type=nwg, default=(4, 5, 5), help="the default setting N,W,G")
+    parser.add_argument("--grid", type=nwg, nargs="*", default=[], help="more lookahead settings N,W,G")
+    parser.add_argument("--jacobi", type=int, default=8, help="Jacobi block size")
+    args, overrides = parser.parse_known_args()
+    # decoder.* overrides (e.g. decoder.auto_windows=[1,2,3]) configure lookahead-auto only.
+    tuning = [o for o in overrides if o.startswith("decoder.")]
+    overrides = [o for o in overrides if not o.startswith("decoder.")]
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+        datasets = {name: compose("config", overrides=[*overrides, f"dataset={name}"]).dataset
+                    for name in args.datasets.split(",")}
+        auto_cfg = compose("config", overrides=[*overrides, *tuning, "decoder=lookahead", "decoder.window=auto",
+                                                "decoder.ngram=auto", "decoder.guess_set_size=auto"]).decoder
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    lm = instantiate(cfg.model).load()
+    rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+    greedy = Sampling()
+    n, w, g = args.lookahead
+    methods = {"autoregressive": Autoregressive(), "hf_pld": HFPromptLookup(),
+               f"jacobi-{args.jacobi}": Jacobi(block_size=args.jacobi),
+               f"lookahead-{n},{w},{g}": Lookahead(window=w, ngram=n, guess_set_size=g)}
+    for n_, w_, g_ in args.grid:
+        methods[f"lookahead-{n_},{w_},{g_}"] = Lookahead(window=w_, ngram=n_, guess_set_size=g_)
+    print(f"model {cfg.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
+          f"threads {torch.get_num_threads()} | attention {lm.attn_implementation} | greedy, "
+          f"{args.max_new_tokens} new tokens | {args.prompts} prompts x {args.repeats} repeats per dataset", flush=True)
+
+    rows = []
+    with torch.inference_mode():
+        for name, dataset_cfg in datasets.items():
+            loaded = instantiate(dataset_cfg, limit=args.prompts + 2).load()
+            ids_list = [render(lm.tokenizer, p, 0, [], rendering)[1] for p in loaded]
+            prompts, calibration = ids_list[:args.prompts], ids_list[args.prompts:]
+            auto = instantiate(auto_cfg, _convert_="all")
+            auto.prepare(lm, calibration or prompts[:1], lm.stop_ids)
+            tuned = auto.tuning
+            label = f"lookahead-auto({tuned['ngram']},{tuned['window']},{tuned['guess_set_size']})"
+            runs = {**methods, label: auto}
+            tok_s = {m: [] for m in runs}
+            ratio = {m: [] for m in runs}
+            tokens = {m: 0 for m in runs}
+            steps = {m: 0 for m in runs}
+            seconds = {m: 0.0 for m in runs}
+            identical = {m: True for m in runs}
+            for i, ids in enumerate(prompts):
+                if i == 0:  # untimed warm-up of every method
+                    for dec in runs.values():
+                        dec.generate(lm, ids, 16, greedy, lm.stop_ids)
+                for rep in range(args.repeats):
+                    order = list(runs)
+                    shift = (i * args.repeats + rep) % len(order)
+                    order = order[shift:] + order[:shift]
+                    result = {m: timed(lambda d=runs[m]: d.generate(lm, ids, args.max_new_tokens, greedy, lm.stop_ids))
+                              for m in order}
+                    ref_gen, ref_t = result["autoregressive"]
+                    for m, (gen, t) in result.items():
+                        tok_s[m].append(len(gen.tokens) / t)
+                        ratio[m].append(tok_s[m][-1] / (len(ref_gen.tokens) / ref_t))
+                        tokens[m] += len(gen.tokens)
+                        steps[m] += len(gen.steps)
+                        seconds[m] += t
+                        identical[m] &= gen.tokens == ref_gen.tokens
+            for m in runs:
+                lo, hi = quartiles(ratio[m])
+                rows.append({"dataset": name, "method": m, "runs": len(ratio[m]),
+                             "tok_s": tokens[m] / seconds[m], "speedup_median": statistics.median(ratio[m]),
+                             "speedup_p25": lo, "speedup_p75": hi, "tok_per_step": tokens[m] / steps[m],
+                             "predicted_speedup": tuned["predicted_speedup"] if m == label else float("nan"),
+                             "identical_to_ar": identical[m]})
+            print(pd.DataFrame([r for r in rows if r["dataset"] == name]).to_string(index=False, float_format="%.3f"),
+                  flush=True)
+    print("\nspeedup = tokens/s / autoregressive tokens/s on the same prompt and repeat (median, quartiles); "
+          "lookahead settings are N,W,G\n")
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))
+
+
+if __name__ == "__main__":
+    main()
