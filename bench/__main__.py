@@ -1,4 +1,5 @@
-"""`python -m bench [overrides]`: one Hydra run (or a multirun sweep with -m).
+"""`python -m bench [overrides]`: one Hydra run, or a multirun sweep (-m, or a conf/sweep/
+config such as +sweep=lookahead_grid, which sets hydra.mode=MULTIRUN and its grid).
 
 Bad input ends with one line on stderr and exit code 2. Overrides are checked before
 Hydra starts, so that an unknown config choice or an invalid value fails the same way in
@@ -6,7 +7,6 @@ a single run and before the first job of a sweep.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import sys
@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("decoder", "model", "dataset", "logger")
+GROUPS = ("decoder", "model", "dataset", "logger", "sweep")
 MAX_CHECKED_COMBINATIONS = 256
 
 
@@ -37,14 +37,41 @@ def _choices(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+def _check_choices(overrides) -> None:
+    for override in overrides:
+        group = override.get_key_element().lstrip("+~").split("@")[0]
+        if group in GROUPS:
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.get_value_element_as_str()]
+            for value in values:
+                if value not in _choices(group):
+                    fail(f"unknown {group} {value!r}; choose one of: {', '.join(_choices(group))}")
+
+
+def _sweeper_params(overrides, multirun: bool) -> list[str]:
+    """The grid a sweep config puts in hydra.sweeper.params (e.g. +sweep=lookahead_grid), read
+    as Hydra's multirun does: from the config composed with the non-sweep overrides."""
+    from hydra import compose
+    from hydra.types import RunMode
+
+    fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
+    try:
+        base = compose("config", overrides=fixed, return_hydra_config=True)
+    except Exception as e:
+        fail(f"{' '.join(fixed)}: {_reason(e)}")
+    basic = base.hydra.sweeper.get("_target_", "").endswith(".BasicSweeper")
+    if not (multirun or base.hydra.mode == RunMode.MULTIRUN) or not basic:
+        return []
+    return [f"{k}={v}" for k, v in (base.hydra.sweeper.get("params") or {}).items()]
+
+
 def precheck(argv: list[str]) -> None:
-    """Compose the config for every combination of the given (sweep) overrides and check it."""
-    from hydra import compose, initialize_config_dir
+    """Compose the config of every job of the run or sweep and check it: the command line's
+    comma lists and, in a multirun, the grid of the sweep config, combined as Hydra's basic
+    sweeper combines them (a key given on the command line replaces the config's)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from .errors import BenchError
-    from .runner import check_config
 
     try:
         args = get_args_parser().parse_intermixed_args(argv)
@@ -52,35 +79,51 @@ def precheck(argv: list[str]) -> None:
         return  # not our arguments to judge: Hydra reports its own usage errors
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun:
         return  # Hydra prints something and runs nothing
-    overrides = args.overrides
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = parser.parse_overrides(args.overrides)
     except Exception as e:
         fail(f"cannot parse overrides: {_reason(e)}")
-    options = []
-    for override in parsed:
-        key = override.get_key_element()
-        if key.startswith(("hydra", "+hydra", "~hydra")):
-            continue
-        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.get_value_element_as_str()]
-        group = key.lstrip("+~").split("@")[0]
-        if group in GROUPS:
-            for value in values:
-                if value not in _choices(group):
-                    fail(f"unknown {group} {value!r}; choose one of: {', '.join(_choices(group))}")
-        options.append([f"{key}={v}" for v in values])
-    combos = list(itertools.islice(itertools.product(*options), MAX_CHECKED_COMBINATIONS))
+    # With an extra search path Hydra may know choices conf/ lacks: leave those to its own error.
+    local_choices = not any(o.get_key_element() == "hydra.searchpath" for o in parsed)
+    if local_choices:
+        _check_choices(parsed)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for combo in combos:
-            try:
-                cfg = compose("config", overrides=list(combo), return_hydra_config=True)
-            except Exception as e:
-                fail(f"{' '.join(combo)}: {_reason(e)}")
-            HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
-            try:
-                check_config(cfg)
-            except BenchError as e:
-                fail(e)
+        try:
+            grid = parser.parse_overrides(_sweeper_params(parsed, args.multirun))
+        except Exception as e:
+            fail(f"hydra.sweeper.params: {_reason(e)}")
+        if local_choices:
+            _check_choices(grid)
+        # As in Hydra's multirun: every job composes the hydra overrides plus its own combination.
+        hydra_overrides = [o.input_line for o in grid + parsed if _is_hydra(o) and not o.is_sweep_override()]
+        try:
+            combos = BasicSweeper.split_arguments([o for o in grid + parsed if not _is_hydra(o)], None)[0]
+        except Exception as e:
+            fail(_reason(e))
+        for combo in combos[:MAX_CHECKED_COMBINATIONS]:
+            _check_job(hydra_overrides, combo)
+
+
+def _is_hydra(override) -> bool:
+    return override.get_key_element().lstrip("+~").startswith("hydra")
+
+
+def _check_job(hydra_overrides: list[str], overrides: list[str]) -> None:
+    from hydra import compose
+
+    from .errors import BenchError
+    from .runner import check_config
+
+    try:
+        cfg = compose("config", overrides=hydra_overrides + overrides, return_hydra_config=True)
+    except Exception as e:
+        fail(f"{' '.join(overrides)}: {_reason(e)}")
+    HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
+    try:
+        check_config(cfg)
+    except BenchError as e:
+        fail(e)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

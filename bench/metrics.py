@@ -7,6 +7,8 @@
   attention 4 x layers x d_attn for every (query, key) pair where each new token attends to
   the cache and to the new tokens before it in the pass (exact for chains and prefill; for
   tree/window masks it is the lower-triangle work a dense masked kernel does).
+- decode tokens / FLOPs per step: the same with the prefill step left out (its prompt-sized
+  forward would otherwise dominate short generations; the scaling law uses these).
 - draft acceptance: accepted draft tokens / draft tokens proposed.
 - pool hit rate (n-gram pool methods, whose steps record info["hit"]): share of steps in
   which at least one candidate token was accepted.
@@ -34,6 +36,7 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
     """Per-record totals from a decoder's trace."""
     steps = gen.steps
     n = len(gen.tokens)
+    flops = [forward_flops(flops_spec, s.forward_tokens, s.context_tokens) for s in steps]
     return {
         "new_tokens": n,
         "steps": len(steps),
@@ -48,7 +51,10 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         "draft_tokens": sum(s.draft_tokens for s in steps),
         "accepted_draft_tokens": sum(s.accepted_draft_tokens for s in steps),
         "draft_forward_tokens": sum(s.draft_forward_tokens for s in steps),
-        "target_flops": sum(forward_flops(flops_spec, s.forward_tokens, s.context_tokens) for s in steps),
+        "target_flops": sum(flops),
+        "decode_steps": len(steps) - 1,  # after the prefill step
+        "decode_tokens": n - steps[0].accepted if steps else 0,
+        "decode_flops": sum(flops[1:]),
         "draft_flops": sum(s.draft_flops for s in steps),
         "stop_reason": gen.stop_reason,
         # Only decoders verifying pool candidates record "hit"; None keeps the rate undefined for the rest.
@@ -99,6 +105,9 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                 latency_s_median=float(ok["latency_s"].median()), ttft_s_median=float(ok["ttft_s"].median()),
                 forward_tokens_per_step=_ratio(ok["forward_tokens"].sum(), steps),
                 flops_per_step=_ratio(ok["target_flops"].sum(), steps),
+                # .get: records written before these fields existed (a resumed older run) give NaN.
+                decode_tokens_per_step=_ratio(ok.get("decode_tokens", pd.Series()).sum(), ok.get("decode_steps", pd.Series()).sum()),
+                decode_flops_per_step=_ratio(ok.get("decode_flops", pd.Series()).sum(), ok.get("decode_steps", pd.Series()).sum()),
                 flops_per_token=_ratio(ok["target_flops"].sum(), tokens),
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
                 acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,12 +19,17 @@ from omegaconf import OmegaConf
 from . import metrics
 
 
+def _natural(path: Path) -> list:
+    # Numbers compare as numbers, so a sweep's rows go decoder.window=3 before decoder.window=10.
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
 def find_runs(paths: list[str]) -> list[Path]:
     runs = []
     for p in map(Path, paths):
         if not p.exists():
             raise SystemExit(f"error: {p} does not exist")
-        runs += sorted({f.parent for f in p.rglob("records.jsonl")})
+        runs += sorted({f.parent for f in p.rglob("records.jsonl")}, key=_natural)
     return runs
 
 
