@@ -124,14 +124,16 @@ class LM:
 
     @torch.inference_mode()
     def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None,
-                last_only: bool = False, hidden: bool = False, logits_last: int | None = None):
+                last_only: bool = False, hidden: bool = False, logits_last: int | None = None,
+                logits_rows: Sequence[int] | None = None):
         """Feed new tokens after the cache; they are appended to it.
 
         input_ids: 1D ids (list or tensor). position_ids: 1D, default cache length onward.
         mask: bool (q, len(cache) + q), True where a new token may attend; None = causal.
         Returns logits (q, V) (only the last row's if last_only; the last `logits_last` rows'
-        if given: a prefill fused with drafts needs no logits for the prompt), and the last
-        hidden state (q, d) too when hidden=True.
+        if given: a prefill fused with drafts needs no logits for the prompt; only rows
+        `logits_rows`, in that order, if given), and the last hidden state of the same rows
+        too when hidden=True. Rows left out skip the vocabulary projection.
         """
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
         kwargs = {}
@@ -147,6 +149,8 @@ class LM:
             logits_last = 1
         if logits_last is not None:
             kwargs["logits_to_keep"] = int(logits_last)
+        if logits_rows is not None:
+            kwargs["logits_to_keep"] = torch.as_tensor(logits_rows, dtype=torch.long, device=self.device)
         self._want_hidden = hidden
         try:
             out = self.model(input_ids=ids, past_key_values=cache.hf, use_cache=True, **kwargs)
@@ -156,6 +160,8 @@ class LM:
         if hidden:
             h = self._hidden[0]
             self._hidden = None
+            if logits_rows is not None:
+                return logits, h[kwargs["logits_to_keep"]]
             return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
 

@@ -89,17 +89,19 @@ def lookahead_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sam
                 branch_masks[len(levels)] = window_mask(len(levels), window)
             mask, positions = step_inputs(context, len(feed), len(levels), window, tree, branch_masks[len(levels)])
             branch = [t for level in levels for t in level]
+        u, lw = len(feed), len(branch)
+        # Logits only where they are used: the root, the newest window level, the trie.
+        rows = [u - 1, *range(u + lw - window, u + lw), *range(u + lw, u + lw + len(tree) - 1)]
         with tracer.target():
             logits = lm.forward(feed + branch + tree.tokens[1:], cache, position_ids=positions, mask=mask,
-                                logits_last=1 + len(branch) + len(tree) - 1)
-        # Rows: 0 = after the root, then the window, then the trie's nodes after the root.
-        tree_logits = torch.cat([logits[:1], logits[1 + len(branch):]])
+                                logits_rows=rows)
+        tree_logits = torch.cat([logits[:1], logits[1 + window:]])
         if sampling.greedy:
             path, bonus = verify_greedy(tree, tree_logits)
         else:
             path, bonus = verify_sampling(tree, probs(tree_logits, sampling, warpers), None, generator)
         with tracer.draft():
-            newest = logits[1 + len(branch) - window:1 + len(branch)].argmax(dim=-1).tolist()
+            newest = logits[1:1 + window].argmax(dim=-1).tolist()
             if len(levels) < ngram - 1:
                 levels.append(newest)
             else:
@@ -110,8 +112,7 @@ def lookahead_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sam
         before = len(tokens)
         accepted = commit(tokens, drafted + [bonus], stop_ids, max_new_tokens)
         if pool_from_output:
-            sequence = prompt + tokens
-            pool.add_from(sequence, start=len(prompt) + before - ngram + 1)
+            pool.add_from(prompt + tokens, start=len(prompt) + before - ngram + 1)
         tracer.end_step(accepted=accepted, forward_tokens=len(feed) + len(branch) + len(tree) - 1,
                         context_tokens=context, draft_tokens=len(tree) - 1,
                         accepted_draft_tokens=min(len(drafted), accepted),
@@ -142,9 +143,9 @@ class Lookahead:
     pool_from_output: bool = True  # add the output's n-grams as they are committed
     init: str = "prompt"  # initial window guesses: prompt | vocab | repeat
     # "auto": the grid searched, the calibration (first prompts of the dataset, greedy), the cache.
-    auto_windows: tuple = (1, 2, 3, 4, 5, 7, 10)
-    auto_ngrams: tuple = (2, 3, 4, 5)
-    auto_prompts: int = 2
+    auto_windows: tuple = (1, 2, 3, 5)
+    auto_ngrams: tuple = (3, 4, 5, 6)
+    auto_prompts: int = 3
     auto_tokens: int = 48
     cache_dir: str | None = None  # where the latency profile and calibration table are kept; None = not kept
 

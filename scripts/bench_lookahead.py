@@ -10,7 +10,7 @@ dataset and method: tokens/s (total tokens / total time), the median and quartil
 per-run tokens/s ratio to autoregressive on the same prompt and repeat, tokens per step,
 and whether the greedy output equals autoregressive. `lookahead-auto` chooses W/N/G for this
 device (decoders/lookahead_tuning.py) from calibration prompts that are NOT benchmarked (the
-two after the benchmarked ones), and its predicted speedup is printed beside the measured
+decoder.auto_prompts after the benchmarked ones), and its predicted speedup is printed beside the measured
 one. --grid adds lookahead settings (N,W,G) measured for tokens per step.
 """
 from __future__ import annotations
@@ -81,10 +81,10 @@ def main() -> None:
     rows = []
     with torch.inference_mode():
         for name, dataset_cfg in datasets.items():
-            loaded = instantiate(dataset_cfg, limit=args.prompts + 2).load()
+            auto = instantiate(auto_cfg, _convert_="all")
+            loaded = instantiate(dataset_cfg, limit=args.prompts + auto.auto_prompts).load()
             ids_list = [render(lm.tokenizer, p, 0, [], rendering)[1] for p in loaded]
             prompts, calibration = ids_list[:args.prompts], ids_list[args.prompts:]
-            auto = instantiate(auto_cfg, _convert_="all")
             auto.prepare(lm, calibration or prompts[:1], lm.stop_ids)
             tuned = auto.tuning
             label = f"lookahead-auto({tuned['ngram']},{tuned['window']},{tuned['guess_set_size']})"

@@ -79,7 +79,7 @@ def test_auto_decoder_is_exact_and_reports_its_choice(monkeypatch):
     fake_profile(monkeypatch, 0.05)
     lm = tiny_lm(seed=4)
     decoder = Lookahead(window="auto", ngram="auto", guess_set_size="auto", auto_windows=(2, 4), auto_ngrams=(2, 3),
-                        auto_tokens=12)
+                        auto_tokens=12, auto_prompts=2)
     assert decoder.calibration_prompts == 2
     decoder.prepare(lm, PROMPTS, set())
     assert decoder.calibration_prompts == 0 and decoder.setting() in {(w, n, w) for w in (2, 4) for n in (2, 3)}
