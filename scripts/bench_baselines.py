@@ -41,6 +41,13 @@ def quartiles(values):
     return q[0], q[2]
 
 
+def print_setup(cfg, lm, args) -> None:
+    """The conditions every ratio below was measured under."""
+    print(f"model {cfg.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
+          f"threads {torch.get_num_threads()} | attention {lm.attn_implementation} | greedy, "
+          f"{args.max_new_tokens} new tokens | {args.prompts} prompts x {args.repeats} repeats per dataset", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=4, help="prompts per dataset")
@@ -58,9 +65,7 @@ def main() -> None:
     lm = instantiate(cfg.model).load()
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
     greedy = Sampling()
-    print(f"model {cfg.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
-          f"threads {torch.get_num_threads()} | attention {lm.attn_implementation} | greedy, "
-          f"{args.max_new_tokens} new tokens | {args.prompts} prompts x {args.repeats} repeats per dataset", flush=True)
+    print_setup(cfg, lm, args)
 
     rows = []
     with torch.inference_mode():

@@ -28,7 +28,7 @@ from hydra.utils import instantiate
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.prompts import render, rendering_for  # noqa: E402
-from bench_baselines import quartiles, timed  # noqa: E402
+from bench_baselines import print_setup, quartiles, timed  # noqa: E402
 from decoders.autoregressive import Autoregressive  # noqa: E402
 from decoders.hf_peers import HFPromptLookup  # noqa: E402
 from decoders.jacobi import Jacobi  # noqa: E402
@@ -68,15 +68,11 @@ def main() -> None:
     lm = instantiate(cfg.model).load()
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
     greedy = Sampling()
-    n, w, g = args.lookahead
     methods = {"autoregressive": Autoregressive(), "hf_pld": HFPromptLookup(),
-               f"jacobi-{args.jacobi}": Jacobi(block_size=args.jacobi),
-               f"lookahead-{n},{w},{g}": Lookahead(window=w, ngram=n, guess_set_size=g)}
-    for n_, w_, g_ in args.grid:
-        methods[f"lookahead-{n_},{w_},{g_}"] = Lookahead(window=w_, ngram=n_, guess_set_size=g_)
-    print(f"model {cfg.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
-          f"threads {torch.get_num_threads()} | attention {lm.attn_implementation} | greedy, "
-          f"{args.max_new_tokens} new tokens | {args.prompts} prompts x {args.repeats} repeats per dataset", flush=True)
+               f"jacobi-{args.jacobi}": Jacobi(block_size=args.jacobi)}
+    for n, w, g in [args.lookahead, *args.grid]:
+        methods[f"lookahead-{n},{w},{g}"] = Lookahead(window=w, ngram=n, guess_set_size=g)
+    print_setup(cfg, lm, args)
 
     rows = []
     with torch.inference_mode():
