@@ -3,12 +3,15 @@
     python scripts/bench_lookahead.py [--prompts 4] [--repeats 2] [--max-new-tokens 128]
         [--lookahead 4,5,5] [--grid 5,15,15 6,15,15 ...] [--jacobi 8] [hydra overrides...]
         [decoder.auto_windows=[...] decoder.auto_ngrams=[...]: the grid lookahead-auto searches]
+        [dtype=bfloat16: the model's dtype]
 
 On the same prompts (the first --prompts of HumanEval, MT-Bench turn 1 and GSM8K), in one
 process, every method runs --repeats times per prompt in a rotating order. Prints per
 dataset and method: tokens/s (total tokens / total time), the median and quartiles of the
 per-run tokens/s ratio to autoregressive on the same prompt and repeat, tokens per step,
-and whether the greedy output equals autoregressive. `lookahead-auto` chooses W/N/G for this
+how many runs' greedy output equals autoregressive's and, where one departs, how close
+autoregressive's top two logits were there (in bfloat16, departures sit on logit ties that
+every multi-token pass can break differently, transformers' own included). `lookahead-auto` chooses W/N/G for this
 device (decoders/lookahead_tuning.py) from calibration prompts that are NOT benchmarked (the
 decoder.auto_prompts after the benchmarked ones), and its predicted speedup is printed beside the measured
 one. --grid adds lookahead settings (N,W,G) measured for tokens per step.
@@ -41,6 +44,17 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 def nwg(text: str) -> tuple[int, int, int]:
     n, w, g = (int(x) for x in text.split(","))
     return n, w, g
+
+
+def divergence_margin(lm, prompt: list[int], reference: list[int], other: list[int]) -> float | None:
+    """Where `other` first departs from the autoregressive `reference`: the gap between the
+    reference's top two logits there (a fresh forward; untimed). None if they never depart.
+    A gap of 0 or one ulp of the dtype is a numerical tie, not a decoding error."""
+    k = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
+    if k is None:
+        return None
+    top = lm.forward(prompt + reference[:k], lm.new_cache(), last_only=True)[-1].float().topk(2).values
+    return float(top[0] - top[1])
 
 
 def main() -> None:
@@ -90,7 +104,8 @@ def main() -> None:
             tokens = {m: 0 for m in runs}
             steps = {m: 0 for m in runs}
             seconds = {m: 0.0 for m in runs}
-            identical = {m: True for m in runs}
+            identical = {m: 0 for m in runs}
+            margins = {m: [] for m in runs}
             for i, ids in enumerate(prompts):
                 if i == 0:  # untimed warm-up of every method
                     for dec in runs.values():
@@ -108,18 +123,24 @@ def main() -> None:
                         tokens[m] += len(gen.tokens)
                         steps[m] += len(gen.steps)
                         seconds[m] += t
-                        identical[m] &= gen.tokens == ref_gen.tokens
+                        identical[m] += gen.tokens == ref_gen.tokens
+                        if gen.tokens != ref_gen.tokens and len(gen.tokens) > 0:
+                            margin = divergence_margin(lm, ids, ref_gen.tokens, gen.tokens)
+                            if margin is not None:
+                                margins[m].append(margin)
             for m in runs:
                 lo, hi = quartiles(ratio[m])
                 rows.append({"dataset": name, "method": m, "runs": len(ratio[m]),
                              "tok_s": tokens[m] / seconds[m], "speedup_median": statistics.median(ratio[m]),
                              "speedup_p25": lo, "speedup_p75": hi, "tok_per_step": tokens[m] / steps[m],
                              "predicted_speedup": tuned["predicted_speedup"] if m == label else float("nan"),
-                             "identical_to_ar": identical[m]})
+                             "identical_to_ar": f"{identical[m]}/{len(ratio[m])}",
+                             "max_divergence_margin": max(margins[m], default=float("nan"))})
             print(pd.DataFrame([r for r in rows if r["dataset"] == name]).to_string(index=False, float_format="%.3f"),
                   flush=True)
     print("\nspeedup = tokens/s / autoregressive tokens/s on the same prompt and repeat (median, quartiles); "
-          "lookahead settings are N,W,G\n")
+          "lookahead settings are N,W,G; identical_to_ar = runs whose greedy output equals autoregressive's; "
+          "max_divergence_margin = the largest gap between autoregressive's top two logits where an output departs from it\n")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))
 
 
