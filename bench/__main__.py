@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("decoder", "model", "dataset", "logger", "sweep")
+GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
 MAX_CHECKED_COMBINATIONS = 256
 
 

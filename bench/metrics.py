@@ -23,13 +23,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from decoders.lm import forward_flops
 from decoders.trace import Generation
-
-
-def forward_flops(spec: dict, tokens: int, context: int) -> float:
-    dense = 2.0 * spec["matmul_params"] * tokens
-    attended = tokens * context + tokens * (tokens + 1) / 2
-    return dense + 4.0 * spec["n_layers"] * spec["d_attn"] * attended
 
 
 def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dict:

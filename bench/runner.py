@@ -184,8 +184,14 @@ def _warmup(lm, decoder, units, rendering, cfg, sampling) -> None:
 
 
 def _prepare(lm, decoder, units, rendering, cfg) -> None:
-    """Decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get the
-    dataset's first prompts to calibrate on, before any timing."""
+    """Before any timing: draft models are built (a bad draft fails here, in one line), and
+    decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get the
+    dataset's first prompts to calibrate on."""
+    if hasattr(decoder, "load_draft"):
+        try:
+            decoder.load_draft(lm)
+        except (ValueError, FileNotFoundError) as e:
+            raise BenchError(f"draft: {e}") from None
     wanted = getattr(decoder, "calibration_prompts", 0)
     if not wanted:
         return
@@ -201,13 +207,14 @@ def _prepare(lm, decoder, units, rendering, cfg) -> None:
 
 def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, logger) -> None:
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+    with torch.inference_mode():
+        _prepare(lm, decoder, units, rendering, cfg)  # before the bar: a bad draft's error stays one line
     done = sum(f"{p.id}#{t}" in log for p, t in units)
     bar = tqdm(total=len(units), initial=done, unit="prompt", disable=not cfg.progress, dynamic_ncols=True,
                desc=f"{cfg.decoder.name} | {cfg.dataset.name}")
     tokens = steps = 0
     seconds = 0.0
     with torch.inference_mode():
-        _prepare(lm, decoder, units, rendering, cfg)
         if cfg.warmup:
             _warmup(lm, decoder, units, rendering, cfg, sampling)
         for prompt, turn in units:

@@ -17,6 +17,13 @@ from .sampling import Sampling
 from .trace import Generation, Step, stop_reason, truncate_at_stop
 
 
+def forward_flops(spec: dict, tokens: int, context: int) -> float:
+    """FLOPs of one forward of `tokens` new tokens after `context` cached ones (spec: LM.flops_spec())."""
+    dense = 2.0 * spec["matmul_params"] * tokens
+    attended = tokens * context + tokens * (tokens + 1) / 2
+    return dense + 4.0 * spec["n_layers"] * spec["d_attn"] * attended
+
+
 class KVCache:
     """A DynamicCache plus the two edits decoders need: crop (chain rollback) and keep (tree path)."""
 

@@ -117,6 +117,10 @@ ERRORS = [
     (["decoder=lookahead", "decoder.init=zeros"], "decoder.init must be one of prompt, vocab, repeat"),
     (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[2,0]"], "decoder.auto_windows[] must be"),
     (["decoder=jacobi", "decoder.block_size=0"], "decoder.block_size must be an integer >= 1"),
+    (["decoder=spec_chain", "decoder.k=0"], "decoder.k (draft tokens per step) must be an integer >= 1, got 0"),
+    (["decoder=spec_chain", "draft=nope"], "unknown draft 'nope'; choose one of: "),
+    (["decoder=spec_chain", "draft.layers=0"], "draft.layers must be an integer >= 1, got 0"),
+    (["decoder=spec_chain", "draft.layers=2"], "draft: draft.layers must be an integer in [1, 1] for a 2-layer target"),
 ]
 
 

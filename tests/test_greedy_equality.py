@@ -8,10 +8,12 @@ import torch
 
 from bench.prompts import render
 from decoders.autoregressive import Autoregressive, autoregressive_decode
+from decoders.draft import SelfDraft
 from decoders.hf_peers import HFGenerate, HFPromptLookup
 from decoders.jacobi import Jacobi
 from decoders.lookahead import Lookahead
 from decoders.sampling import Sampling
+from decoders.spec_chain import SpecChain
 from decoders.trace import check_generation
 from helpers import tiny_lm
 
@@ -36,7 +38,13 @@ DECODERS = {
     "lookahead-4-6-8-vocab": Lookahead(window=4, ngram=6, guess_set_size=8, init="vocab"),
     "lookahead-3-3-3-nopool": Lookahead(window=3, ngram=3, guess_set_size=3, pool_from_prompt=False,
                                         pool_from_output=False, init="repeat"),
+    # spec_chain-k, self-draft of the target's first layer (tiny targets have 2 layers)
+    "spec_chain-1": SpecChain(draft=SelfDraft(layers=1), k=1),
+    "spec_chain-4": SpecChain(draft=SelfDraft(layers=1), k=4),
+    "spec_chain-9": SpecChain(draft=SelfDraft(layers=1), k=9),
 }
+# The real model's drafts: its first 4 of 30 layers.
+SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), k=4)}
 
 
 def check_trace(gen, max_new_tokens, stop_ids):
@@ -89,7 +97,7 @@ def test_greedy_equality_eos_inside_output(decoder, seed):
 
 
 @pytest.mark.parametrize("decoder", ["hf_generate", "hf_pld-10-2", "hf_pld-3-1", "jacobi-4", "lookahead-5-4-5",
-                                     "lookahead-1-2-1", "lookahead-7-3-unbounded"])
+                                     "lookahead-1-2-1", "lookahead-7-3-unbounded", *SMOLLM2_DECODERS])
 @pytest.mark.parametrize("dataset", ["humaneval", "mt_bench", "gsm8k"])
 def test_greedy_equality_smollm2(smollm, data_dir, dataset, decoder):
     """The real default model on the harness's own rendering of real prompts."""
@@ -100,7 +108,7 @@ def test_greedy_equality_smollm2(smollm, data_dir, dataset, decoder):
     for prompt in loader.load():
         _, ids = render(smollm.tokenizer, prompt, 0, [], "chat")
         reference = autoregressive_decode(smollm, ids, 40, GREEDY, smollm.stop_ids)
-        out = DECODERS[decoder].generate(smollm, ids, 40, GREEDY, smollm.stop_ids)
+        out = {**DECODERS, **SMOLLM2_DECODERS}[decoder].generate(smollm, ids, 40, GREEDY, smollm.stop_ids)
         assert out.tokens == reference.tokens, f"{prompt.id}: first difference at " \
             f"{next(i for i, (a, b) in enumerate(zip(out.tokens + [-1], reference.tokens + [-1])) if a != b)}"
         check_trace(out, 40, smollm.stop_ids)

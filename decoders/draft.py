@@ -1,0 +1,167 @@
+"""Draft models for speculative decoding: any LM sharing the target's tokenizer, or a
+self-draft cut from the target itself (its first k layers, its final norm and head).
+
+A truncated model's layer-k hidden state is not what the head was trained on, so the
+self-draft can carry a small exit adapter (RMSNorm + a residual d x d projection, zero at
+initialisation) trained by scripts/train_exit_adapter.py with the backbone frozen.
+The self-draft shares the target's weights: it costs no memory beyond the adapter.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .lm import LM
+
+ADAPTER_FORMAT = "exit-adapter-v1"
+
+
+class ExitAdapter(nn.Module):
+    """h -> h + W norm(h), W zero-initialised, so an untrained adapter is the plain truncation."""
+
+    def __init__(self, norm: nn.Module, hidden_size: int):
+        super().__init__()
+        self.norm = norm
+        self.proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        nn.init.zeros_(self.proj.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden + self.proj(self.norm(hidden))
+
+
+def _decoder_parts(model):
+    """(embed, layers, final norm, rotary, head) of a Llama-family causal LM, or a clear error."""
+    base = model.base_model
+    parts = [getattr(base, a, None) for a in ("embed_tokens", "layers", "norm", "rotary_emb")]
+    if any(p is None for p in parts) or model.get_output_embeddings() is None:
+        raise ValueError(f"a self-draft needs a Llama-style decoder (embed_tokens, layers, norm, rotary_emb, lm_head); "
+                         f"{type(model).__name__} has another layout: give draft= a separate model instead")
+    return (*parts, model.get_output_embeddings())
+
+
+def self_draft_model(target, layers: int, adapter: nn.Module | None = None):
+    """A model of the target's class whose modules ARE the target's first `layers` layers, its
+    embeddings, final norm and head (shared, not copied), with `adapter` before the final norm."""
+    embed, blocks, norm, rotary, head = _decoder_parts(target)
+    total = len(blocks)
+    if not (isinstance(layers, int) and 1 <= layers < total):
+        raise ValueError(f"draft.layers must be an integer in [1, {total - 1}] for a {total}-layer target, got {layers!r}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    for key in ("layer_types", "mlp_layer_types"):  # per-layer lists must match the new depth
+        if isinstance(getattr(config, key, None), list):
+            setattr(config, key, getattr(config, key)[:layers])
+    with torch.device("meta"):
+        draft = type(target)(config)
+    base = draft.base_model
+    base.embed_tokens = embed
+    base.layers = nn.ModuleList(list(blocks[:layers]))
+    base.norm = norm if adapter is None else nn.Sequential(adapter, norm)
+    base.rotary_emb = rotary
+    draft.set_output_embeddings(head)
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    leftover = [n for n, t in [*draft.named_parameters(), *draft.named_buffers()] if t.is_meta]
+    if leftover:
+        raise RuntimeError(f"self-draft left tensors unset: {leftover[:5]}")
+    return draft.eval()
+
+
+def new_exit_adapter(target) -> ExitAdapter:
+    _, _, norm, _, _ = _decoder_parts(target)
+    adapter = ExitAdapter(copy.deepcopy(norm), target.config.get_text_config().hidden_size)
+    ref = target.get_input_embeddings().weight
+    return adapter.to(device=ref.device, dtype=ref.dtype)
+
+
+def save_adapter(adapter: ExitAdapter, path: str | Path, layers: int, info: dict) -> None:
+    from safetensors.torch import save_file
+
+    meta = {"format": ADAPTER_FORMAT, "layers": str(layers), "hidden_size": str(adapter.proj.weight.shape[0]),
+            "info": json.dumps(info)}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().float().contiguous() for k, v in adapter.state_dict().items()}, str(path), metadata=meta)
+
+
+def load_adapter(target, path: str | Path, layers: int) -> ExitAdapter:
+    from safetensors import safe_open
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"draft.adapter: no exit adapter at {path}; train one with scripts/train_exit_adapter.py "
+                                f"or set draft.adapter=null for the plain truncation")
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("format") != ADAPTER_FORMAT:
+        raise ValueError(f"draft.adapter: {path} is not an exit adapter (format {meta.get('format')!r})")
+    adapter = new_exit_adapter(target)
+    if int(meta["layers"]) != layers or int(meta["hidden_size"]) != adapter.proj.weight.shape[0]:
+        raise ValueError(f"draft.adapter: {path} was trained for {meta['layers']} layers and hidden size "
+                         f"{meta['hidden_size']}; this draft has {layers} layers and hidden size {adapter.proj.weight.shape[0]}")
+    adapter.load_state_dict(state)
+    return adapter
+
+
+@dataclass
+class SelfDraft:
+    """draft=self: the target's first `layers` layers + final norm + head (+ exit adapter)."""
+
+    layers: int = 4
+    adapter: str | None = None  # path to a trained exit adapter (safetensors); null = plain truncation
+
+    def __post_init__(self):
+        if not (isinstance(self.layers, int) and self.layers >= 1):
+            raise ValueError(f"draft.layers must be an integer >= 1, got {self.layers!r}")
+
+    @property
+    def name(self) -> str:
+        return f"self-{self.layers}" + ("+adapter" if self.adapter else "")
+
+    def build(self, target: LM) -> LM:
+        adapter = load_adapter(target.model, self.adapter, self.layers) if self.adapter else None
+        model = self_draft_model(target.model, self.layers, adapter)
+        return LM(model, target.tokenizer, name=f"{target.name}/{self.name}", max_context=target.max_context)
+
+
+def check_same_vocabulary(target: LM, draft: LM) -> None:
+    """Speculative decoding compares token ids: the two tokenizers must map text to the same ids."""
+    t, d = target.tokenizer, draft.tokenizer
+    if t is None or d is None:
+        if target.vocab_size != draft.vocab_size:
+            raise ValueError(f"draft {draft.name} has {draft.vocab_size} output tokens, target {target.name} {target.vocab_size}")
+        return
+    if t.get_vocab() != d.get_vocab():
+        raise ValueError(f"draft {draft.name} does not share the target's tokenizer ({len(d)} vs {len(t)} tokens, "
+                         f"different ids): speculative decoding needs the same vocabulary")
+    if draft.vocab_size < len(t):
+        raise ValueError(f"draft {draft.name}'s head covers {draft.vocab_size} ids, fewer than the tokenizer's {len(t)}")
+
+
+def build_draft(spec, target: LM) -> LM:
+    """decoder.draft -> an LM: a SelfDraft (or anything with build(target)), or a model config
+    (anything with load(), e.g. bench.models.PretrainedModel), checked against the target's vocabulary."""
+    if hasattr(spec, "build"):
+        return spec.build(target)
+    if hasattr(spec, "load"):
+        draft = spec.load()
+        check_same_vocabulary(target, draft)
+        return draft
+    raise ValueError(f"decoder.draft must be draft=self or a model config, got {type(spec).__name__}")
+
+
+class DraftCache:
+    """One built draft per target, so that repeated generate() calls do not rebuild it."""
+
+    def __init__(self):
+        self._key = None
+        self._draft: LM | None = None
+
+    def get(self, spec, target: LM) -> LM:
+        if self._key is not target:
+            self._draft, self._key = build_draft(spec, target), target
+        return self._draft
