@@ -54,7 +54,35 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         "stop_reason": gen.stop_reason,
         # Only decoders verifying pool candidates record "hit"; None keeps the rate undefined for the rest.
         "hit_steps": sum(bool(s.info["hit"]) for s in steps) if steps and "hit" in steps[0].info else None,
+        **_depth_counts(steps),
     }
+
+
+def _depth_counts(steps) -> dict:
+    """Draft decoders record per step how deep their draft went (draft_depth) and how many draft
+    tokens the accepted path holds (accepted_depth). depth_proposed[d-1] counts the steps whose
+    draft reached depth d, depth_accepted[d-1] those that accepted at least d draft tokens."""
+    pairs = [(s.info["draft_depth"], s.info["accepted_depth"]) for s in steps if "draft_depth" in s.info]
+    if not pairs:
+        return {"depth_proposed": None, "depth_accepted": None}
+    deepest = max(d for d, _ in pairs)
+    return {"depth_proposed": [sum(d >= k for d, _ in pairs) for k in range(1, deepest + 1)],
+            "depth_accepted": [sum(a >= k for _, a in pairs) for k in range(1, deepest + 1)]}
+
+
+def _acceptance_by_depth(ok: pd.DataFrame) -> str | None:
+    """Per depth d: of the steps whose draft reached d, the share that accepted >= d draft tokens."""
+    if "depth_proposed" not in ok:
+        return None
+    proposed, accepted = np.zeros(0), np.zeros(0)
+    for p, a in zip(ok["depth_proposed"], ok["depth_accepted"]):
+        if isinstance(p, list) and p:
+            n = max(len(proposed), len(p))
+            proposed = np.pad(proposed, (0, n - len(proposed))) + np.pad(np.array(p, float), (0, n - len(p)))
+            accepted = np.pad(accepted, (0, n - len(accepted))) + np.pad(np.array(a, float), (0, n - len(a)))
+    if not len(proposed):
+        return None
+    return " ".join(f"{a / p:.2f}" for p, a in zip(proposed, accepted))
 
 
 def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
@@ -106,6 +134,8 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                 flops_per_token=_ratio(ok["target_flops"].sum(), tokens),
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
                 acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),
+                acceptance_by_depth=_acceptance_by_depth(ok),
+                draft_time_frac=_ratio(ok["draft_time_s"].sum(), busy),
                 pool_hit_rate=_pool_hit_rate(ok),
                 overhead_frac=_ratio(ok["overhead_time_s"].sum(), busy),
             )
@@ -134,8 +164,8 @@ def summarize(records: list[dict]) -> pd.DataFrame:
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
 DISPLAY = ["decoder", "model", "dataset", "records", "skipped", "new_tokens", "tokens_per_step", "tokens_per_s",
-           "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token",
-           "acceptance_rate", "pool_hit_rate", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
+           "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
+           "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
            "speedup_latency_geomean", "predicted_speedup"]
 
 

@@ -94,7 +94,7 @@ def spec_chain_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_toke
             draft_cache.crop(len(sequence) + min(accepted_drafts, n_draft - 1))
         tracer.end_step(accepted=len(new), forward_tokens=len(tree), context_tokens=context, draft_tokens=n_draft,
                         accepted_draft_tokens=min(accepted_drafts, len(new)), draft_forward_tokens=fed,
-                        draft_flops=flops, info={"accepted_depth": accepted_drafts})
+                        draft_flops=flops, info={"draft_depth": n_draft, "accepted_depth": accepted_drafts})
     return tracer.finish(tokens, stop_ids)
 
 

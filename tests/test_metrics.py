@@ -82,3 +82,21 @@ def test_markdown_has_the_headline_columns():
     md = metrics.to_markdown(metrics.summarize([record("a", 10, 5, 1.0)]))
     for col in ["decoder", "tokens_per_step", "tokens_per_s", "flops_per_token", "lossless"]:
         assert col in md.splitlines()[0]
+
+
+def test_acceptance_by_depth():
+    """Per depth d: of the steps whose draft reached d, the share that accepted >= d draft tokens."""
+    steps = [Step(accepted=1, forward_tokens=5, context_tokens=0)]  # the prefill records no depth
+    for depth, accepted in [(3, 0), (3, 2), (3, 3), (1, 1)]:
+        steps.append(Step(accepted=accepted + 1, forward_tokens=depth + 1, context_tokens=5,
+                          info={"draft_depth": depth, "accepted_depth": accepted}))
+    g = Generation(tokens=list(range(sum(s.accepted for s in steps))), steps=steps, ttft=0.1, stop_reason="length")
+    m = metrics.generation_metrics(g, SPEC, latency=1.0)
+    assert m["depth_proposed"] == [4, 3, 3] and m["depth_accepted"] == [3, 2, 1]
+    plain = metrics.generation_metrics(gen([1, 1], [3, 1], [0, 3]), SPEC, latency=1.0)
+    assert plain["depth_proposed"] is None
+    recs = [dict(record("a", 10, 5, 1.0), depth_proposed=m["depth_proposed"], depth_accepted=m["depth_accepted"]),
+            dict(record("b", 10, 5, 1.0), depth_proposed=[2], depth_accepted=[1])]
+    row = metrics.summarize(recs).iloc[0]
+    assert row["acceptance_by_depth"] == "0.67 0.67 0.33"  # depth 1: (3 + 1) / (4 + 2)
+    assert row["draft_time_frac"] == 0.0
