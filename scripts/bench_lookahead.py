@@ -19,7 +19,6 @@ one. --grid adds lookahead settings (N,W,G) measured for tokens per step.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,7 +30,8 @@ from hydra.utils import instantiate
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.prompts import render, rendering_for  # noqa: E402
-from bench_baselines import print_setup, quartiles, timed  # noqa: E402
+from bench_baselines import print_setup  # noqa: E402
+from side_by_side import LEGEND, compare  # noqa: E402
 from decoders.autoregressive import Autoregressive  # noqa: E402
 from decoders.hf_peers import HFPromptLookup  # noqa: E402
 from decoders.jacobi import Jacobi  # noqa: E402
@@ -44,17 +44,6 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 def nwg(text: str) -> tuple[int, int, int]:
     n, w, g = (int(x) for x in text.split(","))
     return n, w, g
-
-
-def divergence_margin(lm, prompt: list[int], reference: list[int], other: list[int]) -> float | None:
-    """Where `other` first departs from the autoregressive `reference`: the gap between the
-    reference's top two logits there (a fresh forward; untimed). None if they never depart.
-    A gap of 0 or one ulp of the dtype is a numerical tie, not a decoding error."""
-    k = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
-    if k is None:
-        return None
-    top = lm.forward(prompt + reference[:k], lm.new_cache(), last_only=True)[-1].float().topk(2).values
-    return float(top[0] - top[1])
 
 
 def main() -> None:
@@ -99,48 +88,13 @@ def main() -> None:
             tuned = auto.tuning
             label = f"lookahead-auto({tuned['ngram']},{tuned['window']},{tuned['guess_set_size']})"
             runs = {**methods, label: auto}
-            tok_s = {m: [] for m in runs}
-            ratio = {m: [] for m in runs}
-            tokens = {m: 0 for m in runs}
-            steps = {m: 0 for m in runs}
-            seconds = {m: 0.0 for m in runs}
-            identical = {m: 0 for m in runs}
-            margins = {m: [] for m in runs}
-            for i, ids in enumerate(prompts):
-                if i == 0:  # untimed warm-up of every method
-                    for dec in runs.values():
-                        dec.generate(lm, ids, 16, greedy, lm.stop_ids)
-                for rep in range(args.repeats):
-                    order = list(runs)
-                    shift = (i * args.repeats + rep) % len(order)
-                    order = order[shift:] + order[:shift]
-                    result = {m: timed(lambda d=runs[m]: d.generate(lm, ids, args.max_new_tokens, greedy, lm.stop_ids))
-                              for m in order}
-                    ref_gen, ref_t = result["autoregressive"]
-                    for m, (gen, t) in result.items():
-                        tok_s[m].append(len(gen.tokens) / t)
-                        ratio[m].append(tok_s[m][-1] / (len(ref_gen.tokens) / ref_t))
-                        tokens[m] += len(gen.tokens)
-                        steps[m] += len(gen.steps)
-                        seconds[m] += t
-                        identical[m] += gen.tokens == ref_gen.tokens
-                        if gen.tokens != ref_gen.tokens and len(gen.tokens) > 0:
-                            margin = divergence_margin(lm, ids, ref_gen.tokens, gen.tokens)
-                            if margin is not None:
-                                margins[m].append(margin)
-            for m in runs:
-                lo, hi = quartiles(ratio[m])
-                rows.append({"dataset": name, "method": m, "runs": len(ratio[m]),
-                             "tok_s": tokens[m] / seconds[m], "speedup_median": statistics.median(ratio[m]),
-                             "speedup_p25": lo, "speedup_p75": hi, "tok_per_step": tokens[m] / steps[m],
-                             "predicted_speedup": tuned["predicted_speedup"] if m == label else float("nan"),
-                             "identical_to_ar": f"{identical[m]}/{len(ratio[m])}",
-                             "max_divergence_margin": max(margins[m], default=float("nan"))})
+            for row in compare(lm, runs, prompts, args.repeats, args.max_new_tokens, greedy):
+                row.pop("acceptance")  # lookahead's "drafts" are its n-gram candidates: tok_per_step says more
+                rows.append({"dataset": name, **row,
+                             "predicted_speedup": tuned["predicted_speedup"] if row["method"] == label else float("nan")})
             print(pd.DataFrame([r for r in rows if r["dataset"] == name]).to_string(index=False, float_format="%.3f"),
                   flush=True)
-    print("\nspeedup = tokens/s / autoregressive tokens/s on the same prompt and repeat (median, quartiles); "
-          "lookahead settings are N,W,G; identical_to_ar = runs whose greedy output equals autoregressive's; "
-          "max_divergence_margin = the largest gap between autoregressive's top two logits where an output departs from it\n")
+    print(f"\n{LEGEND}; lookahead settings are N,W,G\n")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))
 
 
