@@ -13,7 +13,9 @@ from decoders.hf_peers import HFGenerate, HFPromptLookup
 from decoders.jacobi import Jacobi
 from decoders.lookahead import Lookahead
 from decoders.sampling import Sampling
+from decoders.sequoia import Sequoia
 from decoders.spec_chain import SpecChain
+from decoders.specinfer import SpecInfer
 from decoders.trace import check_generation
 from helpers import tiny_lm
 
@@ -42,9 +44,19 @@ DECODERS = {
     "spec_chain-1": SpecChain(draft=SelfDraft(layers=1), k=1),
     "spec_chain-4": SpecChain(draft=SelfDraft(layers=1), k=4),
     "spec_chain-9": SpecChain(draft=SelfDraft(layers=1), k=9),
+    # specinfer-k sequences x depth
+    "specinfer-2x3": SpecInfer(draft=SelfDraft(layers=1), k=2, depth=3),
+    "specinfer-4x1": SpecInfer(draft=SelfDraft(layers=1), k=4, depth=1),
+    "specinfer-1x6": SpecInfer(draft=SelfDraft(layers=1), k=1, depth=6),
+    # sequoia-budget-depth (acceptance measured on the first prompt it sees)
+    "sequoia-8-4": Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16),
+    "sequoia-1-1": Sequoia(draft=SelfDraft(layers=1), budget=1, depth=1, auto_tokens=16),
+    "sequoia-24-8": Sequoia(draft=SelfDraft(layers=1), budget=24, depth=8, auto_tokens=16),
 }
 # The real model's drafts: its first 4 of 30 layers.
-SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), k=4)}
+SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), k=4),
+                    "specinfer-2x3-self4": SpecInfer(draft=SelfDraft(layers=4), k=2, depth=3),
+                    "sequoia-8-4-self4": Sequoia(draft=SelfDraft(layers=4), budget=8, depth=4, auto_tokens=16)}
 
 
 def check_trace(gen, max_new_tokens, stop_ids):

@@ -1,0 +1,112 @@
+"""Sequoia (Chen et al. 2024): a DP-optimal token tree drafted without replacement,
+verified in one target pass with Sequoia's sampling-without-replacement rule.
+
+The tree's shape comes from decoders/sequoia_tree.py: the tree of `budget` draft nodes and
+depth <= `depth` that maximises expected tokens per step under the measured acceptance vector
+(p_k: probability that the k-th drafted child is the accepted one). `tree=auto` also picks
+(budget, depth) for this device: the least predicted time per token given the measured
+target and draft latencies. Greedy drafts a node's top-c tokens; sampling draws c without
+replacement from the draft, and rejection updates the target's residual and drops the
+rejected token from the draft's distribution before trying the next sibling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .draft import DraftCache
+from .lm import LM
+from .sampling import Sampling
+from .sequoia_tree import cached_acceptance, choose_tree, device_latency, load_acceptance, optimal_tree
+from .trace import Generation
+from .tree import TokenTree
+from .tree_draft import draft_tree, stacked_dists, tree_speculative_decode
+
+
+def sequoia_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
+                   parents: tuple[int, ...]) -> Generation:
+    def propose(draft_lm, cache, sequence, generator, warpers):
+        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, generator, warpers, replacement=False)
+        tree = TokenTree(dtree.tokens, dtree.parents)
+        return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree
+
+    return tree_speculative_decode(lm, draft, prompt_ids, max_new_tokens, sampling, stop_ids, propose,
+                                   without_replacement=True)
+
+
+@dataclass
+class Sequoia:
+    draft: Any = None  # draft=self or a model config
+    budget: int = 16  # draft nodes per step (the target verifies budget + 1 tokens)
+    depth: int = 6  # deepest draft level
+    tree: str = "fixed"  # fixed: (budget, depth) as given; auto: chosen for this device
+    acceptance: str | None = None  # a measured acceptance-vector JSON; null = measure on calibration prompts
+    K: int = 8  # children per node measured (and allowed)
+    auto_budgets: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    auto_depths: list = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])
+    auto_prompts: int = 2
+    auto_tokens: int = 48
+    cache_dir: str | None = None
+    name: str = "sequoia"
+    lossless: bool = True
+    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+
+    def __post_init__(self):
+        for key in ("budget", "depth", "K", "auto_prompts", "auto_tokens"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"decoder.{key} must be an integer >= 1, got {value!r}")
+        if self.tree not in ("fixed", "auto"):
+            raise ValueError(f"decoder.tree must be fixed or auto, got {self.tree!r}")
+        for key in ("auto_budgets", "auto_depths"):
+            if not getattr(self, key) or not all(isinstance(v, int) and v >= 1 for v in getattr(self, key)):
+                raise ValueError(f"decoder.{key} must be a non-empty list of integers >= 1, got {getattr(self, key)!r}")
+        if self.draft is None:
+            raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
+        if self.acceptance is not None and not Path(self.acceptance).expanduser().is_file():
+            raise ValueError(f"decoder.acceptance: no acceptance vector at {self.acceptance}; measure one with "
+                             f"scripts/measure_acceptance.py or leave it null to measure on calibration prompts")
+        self._shape = None
+        self.tuning: dict = {}
+
+    @property
+    def calibration_prompts(self) -> int:
+        """Prompts prepare() wants: to measure acceptance (no file given) and/or choose the tree."""
+        return self.auto_prompts if (self.acceptance is None or self.tree == "auto") else 0
+
+    def load_draft(self, lm: LM) -> LM:
+        return self._drafts.get(self.draft, lm)
+
+    def prepare(self, lm: LM, prompts, stop_ids) -> None:
+        """Acceptance vector (file, or measured greedily on `prompts` and cached), then the tree."""
+        draft = self.load_draft(lm)
+        if self.acceptance is not None:
+            acceptance = load_acceptance(self.acceptance)
+        else:
+            acceptance = cached_acceptance(lm, draft, prompts[:self.auto_prompts], self.K, Sampling(),
+                                           self.auto_tokens, self.cache_dir)
+        acceptance = list(acceptance)[:self.K]
+        if self.tree == "auto":
+            target_s, draft_s, ar_s = device_latency(lm, draft, self.cache_dir)
+            shape, info = choose_tree(acceptance, target_s, draft_s, self.auto_budgets, self.auto_depths, ar_s)
+            info = {k: v for k, v in info.items() if k != "table"}
+        else:
+            shape = optimal_tree(acceptance, self.budget, self.depth)
+            info = {"budget": self.budget, "depth": self.depth}
+        self._shape = shape
+        self.tuning = {**info, "expected_tokens": shape.expected_tokens, "tree_size": shape.size,
+                       "acceptance": [round(a, 4) for a in acceptance]}
+        self.tuning.setdefault("predicted_speedup", float("nan"))
+
+    def setting(self) -> dict:
+        return dict(self.tuning)
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        if self._shape is None:
+            if self.calibration_prompts:
+                self.prepare(lm, [list(prompt_ids)], stop_ids)  # outside the harness: calibrate on this prompt
+            else:
+                self.prepare(lm, [], stop_ids)
+        return sequoia_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
+                              self._shape.parents)

@@ -1,0 +1,83 @@
+"""SpecInfer-style token trees (Miao et al. 2024), the baseline Sequoia is compared with:
+k draft sequences of `depth` tokens, sampled independently from the draft, merged into a
+trie and verified in one target pass (multi-step verification: children tried in turn, each
+accepted with min(1, p/q), the target's distribution replaced by the residual after each
+rejection). Greedy: k independent greedy sequences would all be equal, so the k sequences
+start from the draft's top-k first tokens and continue greedily.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .draft import DraftCache
+from .lm import LM
+from .sampling import Sampling
+from .trace import Generation
+from .tree import TokenTree
+from .tree_draft import draft_tree, stacked_dists, tree_speculative_decode
+
+
+def chains(k: int, depth: int) -> tuple[int, ...]:
+    """Parents of k chains of `depth` nodes under one root, in level order."""
+    parents = [-1] + [0] * k
+    for level in range(1, depth):
+        parents += [1 + (level - 1) * k + j for j in range(k)]
+    return tuple(parents)
+
+
+def specinfer_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
+                     k: int, depth: int) -> Generation:
+    parents = chains(k, depth)
+
+    def propose(draft_lm, cache, sequence, generator, warpers):
+        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, generator, warpers, replacement=True)
+        kids = [[] for _ in dtree.parents]
+        for i, p in enumerate(dtree.parents[1:], start=1):
+            kids[p].append(i)
+        sequences, nodes = [], []  # each chain's tokens and draft nodes
+        for first in kids[0]:
+            chain = [first]
+            while kids[chain[-1]]:
+                chain.append(kids[chain[-1]][0])
+            nodes.append(chain)
+            sequences.append([dtree.tokens[n] for n in chain])
+        tree = TokenTree.from_sequences(dtree.tokens[0], sequences)
+        # Map each trie node to the first draft node that holds it (equal prefixes were drawn from
+        # equal contexts, so any representative has the same distribution and cache entries).
+        to_draft = [0] * len(tree)
+        for chain in nodes:
+            trie = 0
+            for n in chain:
+                trie = next(c for c in tree.children[trie] if tree.tokens[c] == dtree.tokens[n])
+                if to_draft[trie] == 0:
+                    to_draft[trie] = n
+        return tree, stacked_dists([dtree.dists[to_draft[i]] if i else None for i in range(len(tree))]), to_draft, dtree
+
+    return tree_speculative_decode(lm, draft, prompt_ids, max_new_tokens, sampling, stop_ids, propose,
+                                   without_replacement=False)
+
+
+@dataclass
+class SpecInfer:
+    draft: Any = None  # draft=self or a model config
+    k: int = 2  # sequences
+    depth: int = 4  # tokens per sequence
+    name: str = "specinfer"
+    lossless: bool = True
+    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+
+    def __post_init__(self):
+        for key in ("k", "depth"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"decoder.{key} must be an integer >= 1, got {value!r}")
+        if self.draft is None:
+            raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
+
+    def load_draft(self, lm: LM) -> LM:
+        return self._drafts.get(self.draft, lm)
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return specinfer_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
+                                self.k, self.depth)

@@ -1,0 +1,168 @@
+"""Growing a token tree with a draft model, and keeping the draft's KV cache in step.
+
+The tree's shape is given (parents in level order, a node's children in the order they are
+drawn). The draft runs one forward per level, feeding that level's inner nodes together under
+a mask (the committed context + each node's own ancestors), so a tree of depth d costs d
+draft forwards whatever its width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .lm import LM, KVCache, forward_flops
+from .sampling import Sampling, probs
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int]  # node 0 = the root (last committed token)
+    parents: list[int]
+    dists: list[torch.Tensor | None]  # per node: the draft distribution its token was drawn from (None: root / greedy)
+    cache_index: dict[int, int]  # node -> its position in the draft cache (inner nodes only: leaves are never fed)
+    fed: int  # tokens fed to the draft
+    flops: float
+
+
+def _children(parents: Sequence[int]) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in parents]
+    for i, p in enumerate(parents[1:], start=1):
+        kids[p].append(i)
+    return kids
+
+
+def _draw(logits: torch.Tensor, n: int, sampling: Sampling, generator, warpers, replacement: bool):
+    """n child tokens from one draft distribution: greedy = the top n in order; sampling =
+    n draws with or without replacement. Returns the tokens (possibly fewer, when the
+    distribution has fewer than n tokens left to draw) and the distribution (sampling only)."""
+    if sampling.greedy:
+        return torch.topk(logits, min(n, logits.numel())).indices.tolist(), None
+    q = probs(logits[None], sampling, warpers)[0]
+    if not replacement:
+        n = min(n, int((q > 0).sum()))
+    return torch.multinomial(q, n, replacement=replacement, generator=generator).tolist(), q
+
+
+def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequence[int], sampling: Sampling,
+               generator, warpers, replacement: bool = False) -> DraftTree:
+    """Fill the shape `parents` (level order) with draft tokens after the committed `sequence`
+    (whose last token is the root). Children are drawn without replacement (Sequoia) or
+    independently with replacement (SpecInfer's independent sequences)."""
+    spec = draft.flops_spec()
+    kids = _children(parents)
+    root_pos = len(sequence) - 1
+    tokens: list[int] = [int(sequence[-1])] + [-1] * (len(parents) - 1)
+    dists: list[torch.Tensor | None] = [None] * len(parents)
+    depth = [0] * len(parents)
+    alive = [True] * len(parents)  # False: its token could not be drawn; it drops with its subtree
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    # Catch up on the committed tokens the draft has not seen; its last row is the root's.
+    context = len(cache)
+    feed = list(sequence[context:])
+    logits = draft.forward(feed, cache, last_only=True)
+    fed, flops = len(feed), forward_flops(spec, len(feed), context)
+    cache_index = {0: len(cache) - 1}
+    frontier = {0: logits[-1]}  # node -> the draft's logits after it
+    while frontier:
+        level: list[int] = []  # nodes drawn this round that have children of their own
+        for node, row in frontier.items():
+            children = kids[node]
+            drawn, q = _draw(row, len(children), sampling, generator, warpers, replacement)
+            for child, token in zip(children, drawn):
+                tokens[child], dists[child] = int(token), q
+                if kids[child]:
+                    level.append(child)
+            for child in children[len(drawn):]:
+                alive[child] = False
+        if not level:
+            break
+        # One forward for the level: each node sees the context and its own fed ancestors.
+        base = len(cache)
+        mask = torch.zeros(len(level), base + len(level), dtype=torch.bool)
+        mask[:, :root_pos + 1] = True
+        for r, node in enumerate(level):
+            a = parents[node]
+            while a > 0:
+                mask[r, cache_index[a]] = True
+                a = parents[a]
+            mask[r, base + r] = True
+        positions = [root_pos + depth[n] for n in level]
+        out = draft.forward([tokens[n] for n in level], cache, position_ids=positions, mask=mask)
+        fed, flops = fed + len(level), flops + forward_flops(spec, len(level), base)
+        for r, node in enumerate(level):
+            cache_index[node] = base + r
+        frontier = {node: out[r] for r, node in enumerate(level)}
+    # Drop nodes that could not be drawn (sampling without replacement from a distribution
+    # with fewer tokens than children): renumber the survivors, keeping level order.
+    kept = [True] * len(parents)
+    for i in range(1, len(parents)):  # level order: a parent's fate is known before its children's
+        kept[i] = alive[i] and kept[parents[i]]
+    keep = [i for i in range(len(parents)) if kept[i]]
+    new = {old: j for j, old in enumerate(keep)}
+    return DraftTree(tokens=[tokens[i] for i in keep], parents=[-1] + [new[parents[i]] for i in keep[1:]],
+                     dists=[dists[i] for i in keep], cache_index={new[i]: c for i, c in cache_index.items() if i in new},
+                     fed=fed, flops=flops)
+
+
+def rollback(cache: KVCache, committed_len: int, tree: DraftTree, path_nodes: Sequence[int]) -> None:
+    """Keep the draft cache's committed context (through the root) plus the accepted path's fed
+    nodes, so it holds exactly a prefix of the new committed sequence."""
+    fed_path = []
+    for node in path_nodes[1:]:
+        if node not in tree.cache_index:
+            break  # a leaf: never fed; nothing below it is either
+        fed_path.append(tree.cache_index[node])
+    cache.keep(list(range(committed_len)) + fed_path)
+
+
+def tree_speculative_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                            stop_ids, propose, without_replacement: bool):
+    """The loop every draft-tree method shares. `propose(draft, cache, sequence, generator,
+    warpers)` returns (TokenTree for the target, draft_probs rows per target node or None,
+    target node -> draft node, DraftTree). One target pass per step verifies the whole tree."""
+    from .sampling import next_token
+    from .trace import Tracer, truncate_at_stop
+    from .verify import verify_greedy, verify_sampling
+
+    tracer = Tracer(lm.sync)
+    cache, draft_cache = lm.new_cache(), draft.new_cache()
+    warpers = sampling.warpers()
+    generator = sampling.generator(lm.device)
+    prompt = list(prompt_ids)
+    with tracer.target():  # the prefill commits the first token
+        logits = lm.forward(prompt, cache, last_only=True)[-1]
+    tokens = [next_token(logits, sampling, generator, warpers)]
+    tracer.end_step(accepted=1, forward_tokens=len(prompt), context_tokens=0)
+    while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
+        sequence = prompt + tokens
+        context = len(cache)
+        with tracer.draft():
+            tree, draft_probs, to_draft, dtree = propose(draft, draft_cache, sequence, generator, warpers)
+        with tracer.target():
+            logits = lm.forward(tree.tokens, cache, position_ids=tree.position_ids(context),
+                                mask=tree.attention_mask(context))
+        if sampling.greedy:
+            path, bonus = verify_greedy(tree, logits)
+        else:
+            path, bonus = verify_sampling(tree, probs(logits, sampling, warpers), draft_probs, generator,
+                                          without_replacement=without_replacement)
+        new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
+        tokens += new
+        cache.keep(list(range(context)) + [context + i for i in path])  # the root and the accepted path
+        rollback(draft_cache, len(sequence), dtree, [to_draft[i] for i in path])
+        tracer.end_step(accepted=len(new), forward_tokens=len(tree), context_tokens=context,
+                        draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
+                        draft_forward_tokens=dtree.fed, draft_flops=dtree.flops,
+                        info={"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)})
+    return tracer.finish(tokens, stop_ids)
+
+
+def stacked_dists(dists: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """Rows for verify_sampling: the root's (never read) and greedy's are zeros; None if none was sampled."""
+    if all(d is None for d in dists):
+        return None
+    ref = next(d for d in dists if d is not None)
+    return torch.stack([d if d is not None else torch.zeros_like(ref) for d in dists])

@@ -1,0 +1,152 @@
+"""specinfer and sequoia internals: the drafted tree's shape and the draft cache, both KV caches
+after every step, the trace, and the sampled output distribution (chi-square against the exact
+joint at temperature 0.7 / 1.0 / top-p 0.9, with a negative control). Greedy equality is in
+test_greedy_equality.py."""
+import pytest
+import torch
+
+import decoders.tree_draft as tree_draft_module
+from decoders.autoregressive import autoregressive_decode
+from decoders.draft import SelfDraft
+from decoders.sampling import Sampling
+from decoders.sequoia import Sequoia
+from decoders.sequoia_tree import optimal_tree
+from decoders.specinfer import SpecInfer, chains
+from decoders.tree_draft import draft_tree, rollback
+from helpers import chi2_pvalue, tiny_lm
+from test_lookahead import ALPHA, LENGTH, N_CONTROL, N_SAMPLES, assert_matches_exact, exact_joint, sample_counts
+from test_lookahead import stat_model  # noqa: F401  (fixture)
+from test_spec_chain import assert_cache_equals_fresh_forward
+
+GREEDY = Sampling()
+
+
+def test_chains_shape():
+    assert chains(2, 3) == (-1, 0, 0, 1, 2, 3, 4)
+    assert chains(1, 1) == (-1, 0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("replacement", [False, True])
+def test_draft_tree_tokens_are_the_drafts_own_choices(seed, replacement):
+    """Greedy: every node's children are the draft's top-c tokens after the node's own path,
+    computed here by a fresh causal forward of that path; the cache then rolls back cleanly."""
+    lm = tiny_lm(seed=seed, layers=3)
+    draft = SelfDraft(layers=1).build(lm)
+    sequence = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
+    parents = optimal_tree([0.5, 0.2, 0.1], budget=9, max_depth=3).parents
+    cache = draft.new_cache()
+    tree = draft_tree(draft, cache, sequence, parents, GREEDY, None, GREEDY.warpers(), replacement=replacement)
+    assert tree.parents == list(parents) and tree.tokens[0] == sequence[-1]
+    kids = [[c for c, p in enumerate(tree.parents) if p == n] for n in range(len(tree.parents))]
+    for node, children in enumerate(kids):
+        if not children:
+            continue
+        path, a = [], node
+        while a > 0:
+            path.append(tree.tokens[a])
+            a = tree.parents[a]
+        logits = draft.forward(sequence + path[::-1], draft.new_cache(), last_only=True)[-1]
+        assert [tree.tokens[c] for c in children] == torch.topk(logits, len(children)).indices.tolist()
+    assert set(tree.cache_index) == {n for n, c in enumerate(kids) if c}  # inner nodes only
+    # Accept the path root -> first child -> its first child: the cache keeps exactly those fed.
+    path = [0, kids[0][0]]
+    if kids[path[-1]]:
+        path.append(kids[path[-1]][0])
+    rollback(cache, len(sequence), tree, path)
+    held = sequence + [tree.tokens[n] for n in path[1:] if n in tree.cache_index]
+    assert len(cache) == len(held)
+    assert_cache_equals_fresh_forward(draft, cache, held)
+
+
+def test_sampling_without_replacement_drops_children_it_cannot_draw():
+    """top_k=2 leaves two tokens to draw: a node asking for 3 children gets 2, and the third
+    child's subtree disappears from the tree."""
+    lm = tiny_lm(seed=0, layers=3)
+    draft = SelfDraft(layers=1).build(lm)
+    sampling = Sampling(temperature=1.0, top_k=2, seed=0)
+    parents = (-1, 0, 0, 0, 3)
+    tree = draft_tree(draft, draft.new_cache(), [1, 2, 3], parents, sampling, sampling.generator("cpu"),
+                      sampling.warpers(), replacement=False)
+    assert tree.parents == [-1, 0, 0] and len(set(tree.tokens[1:])) == 2
+
+
+DECODERS = {
+    "specinfer-2x3": lambda: SpecInfer(draft=SelfDraft(layers=1), k=2, depth=3),
+    "sequoia-8-3": lambda: Sequoia(draft=SelfDraft(layers=1), budget=8, depth=3, auto_tokens=16),
+}
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("seed", range(3))
+def test_both_caches_hold_only_committed_tokens(monkeypatch, decoder, seed):
+    lm = tiny_lm(seed=seed, layers=3)
+    dec = DECODERS[decoder]()
+    prompt = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
+    dec.generate(lm, prompt, 4, GREEDY, set())  # calibrates sequoia before the caches are watched
+    target_caches = []
+    make_cache = lm.new_cache
+    monkeypatch.setattr(lm, "new_cache", lambda: target_caches.append(make_cache()) or target_caches[-1])
+    checked = []
+    real = tree_draft_module.draft_tree
+
+    def checking_draft_tree(draft_lm, cache, sequence, *args, **kwargs):
+        assert len(target_caches[0]) == len(sequence) - 1
+        assert_cache_equals_fresh_forward(lm, target_caches[0], list(sequence[:-1]))
+        if len(cache):
+            assert len(cache) <= len(sequence) - 1
+            assert_cache_equals_fresh_forward(draft_lm, cache, list(sequence[:len(cache)]))
+        checked.append(len(sequence))
+        return real(draft_lm, cache, sequence, *args, **kwargs)
+
+    import decoders.sequoia as sequoia_module
+    import decoders.specinfer as specinfer_module
+    monkeypatch.setattr(sequoia_module, "draft_tree", checking_draft_tree)
+    monkeypatch.setattr(specinfer_module, "draft_tree", checking_draft_tree)
+    out = dec.generate(lm, prompt, 30, GREEDY, set())
+    monkeypatch.undo()
+    assert out.tokens == autoregressive_decode(lm, prompt, 30, GREEDY, set()).tokens
+    assert len(checked) >= 3
+    for s in out.steps[1:]:
+        assert s.forward_tokens == s.info["tree_size"] == s.draft_tokens + 1
+        assert 0 <= s.accepted_draft_tokens == s.info["accepted_depth"] <= s.info["draft_depth"]
+        assert s.draft_forward_tokens >= 1 and s.draft_flops > 0
+
+
+SAMPLED_CASES = {
+    # name: (decoder factory, sampling, the wrong sampling of the negative control)
+    "specinfer-2x2-t0.7": (lambda: SpecInfer(draft=SelfDraft(layers=1), k=2, depth=2),
+                           dict(temperature=0.7), dict(temperature=1.0)),
+    "specinfer-3x1-t1.0-topp0.9": (lambda: SpecInfer(draft=SelfDraft(layers=1), k=3, depth=1),
+                                   dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
+    "sequoia-4-2-t0.7": (lambda: Sequoia(draft=SelfDraft(layers=1), budget=4, depth=2, auto_tokens=8),
+                         dict(temperature=0.7), dict(temperature=1.0)),
+    "sequoia-6-2-t1.0": (lambda: Sequoia(draft=SelfDraft(layers=1), budget=6, depth=2, auto_tokens=8),
+                         dict(temperature=1.0), dict(temperature=0.7)),
+    "sequoia-5-3-t1.0-topp0.9": (lambda: Sequoia(draft=SelfDraft(layers=1), budget=5, depth=3, auto_tokens=8),
+                                 dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
+}
+
+
+@pytest.mark.parametrize("case", SAMPLED_CASES)
+def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
+    lm, prompt = stat_model
+    make, kwargs, wrong = SAMPLED_CASES[case]
+    decoder = make()
+    counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_SAMPLES)
+    assert hit_share >= 0.1, f"drafts accepted in only {hit_share:.0%} of steps: the test proves little"
+    assert_matches_exact(lm, prompt, counts, kwargs, wrong)
+
+
+def test_negative_control_sequoia_verified_as_if_with_replacement_is_rejected(stat_model, monkeypatch):  # noqa: F811
+    """WRONG: Sequoia's siblings verified as if drawn with replacement (the draft's distribution
+    not updated after a rejection): the test must reject its samples."""
+    lm, prompt = stat_model
+    import decoders.verify as verify_module  # tree_speculative_decode looks it up at call time
+    real = verify_module.verify_sampling
+    monkeypatch.setattr(verify_module, "verify_sampling",
+                        lambda tree, p, q, g, without_replacement=False: real(tree, p, q, g, without_replacement=False))
+    kwargs = dict(temperature=1.0)
+    decoder = Sequoia(draft=SelfDraft(layers=1), budget=6, depth=1, auto_tokens=8)
+    counts, _ = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL * 3)
+    assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA
