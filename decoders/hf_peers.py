@@ -1,8 +1,10 @@
 """transformers' own decoding loops as peer baselines (traced through LM.hf_generate)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from .draft import DraftCache
 from .lm import LM
 from .sampling import Sampling
 from .trace import Generation
@@ -38,3 +40,30 @@ class HFPromptLookup:
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids,
                               prompt_lookup_num_tokens=self.num_tokens, max_matching_ngram_size=self.max_ngram)
+
+
+@dataclass
+class HFAssisted:
+    """Assisted generation in generate() with the same draft as our draft-model decoders
+    (the peer of spec_chain / sequoia). Only the target's forwards are traced as steps."""
+
+    draft: Any = None  # draft=self or a model config
+    num_assistant_tokens: int | None = None  # null: transformers' default (and its heuristic schedule)
+    name: str = "hf_assisted"
+    lossless: bool = True
+    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.draft is None:
+            raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
+        if self.num_assistant_tokens is not None and not (
+                isinstance(self.num_assistant_tokens, int) and self.num_assistant_tokens >= 1):
+            raise ValueError(f"decoder.num_assistant_tokens must be an integer >= 1 or null, got {self.num_assistant_tokens!r}")
+
+    def load_draft(self, lm: LM) -> LM:
+        return self._drafts.get(self.draft, lm)
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        extra = {} if self.num_assistant_tokens is None else {"num_assistant_tokens": self.num_assistant_tokens}
+        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids,
+                              assistant_model=self.load_draft(lm).model, **extra)

@@ -175,12 +175,14 @@ class LM:
     # ---- transformers' own generate(), traced -------------------------------------------
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                    stop_ids, **generate_kwargs) -> Generation:
+                    stop_ids, assistant_model=None, **generate_kwargs) -> Generation:
         """Run model.generate() and recover the DESIGN trace: one Step per target forward
         (forward hooks), tokens committed per step (the streamer is called once per step
-        with exactly the tokens that step committed)."""
+        with exactly the tokens that step committed). With an assistant_model (assisted
+        generation), its forwards are charged to the next target step as draft time and tokens."""
         steps: list[Step] = []
         pending: dict = {}
+        drafted = {"time": 0.0, "tokens": 0}
         if not sampling.greedy:  # generate() draws from the device's global RNG; seed it before the clock starts
             if self.device.type == "cuda":
                 torch.cuda.manual_seed(sampling.seed)
@@ -197,16 +199,30 @@ class LM:
         def post_hook(module, args, kwargs, output):
             self.sync()
             steps.append(Step(accepted=0, forward_tokens=pending["tokens"], context_tokens=pending["context"],
-                              target_time=time.perf_counter() - pending["t0"]))
+                              target_time=time.perf_counter() - pending["t0"], draft_time=drafted["time"],
+                              draft_forward_tokens=drafted["tokens"]))
+            drafted.update(time=0.0, tokens=0)
+
+        def draft_pre_hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            drafted["t0"] = time.perf_counter()
+            drafted["tokens"] += int(ids.shape[-1]) if ids is not None else 0
+
+        def draft_post_hook(module, args, kwargs, output):
+            self.sync()
+            drafted["time"] += time.perf_counter() - drafted.pop("t0")
 
         streamer = _StepStreamer(steps)
         config = self._generation_config(max_new_tokens, sampling, stop_ids, **generate_kwargs)
         handles = [self.model.register_forward_pre_hook(pre_hook, with_kwargs=True),
                    self.model.register_forward_hook(post_hook, with_kwargs=True)]
+        if assistant_model is not None:
+            handles += [assistant_model.register_forward_pre_hook(draft_pre_hook, with_kwargs=True),
+                        assistant_model.register_forward_hook(draft_post_hook, with_kwargs=True)]
         try:
             ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
             out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                      generation_config=config, streamer=streamer)
+                                      generation_config=config, streamer=streamer, assistant_model=assistant_model)
         finally:
             for h in handles:
                 h.remove()
@@ -222,7 +238,7 @@ class LM:
             s.accepted_draft_tokens = max(0, min(s.accepted - 1, s.draft_tokens))
             committed += s.accepted
         # Whatever generate() did outside the forwards is overhead; spread it per step.
-        outside = max(0.0, total - sum(s.target_time for s in steps))
+        outside = max(0.0, total - sum(s.target_time + s.draft_time for s in steps))
         for s in steps:
             s.overhead_time = outside / len(steps)
         ttft = streamer.first_token_time - start if streamer.first_token_time else total

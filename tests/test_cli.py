@@ -95,7 +95,7 @@ def test_overlong_prompt_is_skipped_with_its_reason(tmp_path):
 
 
 ERRORS = [
-    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, hf_generate, hf_pld"),
+    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, hf_assisted, hf_generate, hf_pld"),
     (["model=nope"], "unknown model 'nope'"),
     (["dataset=nope"], "unknown dataset 'nope'"),
     (["gen.max_new_tokens=0"], "gen.max_new_tokens must be an integer >= 1"),
@@ -120,6 +120,10 @@ ERRORS = [
     (["decoder=spec_chain", "decoder.k=0"], "decoder.k (draft tokens per step) must be an integer >= 1, got 0"),
     (["decoder=spec_chain", "draft=nope"], "unknown draft 'nope'; choose one of: "),
     (["decoder=spec_chain", "draft.layers=0"], "draft.layers must be an integer >= 1, got 0"),
+    (["decoder=specinfer", "decoder.depth=0"], "decoder.depth must be an integer >= 1, got 0"),
+    (["decoder=sequoia", "decoder.tree=big"], "decoder.tree must be fixed or auto, got 'big'"),
+    (["decoder=sequoia", "decoder.acceptance=/no/such.json"], "decoder.acceptance: no acceptance vector at /no/such.json"),
+    (["decoder=hf_assisted", "decoder.num_assistant_tokens=0"], "decoder.num_assistant_tokens must be an integer >= 1"),
     (["decoder=spec_chain", "draft.layers=2"], "draft: draft.layers must be an integer in [1, 1] for a 2-layer target"),
 ]
 

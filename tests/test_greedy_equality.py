@@ -9,7 +9,7 @@ import torch
 from bench.prompts import render
 from decoders.autoregressive import Autoregressive, autoregressive_decode
 from decoders.draft import SelfDraft
-from decoders.hf_peers import HFGenerate, HFPromptLookup
+from decoders.hf_peers import HFAssisted, HFGenerate, HFPromptLookup
 from decoders.jacobi import Jacobi
 from decoders.lookahead import Lookahead
 from decoders.sampling import Sampling
@@ -44,6 +44,7 @@ DECODERS = {
     "spec_chain-1": SpecChain(draft=SelfDraft(layers=1), k=1),
     "spec_chain-4": SpecChain(draft=SelfDraft(layers=1), k=4),
     "spec_chain-9": SpecChain(draft=SelfDraft(layers=1), k=9),
+    "hf_assisted": HFAssisted(draft=SelfDraft(layers=1)),
     # specinfer-k sequences x depth
     "specinfer-2x3": SpecInfer(draft=SelfDraft(layers=1), k=2, depth=3),
     "specinfer-4x1": SpecInfer(draft=SelfDraft(layers=1), k=4, depth=1),
@@ -55,6 +56,7 @@ DECODERS = {
 }
 # The real model's drafts: its first 4 of 30 layers.
 SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), k=4),
+                    "hf_assisted-self4": HFAssisted(draft=SelfDraft(layers=4)),
                     "specinfer-2x3-self4": SpecInfer(draft=SelfDraft(layers=4), k=2, depth=3),
                     "sequoia-8-4-self4": Sequoia(draft=SelfDraft(layers=4), budget=8, depth=4, auto_tokens=16)}
 
