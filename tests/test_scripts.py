@@ -30,3 +30,17 @@ def test_bench_lookahead_runs_on_tiny_random(tmp_path):
     header = [l for l in out.stdout.splitlines() if l.startswith("|")][0]
     col = [c.strip() for c in header.strip("|").split("|")].index("identical_to_ar")
     assert all(r[col] == "2/2" for r in rows), rows
+
+
+def test_bench_speculative_runs_on_tiny_random(tmp_path):
+    out = run_script("bench_speculative.py", "--prompts", "2", "--max-new-tokens", "8", "--datasets", "gsm8k",
+                     "--budget", "4", "model=tiny-random", "model.num_layers=3", "draft.layers=1",
+                     f"cache_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = table_rows(out.stdout)
+    assert [r[1] for r in rows] == ["autoregressive", "hf_assisted", "spec_chain-4", "specinfer-2x2", "sequoia-4",
+                                    "sequoia-auto"]
+    header = [l for l in out.stdout.splitlines() if l.startswith("|")][0]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert all(r[cols.index("identical_to_ar")] == "2/2" for r in rows), rows
+    assert rows[-1][cols.index("predicted_speedup")] != "nan"  # sequoia-auto's forecast, beside the measurement
