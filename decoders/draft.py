@@ -122,8 +122,17 @@ class SelfDraft:
     def name(self) -> str:
         return f"self-{self.layers}" + ("+adapter" if self.adapter else "")
 
+    def adapter_path(self) -> Path | None:
+        """The adapter file: as given, or relative to the repository (the shipped adapters/)."""
+        if not self.adapter:
+            return None
+        path = Path(self.adapter).expanduser()
+        if not path.is_absolute() and not path.exists():
+            path = Path(__file__).resolve().parent.parent / path
+        return path
+
     def build(self, target: LM) -> LM:
-        adapter = load_adapter(target.model, self.adapter, self.layers) if self.adapter else None
+        adapter = load_adapter(target.model, self.adapter_path(), self.layers) if self.adapter else None
         model = self_draft_model(target.model, self.layers, adapter)
         return LM(model, target.tokenizer, name=f"{target.name}/{self.name}", max_context=target.max_context)
 

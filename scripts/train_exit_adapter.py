@@ -1,0 +1,206 @@
+"""Train the self-draft's exit adapter: self-distillation with the backbone frozen.
+
+    python scripts/train_exit_adapter.py [--steps 300] [--seq-len 128] [--batch 4] [--lr 1e-3]
+        [--generated 16] [--out adapters/smollm2-135m-self4.safetensors] [model=... draft.layers=4]
+
+The draft is the target's first k layers + its final norm and head; the adapter
+(RMSNorm + a d x d residual projection, decoders/draft.py) sits between layer k and the final
+norm. Loss: KL(target's next-token distribution || draft's) at every position. One frozen
+forward of the full model per batch gives both the teacher's logits and layer k's hidden
+state, so only the adapter, the final norm and the head run forward and backward.
+
+Training text shares nothing with the benchmark test sets: Python standard-library source
+(this interpreter's own) and the target's greedy answers to instructions written for this
+script (self-distillation). Held out: a different set of standard-library modules. Prints
+top-1 agreement (draft argmax == target argmax) on the held-out text before and after, saves
+the adapter (a few MB) with how it was made, and a loss curve PNG next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from tqdm.auto import tqdm
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from decoders.draft import new_exit_adapter, save_adapter  # noqa: E402
+
+# Instructions for self-distillation: general chat, code and arithmetic requests written for
+# this script (none is taken from MT-Bench, HumanEval or GSM8K).
+INSTRUCTIONS = [
+    "Explain how a hash table handles collisions.", "Write a Python function that reverses the words in a sentence.",
+    "Describe the water cycle for a ten-year-old.", "What are three tips for writing clear emails?",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "A shop sells pencils at 3 for 50 cents. How much do 12 pencils cost? Explain step by step.",
+    "Summarise the causes of the French Revolution in a short paragraph.",
+    "Write a Python function that checks whether a string is a valid IPv4 address.",
+    "Give a recipe for a simple tomato soup.", "Explain the difference between a list and a tuple in Python.",
+    "A train travels 240 km in 3 hours. What is its average speed? Show your reasoning.",
+    "Write a short poem about autumn leaves.", "How does binary search work? Give an example in Python.",
+    "List the planets of the solar system with one fact about each.",
+    "Write a Python generator that yields prime numbers.", "What is the difference between weather and climate?",
+    "Tom has 5 apples and buys 3 bags of 4 apples each. How many apples does he have now?",
+    "Write a Python function that merges two sorted lists.", "Explain what recursion is with a simple example.",
+    "Give advice to someone starting to learn the guitar.", "Write a function that counts vowels in a string.",
+    "Explain photosynthesis in two paragraphs.", "Write a Python script that reads a CSV file and prints the sum of a column.",
+    "If a rectangle is 7 cm by 4 cm, what are its area and perimeter?",
+]
+
+
+def stdlib_files(split: str) -> list[Path]:
+    """The interpreter's own standard-library modules (no tests), split by name hash into train / held-out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if not p.name.startswith("test"))
+    return [p for p in files if (hash_name(p.name) % 10 == 0) == (split == "heldout")]
+
+
+def hash_name(name: str) -> int:
+    return sum(ord(c) * (i + 1) for i, c in enumerate(name))  # stable across runs, unlike hash()
+
+
+def chunks(token_ids: list[int], seq_len: int) -> list[list[int]]:
+    return [token_ids[i:i + seq_len] for i in range(0, len(token_ids) - seq_len + 1, seq_len)]
+
+
+def text_chunks(tokenizer, files: list[Path], seq_len: int, limit: int) -> list[list[int]]:
+    out: list[list[int]] = []
+    for path in files:
+        out += chunks(tokenizer(path.read_text(errors="ignore"))["input_ids"], seq_len)
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def generated_chunks(lm, n: int, seq_len: int) -> list[list[int]]:
+    """The target's own greedy answers, rendered as in a benchmark run (chat template)."""
+    from decoders.autoregressive import autoregressive_decode
+    from decoders.sampling import Sampling
+
+    out = []
+    for text in tqdm(INSTRUCTIONS[:n], desc="self-distillation answers", leave=False):
+        rendered = lm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                    tokenize=False)
+        ids = lm.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        gen = autoregressive_decode(lm, ids, seq_len, Sampling(), lm.stop_ids)
+        seq = (ids + gen.tokens)[-seq_len:]
+        if len(seq) == seq_len:
+            out.append(seq)
+    return out
+
+
+def teacher(lm, batch: torch.Tensor, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full model's logits and layer k's hidden state (pre-norm), in one frozen forward."""
+    with torch.no_grad():
+        out = lm.model(input_ids=batch, output_hidden_states=True, use_cache=False)
+    return out.logits.float(), out.hidden_states[layers]
+
+
+def draft_logits(lm, adapter, hidden: torch.Tensor) -> torch.Tensor:
+    base = lm.model.base_model
+    return lm.model.get_output_embeddings()(base.norm(adapter(hidden) if adapter is not None else hidden)).float()
+
+
+def agreement(lm, adapter, data: list[list[int]], layers: int, batch: int) -> float:
+    hits = total = 0
+    for i in range(0, len(data), batch):
+        ids = torch.tensor(data[i:i + batch])
+        target, hidden = teacher(lm, ids, layers)
+        with torch.no_grad():
+            draft = draft_logits(lm, adapter, hidden)
+        hits += int((draft.argmax(-1) == target.argmax(-1)).sum())
+        total += target.shape[0] * target.shape[1]
+    return hits / total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--generated", type=int, default=len(INSTRUCTIONS), help="self-distillation answers")
+    parser.add_argument("--heldout", type=int, default=16, help="held-out chunks")
+    parser.add_argument("--out", default=None, help="default: adapters/<model>-self<k>.safetensors")
+    parser.add_argument("--seed", type=int, default=0)
+    args, overrides = parser.parse_known_args()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    layers = int(cfg.draft.layers)
+    lm = instantiate(cfg.model).load()
+    for p in lm.model.parameters():
+        p.requires_grad_(False)
+    total_layers = len(lm.model.base_model.layers)
+    if not 1 <= layers < total_layers:
+        raise SystemExit(f"error: draft.layers must be in [1, {total_layers - 1}], got {layers}")
+    out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-self{layers}.safetensors")
+
+    start = time.perf_counter()
+    train = text_chunks(lm.tokenizer, stdlib_files("train"), args.seq_len, limit=10**9)
+    train += generated_chunks(lm, args.generated, args.seq_len)
+    heldout = text_chunks(lm.tokenizer, stdlib_files("heldout"), args.seq_len, limit=args.heldout)
+    print(f"train chunks: {len(train)} x {args.seq_len} tokens (stdlib + {args.generated} self-distilled answers); "
+          f"held-out: {len(heldout)} chunks of other stdlib modules", flush=True)
+    before = agreement(lm, None, heldout, layers, args.batch)
+
+    adapter = new_exit_adapter(lm.model).float()
+    for p in adapter.parameters():  # its norm is a copy of the (frozen) final norm: train it too
+        p.requires_grad_(True)
+    adapter.train()
+    optimizer = torch.optim.Adam(adapter.parameters(), lr=args.lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps)
+    losses = []
+    bar = tqdm(range(args.steps), desc=f"exit adapter, layer {layers}")
+    for step in bar:
+        batch = torch.tensor(random.sample(train, args.batch))
+        target, hidden = teacher(lm, batch, layers)
+        logits = draft_logits(lm, adapter, hidden)
+        loss = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(target, -1).flatten(0, 1),
+                        log_target=True, reduction="batchmean")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss))
+        bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    adapter.eval()
+    after = agreement(lm, adapter, heldout, layers, args.batch)
+    seconds = time.perf_counter() - start
+    print(f"held-out top-1 agreement with the full model: {before:.3f} without the adapter, {after:.3f} with it "
+          f"({seconds / 60:.1f} min in all)", flush=True)
+
+    info = {"model": cfg.model.name, "layers": layers, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
+            "lr": args.lr, "train_chunks": len(train), "data": "Python stdlib source (train split) + self-distilled answers",
+            "seconds": round(seconds, 1), "final_kl": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+            "heldout_agreement_before": round(before, 4), "heldout_agreement_after": round(after, 4),
+            "command": " ".join(["python", "scripts/train_exit_adapter.py", *sys.argv[1:]])}
+    save_adapter(adapter, out, layers, info)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot(losses)
+    ax.set_xlabel("step")
+    ax.set_ylabel("KL(target || draft)")
+    ax.set_title(f"{cfg.model.name}: exit adapter on layer {layers}")
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=100)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out.with_suffix('.png').name}")
+
+
+if __name__ == "__main__":
+    main()
