@@ -44,13 +44,17 @@ def _decoder_parts(model):
     return (*parts, model.get_output_embeddings())
 
 
+def check_layers(target, layers: int) -> None:
+    total = len(_decoder_parts(target)[1])
+    if not (isinstance(layers, int) and 1 <= layers < total):
+        raise ValueError(f"draft.layers must be an integer in [1, {total - 1}] for a {total}-layer target, got {layers!r}")
+
+
 def self_draft_model(target, layers: int, adapter: nn.Module | None = None):
     """A model of the target's class whose modules ARE the target's first `layers` layers, its
     embeddings, final norm and head (shared, not copied), with `adapter` before the final norm."""
     embed, blocks, norm, rotary, head = _decoder_parts(target)
-    total = len(blocks)
-    if not (isinstance(layers, int) and 1 <= layers < total):
-        raise ValueError(f"draft.layers must be an integer in [1, {total - 1}] for a {total}-layer target, got {layers!r}")
+    check_layers(target, layers)
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = layers
     for key in ("layer_types", "mlp_layer_types"):  # per-layer lists must match the new depth
@@ -132,6 +136,7 @@ class SelfDraft:
         return path
 
     def build(self, target: LM) -> LM:
+        check_layers(target.model, self.layers)
         adapter = load_adapter(target.model, self.adapter_path(), self.layers) if self.adapter else None
         model = self_draft_model(target.model, self.layers, adapter)
         return LM(model, target.tokenizer, name=f"{target.name}/{self.name}", max_context=target.max_context)

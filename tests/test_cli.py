@@ -124,6 +124,8 @@ ERRORS = [
     (["decoder=sequoia", "decoder.tree=big"], "decoder.tree must be fixed or auto, got 'big'"),
     (["decoder=sequoia", "decoder.acceptance=/no/such.json"], "decoder.acceptance: no acceptance vector at /no/such.json"),
     (["decoder=hf_assisted", "decoder.num_assistant_tokens=0"], "decoder.num_assistant_tokens must be an integer >= 1"),
+    (["decoder=spec_chain", "model.num_layers=3", "draft.layers=2"],
+     "smollm2-135m-self4.safetensors was trained for 4 layers and hidden size 576"),
     (["decoder=spec_chain", "draft.layers=2"], "draft: draft.layers must be an integer in [1, 1] for a 2-layer target"),
 ]
 

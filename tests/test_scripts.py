@@ -34,7 +34,7 @@ def test_bench_lookahead_runs_on_tiny_random(tmp_path):
 
 def test_bench_speculative_runs_on_tiny_random(tmp_path):
     out = run_script("bench_speculative.py", "--prompts", "2", "--max-new-tokens", "8", "--datasets", "gsm8k",
-                     "--budget", "4", "model=tiny-random", "model.num_layers=3", "draft.layers=1",
+                     "--budget", "4", "model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null",
                      f"cache_dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-2000:]
     rows = table_rows(out.stdout)
