@@ -159,12 +159,12 @@ def check_same_vocabulary(target: LM, draft: LM) -> None:
 def build_draft(spec, target: LM) -> LM:
     """decoder.draft -> an LM: a SelfDraft (or anything with build(target)), or a model config
     (anything with load(), e.g. bench.models.PretrainedModel), checked against the target's vocabulary."""
-    if hasattr(spec, "build"):
-        return spec.build(target)
-    if hasattr(spec, "load"):
+    if hasattr(spec, "load"):  # a model config (checked first: some also have a build())
         draft = spec.load()
         check_same_vocabulary(target, draft)
         return draft
+    if hasattr(spec, "build"):
+        return spec.build(target)
     raise ValueError(f"decoder.draft must be draft=self or a model config, got {type(spec).__name__}")
 
 

@@ -66,6 +66,18 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
     assert summary.loc[0, "quality_metric"] == "accuracy"
 
 
+@pytest.mark.parametrize("decoder,draft", [("spec_chain", ["draft=tiny-random", "draft.seed=1"]),
+                                           ("sequoia", ["model.num_layers=3", "draft.layers=1", "draft.adapter=null"])])
+def test_draft_decoders_run_lossless(tmp_path, decoder, draft):
+    """A model config as the draft (another tiny-random: same tokenizer), or a self-draft."""
+    out = run_cli(*TINY, f"decoder={decoder}", *draft, "dataset=gsm8k", "dataset.limit=2", "check_lossless=true",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr
+    summary = pd.read_csv(tmp_path / "run" / "summary.csv")
+    assert summary.loc[0, "lossless"] == 1.0 and summary.loc[0, "draft_flops_per_token"] > 0
+    assert all(r["depth_proposed"] for r in records(tmp_path / "run"))
+
+
 def test_default_model_end_to_end(tmp_path):
     """The main job on the embedded default: SmolLM2 on HumanEval, checked lossless."""
     out = run_cli("dataset.limit=2", "gen.max_new_tokens=24", "check_lossless=true", f"hydra.run.dir={tmp_path}")
@@ -126,6 +138,7 @@ ERRORS = [
     (["decoder=hf_assisted", "decoder.num_assistant_tokens=0"], "decoder.num_assistant_tokens must be an integer >= 1"),
     (["decoder=spec_chain", "model.num_layers=3", "draft.layers=2"],
      "smollm2-135m-self4.safetensors was trained for 4 layers and hidden size 576"),
+    (["decoder=spec_chain", "draft=tiny-random", "draft.vocab_size=100"], "draft: draft tiny-random's head covers 100 ids"),
     (["decoder=spec_chain", "draft.layers=2"], "draft: draft.layers must be an integer in [1, 1] for a 2-layer target"),
 ]
 
