@@ -37,6 +37,8 @@ def _draw(logits: torch.Tensor, n: int, sampling: Sampling, generator, warpers, 
     """n child tokens from one draft distribution: greedy = the top n in order; sampling =
     n draws with or without replacement. Returns the tokens (possibly fewer, when the
     distribution has fewer than n tokens left to draw) and the distribution (sampling only)."""
+    if n == 0:  # e.g. Sequoia's tree for an all-zero acceptance vector is the root alone
+        return [], None
     if sampling.greedy:
         return torch.topk(logits, min(n, logits.numel())).indices.tolist(), None
     q = probs(logits[None], sampling, warpers)[0]

@@ -44,3 +44,28 @@ def test_bench_speculative_runs_on_tiny_random(tmp_path):
     cols = [c.strip() for c in header.strip("|").split("|")]
     assert all(r[cols.index("identical_to_ar")] == "2/2" for r in rows), rows
     assert rows[-1][cols.index("predicted_speedup")] != "nan"  # sequoia-auto's forecast, beside the measurement
+
+
+def test_ablation_sweeps_and_plots(tmp_path):
+    """The three budget sweeps and the sampling sweep run as multiruns on tiny-random, and
+    plot_ablation.py draws both plots from them."""
+    from helpers import run_cli
+    tiny = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null", "dataset=gsm8k",
+            "dataset.limit=1", "gen.max_new_tokens=6", "progress=false", "decoder.auto_tokens=4"]
+    sweeps = {"sequoia_budget": ["decoder.budget=1,4"], "specinfer_budget": ["decoder.depth=1,2"],
+              "chain_budget": ["decoder.k=1,4"],
+              "sampling_robustness": ["decoder=sequoia", "gen.temperature=0.7,1.0", "gen.top_p=1.0"]}
+    for name, grid in sweeps.items():
+        extra = [o for o in tiny if not (o.startswith("decoder.auto") and name in ("specinfer_budget", "chain_budget"))]
+        out = run_cli(f"+sweep={name}", *extra, *grid, f"hydra.sweep.dir={tmp_path / name}")
+        assert out.returncode == 0, (name, out.stderr[-2000:])
+    out = run_script("plot_ablation.py", *(str(tmp_path / n) for n in sweeps), "--out", str(tmp_path / "plots"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    import pandas as pd
+    budget = pd.read_csv(tmp_path / "plots" / "budget_vs_tokens_per_step.csv")
+    assert sorted(set(budget["decoder"])) == ["sequoia", "spec_chain", "specinfer"]
+    assert sorted(budget[budget["decoder"] == "specinfer"]["budget"]) == [2, 4]
+    sampled = pd.read_csv(tmp_path / "plots" / "sampling_robustness.csv")
+    assert set(sampled["temperature"]) == {0.0, 0.7, 1.0}  # greedy budget runs are the temperature-0 points
+    assert (tmp_path / "plots" / "budget_vs_tokens_per_step.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "sampling_robustness.png").stat().st_size > 0

@@ -150,3 +150,17 @@ def test_negative_control_sequoia_verified_as_if_with_replacement_is_rejected(st
     decoder = Sequoia(draft=SelfDraft(layers=1), budget=6, depth=1, auto_tokens=8)
     counts, _ = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL * 3)
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(temperature=1.0, seed=3)])
+def test_a_root_only_tree_is_an_autoregressive_step(sampling):
+    """Sequoia's tree for an all-zero acceptance vector is the root alone: every step is one
+    target token, and sampling still draws from the target."""
+    lm = tiny_lm(seed=0, layers=3)
+    dec = Sequoia(draft=SelfDraft(layers=1), budget=4, depth=2)
+    dec._shape = optimal_tree([0.0, 0.0], budget=4, max_depth=2)
+    assert dec._shape.size == 1
+    out = dec.generate(lm, [1, 2, 3], 12, sampling, set())
+    assert [s.accepted for s in out.steps] == [1] * 12 and all(s.forward_tokens == 1 for s in out.steps[1:])
+    if sampling.greedy:
+        assert out.tokens == autoregressive_decode(lm, [1, 2, 3], 12, GREEDY, set()).tokens
