@@ -98,7 +98,8 @@ def test_errors():
 
 SAMPLED_CASES = {
     # name: (layers of the self-draft, k, sampling, the wrong sampling of the negative control)
-    "chain-k2-t0.8": (1, 2, dict(temperature=0.8), dict(temperature=1.0)),
+    "chain-k2-t0.7": (1, 2, dict(temperature=0.7), dict(temperature=1.0)),
+    "chain-k4-t1.0": (1, 4, dict(temperature=1.0), dict(temperature=0.7)),
     "chain-k3-t1.0-topp0.9": (1, 3, dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
     "chain-k2-t0.7-topk3": (1, 2, dict(temperature=0.7, top_k=3), dict(temperature=0.7)),
 }

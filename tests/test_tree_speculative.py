@@ -164,3 +164,28 @@ def test_a_root_only_tree_is_an_autoregressive_step(sampling):
     assert [s.accepted for s in out.steps] == [1] * 12 and all(s.forward_tokens == 1 for s in out.steps[1:])
     if sampling.greedy:
         assert out.tokens == autoregressive_decode(lm, [1, 2, 3], 12, GREEDY, set()).tokens
+
+
+def test_sequoia_expected_tokens_per_step_match_the_measured_mean(smollm, data_dir):
+    """On real prompts, the DP's expected tokens per step (from the acceptance vector measured on
+    the same prompts) agrees with Sequoia's measured decode tokens per step within 10%."""
+    from bench.datasets import GSM8K, HumanEval
+    from bench.prompts import render
+    from decoders.sequoia_tree import measure_acceptance
+
+    loaders = [HumanEval(limit=2), GSM8K(limit=2, data_dir=str(data_dir))]
+    prompts = [render(smollm.tokenizer, p, 0, [], "chat")[1] for loader in loaders for p in loader.load()]
+    draft_spec = SelfDraft(layers=4, adapter="adapters/smollm2-135m-self4.safetensors")
+    draft = draft_spec.build(smollm)
+    acceptance = measure_acceptance(smollm, draft, prompts, 8, GREEDY, 48)
+    dec = Sequoia(draft=draft_spec, budget=8, depth=4)
+    dec._shape = optimal_tree(acceptance, budget=8, max_depth=4)
+    tokens = steps = 0
+    for ids in prompts:
+        out = dec.generate(smollm, ids, 48, GREEDY, smollm.stop_ids)
+        assert out.tokens == autoregressive_decode(smollm, ids, 48, GREEDY, smollm.stop_ids).tokens
+        tokens += len(out.tokens) - out.steps[0].accepted
+        steps += len(out.steps) - 1
+    measured = tokens / steps
+    assert dec._shape.expected_tokens > 1.1  # the adapter draft does get accepted: the check has teeth
+    assert measured == pytest.approx(dec._shape.expected_tokens, rel=0.10), (measured, dec._shape.expected_tokens)
