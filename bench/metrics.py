@@ -135,6 +135,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
                 acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),
                 acceptance_by_depth=_acceptance_by_depth(ok),
+                target_time_frac=_ratio(ok["target_time_s"].sum(), busy),
                 draft_time_frac=_ratio(ok["draft_time_s"].sum(), busy),
                 pool_hit_rate=_pool_hit_rate(ok),
                 overhead_frac=_ratio(ok["overhead_time_s"].sum(), busy),
@@ -165,7 +166,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
 DISPLAY = ["decoder", "model", "dataset", "records", "skipped", "new_tokens", "tokens_per_step", "tokens_per_s",
            "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
-           "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
+           "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
            "speedup_latency_geomean", "predicted_speedup"]
 
 

@@ -99,4 +99,4 @@ def test_acceptance_by_depth():
             dict(record("b", 10, 5, 1.0), depth_proposed=[2], depth_accepted=[1])]
     row = metrics.summarize(recs).iloc[0]
     assert row["acceptance_by_depth"] == "0.67 0.67 0.33"  # depth 1: (3 + 1) / (4 + 2)
-    assert row["draft_time_frac"] == 0.0
+    assert row["draft_time_frac"] == 0.0 and row["target_time_frac"] == pytest.approx(0.9)
