@@ -223,4 +223,4 @@ def test_hydra_flags_pass_through():
     assert shown.returncode == 0, shown.stderr
     assert "_target_: decoders.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
     helped = run_cli("--help")
-    assert helped.returncode == 0 and "decoder: autoregressive, hf_generate, hf_pld" in helped.stdout
+    assert helped.returncode == 0 and "decoder: autoregressive, hf_assisted, hf_generate, hf_pld" in helped.stdout
