@@ -55,7 +55,15 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         # Only decoders verifying pool candidates record "hit"; None keeps the rate undefined for the rest.
         "hit_steps": sum(bool(s.info["hit"]) for s in steps) if steps and "hit" in steps[0].info else None,
         **_depth_counts(steps),
+        **_info_sums(steps, ("paths", "head_flops", "rescore_flops")),
     }
+
+
+def _info_sums(steps, keys) -> dict:
+    """Totals of per-step info numbers some decoders record (Medusa/BPD: candidate paths per
+    step, FLOPs of the heads and of lattice rescoring); None where a decoder records none."""
+    return {key: (sum(s.info[key] for s in steps if key in s.info) if any(key in s.info for s in steps) else None)
+            for key in keys}
 
 
 def _depth_counts(steps) -> dict:
@@ -104,6 +112,13 @@ def _pool_hit_rate(ok: pd.DataFrame) -> float:
     return _ratio(hits.sum(), ok.loc[hits.index, "steps"].sum()) if len(hits) else math.nan
 
 
+def _info_ratio(ok: pd.DataFrame, key: str, per: str) -> float:
+    if key not in ok:
+        return math.nan
+    known = ok[key].dropna()
+    return _ratio(known.sum(), ok.loc[known.index, per].sum()) if len(known) else math.nan
+
+
 SUMMARY_KEYS = ["decoder", "model", "dataset"]
 
 
@@ -138,12 +153,17 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                 target_time_frac=_ratio(ok["target_time_s"].sum(), busy),
                 draft_time_frac=_ratio(ok["draft_time_s"].sum(), busy),
                 pool_hit_rate=_pool_hit_rate(ok),
+                paths_per_step=_info_ratio(ok, "paths", "decode_steps"),
+                head_flops_per_token=_info_ratio(ok, "head_flops", "new_tokens"),
+                rescore_flops_per_token=_info_ratio(ok, "rescore_flops", "new_tokens"),
                 overhead_frac=_ratio(ok["overhead_time_s"].sum(), busy),
             )
             metric = ok["quality_metric"].dropna()
             scores = ok["quality_score"].dropna()
             row.update(quality_metric=metric.iloc[0] if len(metric) else None,
                        quality=float(scores.mean()) if len(scores) else math.nan)
+            if "decoder_lossless" in ok:  # False: an explicitly lossy variant (e.g. typical acceptance)
+                row["decoder_lossless"] = bool(ok["decoder_lossless"].dropna().astype(bool).all())
             checked = ok["lossless"].dropna()
             row["lossless"] = float(checked.astype(float).mean()) if len(checked) else math.nan
             ref = ok["reference"].dropna()
@@ -158,7 +178,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                 )
             tuned = ok["tuned"].dropna() if "tuned" in ok else []
             if len(tuned):  # a hardware-aware decoder's own forecast, to set beside the measured speedup
-                row["predicted_speedup"] = float(tuned.iloc[0]["predicted_speedup"])
+                row["predicted_speedup"] = float(tuned.iloc[0].get("predicted_speedup", math.nan))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -166,7 +186,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
 DISPLAY = ["decoder", "model", "dataset", "records", "skipped", "new_tokens", "tokens_per_step", "tokens_per_s",
            "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
-           "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "lossless", "speedup",
+           "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "paths_per_step", "head_flops_per_token", "rescore_flops_per_token", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "decoder_lossless", "lossless", "speedup",
            "speedup_latency_geomean", "predicted_speedup"]
 
 

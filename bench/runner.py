@@ -94,7 +94,9 @@ def _record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
 def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig,
              sampling: Sampling) -> dict:
     text, ids = render(lm.tokenizer, prompt, turn, previous, rendering)
+    # decoder_lossless: False for explicitly lossy variants (e.g. Medusa's typical acceptance).
     record = _record(cfg, prompt, turn, rendering=rendering, prompt_tokens=len(ids), prompt_text=text,
+                     decoder_lossless=bool(getattr(decoder, "lossless", True)),
                      quality_metric=dataset.quality_metric, quality_score=None, quality=None, lossless=None,
                      reference=None)
     max_new = cfg.gen.max_new_tokens
@@ -191,7 +193,8 @@ def _prepare(lm, decoder, units, rendering, cfg) -> None:
         try:
             decoder.load_draft(lm)
         except (ValueError, FileNotFoundError) as e:
-            raise BenchError(f"draft: {e}") from None
+            message = str(e)  # heads and n-gram files name their own decoder.* key
+            raise BenchError(message if message.startswith("decoder.") else f"draft: {message}") from None
     wanted = getattr(decoder, "calibration_prompts", 0)
     if not wanted:
         return

@@ -67,7 +67,11 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
 
 
 @pytest.mark.parametrize("decoder,draft", [("spec_chain", ["draft=tiny-random", "draft.seed=1"]),
-                                           ("sequoia", ["model.num_layers=3", "draft.layers=1", "draft.adapter=null"])])
+                                           ("sequoia", ["model.num_layers=3", "draft.layers=1", "draft.adapter=null"]),
+                                           ("medusa", ["decoder.heads=null"]),
+                                           ("bpd", ["decoder.heads=null", "decoder.rescore=ngram", "decoder.paths=2"]),
+                                           ("bpd", ["decoder.heads=null", "decoder.rescore=neural", "draft.layers=1",
+                                                    "draft.adapter=null"])])
 def test_draft_decoders_run_lossless(tmp_path, decoder, draft):
     """A model config as the draft (another tiny-random: same tokenizer), or a self-draft."""
     out = run_cli(*TINY, f"decoder={decoder}", *draft, "dataset=gsm8k", "dataset.limit=2", "check_lossless=true",
@@ -76,6 +80,15 @@ def test_draft_decoders_run_lossless(tmp_path, decoder, draft):
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
     assert summary.loc[0, "lossless"] == 1.0 and summary.loc[0, "draft_flops_per_token"] > 0
     assert all(r["depth_proposed"] for r in records(tmp_path / "run"))
+    assert all(r["decoder_lossless"] is True for r in records(tmp_path / "run"))
+
+
+def test_typical_acceptance_is_flagged_lossy_in_records(tmp_path):
+    out = run_cli(*TINY, "decoder=medusa", "decoder.heads=null", "decoder.acceptance=typical", "dataset=gsm8k",
+                  "dataset.limit=1", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    assert [r["decoder_lossless"] for r in records(tmp_path)] == [False]
+    assert pd.read_csv(tmp_path / "summary.csv").loc[0, "decoder_lossless"] == False  # noqa: E712
 
 
 def test_default_model_end_to_end(tmp_path):
@@ -107,7 +120,7 @@ def test_overlong_prompt_is_skipped_with_its_reason(tmp_path):
 
 
 ERRORS = [
-    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, hf_assisted, hf_generate, hf_pld"),
+    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, bpd, hf_assisted, hf_generate, hf_pld"),
     (["model=nope"], "unknown model 'nope'"),
     (["dataset=nope"], "unknown dataset 'nope'"),
     (["gen.max_new_tokens=0"], "gen.max_new_tokens must be an integer >= 1"),
@@ -140,6 +153,15 @@ ERRORS = [
      "smollm2-135m-self4.safetensors was trained for 4 layers and hidden size 576"),
     (["decoder=spec_chain", "draft=tiny-random", "draft.vocab_size=100"], "draft: draft tiny-random's head covers 100 ids"),
     (["decoder=spec_chain", "draft.layers=2"], "draft: draft.layers must be an integer in [1, 1] for a 2-layer target"),
+    (["decoder=medusa"], "was trained for hidden size 576; tiny-random has 64"),
+    (["decoder=medusa", "decoder.heads=/no/such.safetensors"], "decoder.heads: no heads file at /no/such.safetensors"),
+    (["decoder=medusa", "decoder.choices=wide"], "decoder.choices must be auto, chain, prior or a list of rank paths"),
+    (["decoder=medusa", "decoder.choices=[[0],[1,1]]"], "decoder.choices: path [1, 1] has no parent path [1]"),
+    (["decoder=medusa", "decoder.acceptance=loose"], "decoder.acceptance must be exact or typical"),
+    (["decoder=bpd", "decoder.rescore=lm"], "decoder.rescore must be none, ngram or neural, got 'lm'"),
+    (["decoder=bpd", "decoder.paths=0"], "decoder.paths must be an integer >= 1, got 0"),
+    (["decoder=bpd", "decoder.rescore=ngram", "decoder.ngram=/no/such.json.gz"], "decoder.ngram: no n-gram LM at /no/such.json.gz"),
+    (["decoder=bpd", "decoder.heads=null", "decoder.block=9"], "decoder.block=9 needs as many heads; these heads have 4"),
 ]
 
 
@@ -223,4 +245,4 @@ def test_hydra_flags_pass_through():
     assert shown.returncode == 0, shown.stderr
     assert "_target_: decoders.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
     helped = run_cli("--help")
-    assert helped.returncode == 0 and "decoder: autoregressive, hf_assisted, hf_generate, hf_pld" in helped.stdout
+    assert helped.returncode == 0 and "decoder: autoregressive, bpd, hf_assisted, hf_generate, hf_pld" in helped.stdout

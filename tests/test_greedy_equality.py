@@ -12,6 +12,8 @@ from decoders.draft import SelfDraft
 from decoders.hf_peers import HFAssisted, HFGenerate, HFPromptLookup
 from decoders.jacobi import Jacobi
 from decoders.lookahead import Lookahead
+from decoders.bpd import BPD
+from decoders.medusa import Medusa
 from decoders.sampling import Sampling
 from decoders.sequoia import Sequoia
 from decoders.spec_chain import SpecChain
@@ -53,12 +55,25 @@ DECODERS = {
     "sequoia-8-4": Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16),
     "sequoia-1-1": Sequoia(draft=SelfDraft(layers=1), budget=1, depth=1, auto_tokens=16),
     "sequoia-24-8": Sequoia(draft=SelfDraft(layers=1), budget=24, depth=8, auto_tokens=16),
+    # medusa / bpd with untrained heads (they repeat the next-token guess) or random ones (seed)
+    "medusa-auto-16": Medusa(tree_size=16),
+    "medusa-chain-seed1": Medusa(choices="chain", seed=1),
+    "medusa-list-seed2": Medusa(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, seed=2),
+    "bpd-4": BPD(),
+    "bpd-2-p4-seed3": BPD(block=2, paths=4, top_k=3, seed=3),
+    "bpd-neural-p3": BPD(rescore="neural", draft=SelfDraft(layers=1), paths=3, block=3),
 }
+HEADS, NGRAM = "adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"
 # The real model's drafts: its first 4 of 30 layers.
 SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), k=4),
                     "hf_assisted-self4": HFAssisted(draft=SelfDraft(layers=4)),
                     "specinfer-2x3-self4": SpecInfer(draft=SelfDraft(layers=4), k=2, depth=3),
-                    "sequoia-8-4-self4": Sequoia(draft=SelfDraft(layers=4), budget=8, depth=4, auto_tokens=16)}
+                    "sequoia-8-4-self4": Sequoia(draft=SelfDraft(layers=4), budget=8, depth=4, auto_tokens=16),
+                    # the heads and n-gram LM shipped for SmolLM2 (scripts/train_heads.py, train_ngram.py)
+                    "medusa-auto-32": Medusa(heads=HEADS, tree_size=32),
+                    "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
+                    "bpd-neural-p2-self4": BPD(heads=HEADS, rescore="neural", paths=2,
+                                               draft=SelfDraft(layers=4, adapter="adapters/smollm2-135m-self4.safetensors"))}
 
 
 def check_trace(gen, max_new_tokens, stop_ids):

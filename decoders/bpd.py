@@ -1,0 +1,169 @@
+"""Blockwise parallel decoding (Stern et al. 2018) with lattice rescoring (Kim et al. 2024).
+
+The heads draft a block of `block` tokens after the next one in one shot (head i: position
+i + 2). Plain BPD verifies the block of each head's top-1 (`rescore=none`, `paths=1`). Kim et
+al.'s refinement treats the heads' top-k tokens per position as a lattice and rescores its
+paths with a small LM that sees the committed text: a beam search of width `paths` over
+    score(path) = sum_i [ log p_head_i(x_i) + weight * log p_LM(x_i | text, x_<i) ]
+and verifies the `paths` best paths in one target pass, merged into a trie. The LM is an
+n-gram model over token ids (`rescore=ngram`, scripts/train_ngram.py) or a small neural LM
+(`rescore=neural`: the draft group's model, by default the target's first layers + exit
+adapter). `rescore=none` with paths > 1 ranks paths by the heads alone. Greedy is exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .draft import DraftCache
+from .heads import HeadsCache, check_hyper, heads_decode, resolve
+from .lm import LM, KVCache, forward_flops
+from .ngram_lm import NgramLM
+from .sampling import Sampling
+from .trace import Generation
+from .tree import TokenTree
+
+# scorer(sequence, beams) -> (log-scores (len(beams), V) of each beam's next token, FLOPs spent)
+Scorer = Callable[[Sequence[int], list[tuple[int, ...]]], tuple[torch.Tensor, float]]
+
+
+def lattice_beam_search(head_logp: torch.Tensor, top_k: int, width: int, weight: float,
+                        score_next: Callable[[list[tuple[int, ...]], torch.Tensor], torch.Tensor] | None):
+    """The `width` best paths through the lattice of each position's top_k tokens.
+    head_logp: (positions, V) log-probabilities. score_next(beams, candidates (beams, k)) ->
+    LM log-scores of each candidate after its beam, or None to rank by the heads alone."""
+    beams: list[tuple[int, ...]] = [()]
+    scores = torch.zeros(1)
+    for i in range(head_logp.shape[0]):
+        lp, cand = torch.topk(head_logp[i], top_k)
+        cand_tokens = cand.expand(len(beams), -1)
+        total = scores[:, None] + lp[None, :]
+        if score_next is not None:
+            total = total + weight * score_next(beams, cand_tokens)
+        best = torch.topk(total.flatten(), min(width, total.numel())).indices
+        beams = [beams[int(j) // top_k] + (int(cand[int(j) % top_k]),) for j in best]
+        scores = total.flatten()[best]
+    return beams
+
+
+class NeuralScorer:
+    """A small LM's log-probabilities along the beams, one forward per lattice position: each
+    beam's newest token is fed under a mask (committed text + its own earlier tokens); the cache
+    is cropped back to the committed text afterwards."""
+
+    def __init__(self, draft: LM):
+        self.draft = draft
+        self.cache: KVCache | None = None
+
+    def start(self, sequence: Sequence[int]) -> tuple[torch.Tensor, float]:
+        if self.cache is None:
+            self.cache = self.draft.new_cache()
+        context = len(self.cache)
+        logits = self.draft.forward(list(sequence[context:]), self.cache, last_only=True)
+        self.committed = len(sequence)
+        self.root_pos = len(sequence) - 1
+        self.slots: dict[tuple[int, ...], int] = {}  # beam prefix -> its newest token's cache index
+        return torch.log_softmax(logits[-1].float(), -1), forward_flops(self.draft.flops_spec(), len(sequence) - context, context)
+
+    def step(self, beams: list[tuple[int, ...]]) -> tuple[torch.Tensor, float]:
+        base = len(self.cache)
+        mask = torch.zeros(len(beams), base + len(beams), dtype=torch.bool)
+        mask[:, :self.committed] = True
+        for r, beam in enumerate(beams):
+            for j in range(1, len(beam)):
+                mask[r, self.slots[beam[:j]]] = True
+            mask[r, base + r] = True
+        positions = [self.root_pos + len(b) for b in beams]
+        logits = self.draft.forward([b[-1] for b in beams], self.cache, position_ids=positions, mask=mask)
+        for r, beam in enumerate(beams):
+            self.slots[beam] = base + r
+        return torch.log_softmax(logits.float(), -1), forward_flops(self.draft.flops_spec(), len(beams), base)
+
+    def finish(self) -> None:
+        self.cache.crop(self.committed)
+
+
+@dataclass
+class BPD:
+    heads: str | None = None  # a heads file (scripts/train_heads.py); null = untrained heads
+    num_heads: int = 4  # heads to build when heads=null
+    seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
+    block: int | None = None  # drafted tokens after the next one; null = one per head
+    rescore: str = "none"  # none | ngram | neural
+    top_k: int = 4  # lattice width per position
+    paths: int = 1  # best paths verified together
+    weight: float = 1.0  # LM log-score weight against the heads'
+    ngram: str | None = None  # n-gram LM file (scripts/train_ngram.py), for rescore=ngram
+    draft: Any = None  # the neural rescorer, for rescore=neural (draft=self or a model config)
+    name: str = "bpd"
+    lossless: bool = True
+    _heads: HeadsCache = field(default_factory=HeadsCache, repr=False, compare=False)
+    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+
+    def __post_init__(self):
+        check_hyper("decoder", num_heads=self.num_heads, top_k=self.top_k, paths=self.paths)
+        if self.block is not None:
+            check_hyper("decoder", block=self.block)
+        if self.rescore not in ("none", "ngram", "neural"):
+            raise ValueError(f"decoder.rescore must be none, ngram or neural, got {self.rescore!r}")
+        if not self.weight >= 0:
+            raise ValueError(f"decoder.weight must be >= 0, got {self.weight}")
+        if self.rescore == "ngram" and not self.ngram:
+            raise ValueError("decoder.rescore=ngram needs decoder.ngram=FILE (scripts/train_ngram.py)")
+        if self.rescore == "ngram" and not resolve(self.ngram).is_file():
+            raise ValueError(f"decoder.ngram: no n-gram LM at {resolve(self.ngram)}; train one with scripts/train_ngram.py")
+        if self.rescore == "neural" and self.draft is None:
+            raise ValueError("decoder.rescore=neural needs a draft LM: draft=self or draft=<model>")
+        self._ngram: NgramLM | None = None
+
+    def load_draft(self, lm: LM):
+        """Heads (and the rescoring LM) are built before timing; bad files fail in one line."""
+        heads = self._heads.get(lm, self.heads, self.num_heads, self.seed)
+        if self.block is not None and self.block > heads.k:
+            raise ValueError(f"decoder.block={self.block} needs as many heads; these heads have {heads.k}")
+        if self.rescore == "ngram" and self._ngram is None:
+            self._ngram = NgramLM.load(resolve(self.ngram))
+        if self.rescore == "neural":
+            self._drafts.get(self.draft, lm)
+        return heads
+
+    def setting(self) -> dict:
+        return {"rescore": self.rescore, "paths": self.paths, "top_k": self.top_k}
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        heads = self.load_draft(lm)
+        block = self.block or heads.k
+        ngram = self._ngram
+        neural = NeuralScorer(self._drafts.get(self.draft, lm)) if self.rescore == "neural" else None
+
+        def propose(sequence, head_logits):
+            head_logp = torch.log_softmax(head_logits[:block], dim=-1)
+            flops = [0.0]
+            score_next = None
+            if self.rescore == "ngram":
+                context = list(sequence[-(ngram.order - 1):]) if ngram.order > 1 else []
+
+                def score_next(beams, cands):
+                    return torch.tensor([[ngram.score(context + list(b), int(t)) for t in row]
+                                         for b, row in zip(beams, cands.tolist())])
+            elif neural is not None:
+                first, f0 = neural.start(sequence)
+                flops[0] += f0
+
+                def score_next(beams, cands):
+                    if beams == [()]:
+                        logp = first[None]
+                    else:
+                        logp, f = neural.step(beams)
+                        flops[0] += f
+                    return torch.gather(logp, 1, cands)
+            beams = lattice_beam_search(head_logp, self.top_k, self.paths, self.weight, score_next)
+            if neural is not None:
+                neural.finish()
+            tree = TokenTree.from_sequences(int(sequence[-1]), beams)
+            return tree, flops[0], {}
+
+        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, propose)
+

@@ -1,0 +1,168 @@
+"""Medusa (Cai et al. 2024): a tree of candidates from the heads' top-k, verified in one pass.
+
+A `choice` is a path of ranks: (r0, r1, ...) is the candidate whose first token is head 0's
+rank-r0 token, whose second is head 1's rank-r1 token, and so on; the tree holds a set of such
+paths closed under prefixes. `choices`:
+- auto: the `tree_size` paths with the highest product of measured head accuracies (the
+  accuracy table train_heads.py stores with the heads; the generic prior if it has none),
+- chain: the top-1 of every head (one candidate),
+- prior: as auto, from a fixed prior (head i's rank-r accuracy 0.6^(i+1) 0.5^r), for heads never measured,
+- or an explicit list of paths, e.g. [[0], [1], [0, 0]].
+
+Greedy (and sampling with deterministic-candidate acceptance) is exact. `acceptance=typical`
+is Medusa's typical acceptance: a candidate passes when the target gives it probability above
+min(posterior_threshold, posterior_alpha * exp(-entropy)); lossy, and flagged so in records.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .heads import HeadsCache, check_hyper, heads_decode
+from .lm import LM
+from .sampling import Sampling, next_token
+from .trace import Generation
+from .tree import TokenTree
+
+
+def best_paths(accuracy: list[list[float]], size: int, top_k: int) -> list[tuple[int, ...]]:
+    """The `size` rank paths of largest product of accuracies (a path's value never exceeds its
+    prefix's, so growing from the root by a heap keeps the set closed under prefixes)."""
+    depth, ranks = len(accuracy), min(top_k, len(accuracy[0]) if accuracy else 0)
+    heap = [(-accuracy[0][r], (r,)) for r in range(ranks)] if depth else []
+    heapq.heapify(heap)
+    chosen: list[tuple[int, ...]] = []
+    while heap and len(chosen) < size:
+        neg, path = heapq.heappop(heap)
+        chosen.append(path)
+        if len(path) < depth:
+            for r in range(ranks):
+                heapq.heappush(heap, (neg * accuracy[len(path)][r], path + (r,)))
+    return sorted(chosen, key=lambda p: (len(p), p))
+
+
+def prior_accuracy(k: int, top_k: int) -> list[list[float]]:
+    return [[0.6 ** (i + 1) * 0.5 ** r for r in range(top_k)] for i in range(k)]
+
+
+def tree_shape(paths: list[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """parents (node 0 = root) and, per node after the root, (head, rank) that supplies its token."""
+    paths = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+    index = {(): 0}
+    parents, slots = [-1], []
+    for p in paths:
+        if p[:-1] not in index:
+            raise ValueError(f"decoder.choices: path {list(p)} has no parent path {list(p[:-1])} in the set")
+        index[p] = len(parents)
+        parents.append(index[p[:-1]])
+        slots.append((len(p) - 1, p[-1]))
+    return parents, slots
+
+
+def typical_accept(tree: TokenTree, logits: torch.Tensor, sampling: Sampling, threshold: float, alpha: float,
+                   generator, warpers):
+    """Medusa's typical acceptance: the longest path whose tokens each clear the posterior
+    threshold at their parent; the next token from the last node as the sampler would draw it."""
+    temperature = sampling.temperature if not sampling.greedy else 1.0
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    entropy = -(p * torch.log(p.clamp_min(1e-20))).sum(-1)
+    bar = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))
+
+    def longest(node: int) -> list[int]:
+        best: list[int] = []
+        for child in tree.children[node]:
+            if p[node, tree.tokens[child]] > bar[node]:
+                below = longest(child)
+                if len(below) + 1 > len(best):
+                    best = [child] + below
+        return best
+
+    path = [0] + longest(0)
+    return path, next_token(logits[path[-1]], sampling, generator, warpers)
+
+
+@dataclass
+class Medusa:
+    heads: str | None = None  # a heads file (scripts/train_heads.py); null = untrained heads
+    num_heads: int = 4  # heads to build when heads=null
+    seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
+    choices: Any = "auto"  # auto | chain | prior | a list of rank paths
+    tree_size: int = 32  # candidate nodes for auto / prior
+    top_k: int = 10  # ranks per head that auto / prior may use
+    acceptance: str = "exact"  # exact | typical (lossy)
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    name: str = "medusa"
+    _heads: HeadsCache = field(default_factory=HeadsCache, repr=False, compare=False)
+
+    def __post_init__(self):
+        check_hyper("decoder", num_heads=self.num_heads, tree_size=self.tree_size, top_k=self.top_k)
+        if self.acceptance not in ("exact", "typical"):
+            raise ValueError(f"decoder.acceptance must be exact or typical, got {self.acceptance!r}")
+        if not (0 < self.posterior_threshold <= 1 and 0 < self.posterior_alpha <= 1):
+            raise ValueError(f"decoder.posterior_threshold and posterior_alpha must be in (0, 1], got "
+                             f"{self.posterior_threshold} and {self.posterior_alpha}")
+        if isinstance(self.choices, str):
+            if self.choices not in ("auto", "chain", "prior"):
+                raise ValueError(f"decoder.choices must be auto, chain, prior or a list of rank paths, got {self.choices!r}")
+        else:
+            paths = [tuple(int(r) for r in p) for p in self.choices]
+            if not paths or any(not p or min(p) < 0 for p in paths):
+                raise ValueError("decoder.choices: a list of non-empty rank paths of integers >= 0, e.g. [[0], [1], [0, 0]]")
+            tree_shape(paths)  # prefix-closed, or a clear error now
+        self.lossless = self.acceptance == "exact"
+        self.tuning: dict = {}
+        self._shape = None
+
+    def load_heads(self, lm: LM):
+        return self._heads.get(lm, self.heads, self.num_heads, self.seed)
+
+    load_draft = load_heads  # the runner builds drafts (and heads) before timing, with one-line errors
+
+    def paths(self, heads) -> tuple[list[tuple[int, ...]], str]:
+        if self.choices == "chain":
+            return [(0,) * d for d in range(1, heads.k + 1)], "chain"
+        if self.choices in ("auto", "prior"):
+            measured = heads.accuracy() if self.choices == "auto" else None
+            accuracy = measured or prior_accuracy(heads.k, self.top_k)
+            return best_paths(accuracy, self.tree_size, self.top_k), "measured" if measured else "prior"
+        paths = [tuple(int(r) for r in p) for p in self.choices]
+        if max(map(len, paths)) > heads.k:
+            raise ValueError(f"decoder.choices: a path of depth {max(map(len, paths))} needs that many heads; "
+                             f"these heads have {heads.k}")
+        return paths, "given"
+
+    def shape(self, lm: LM):
+        heads = self.load_heads(lm)
+        if self._shape is None or self._shape[0] is not heads:
+            paths, source = self.paths(heads)
+            parents, slots = tree_shape(paths)
+            self._shape = (heads, parents, slots)
+            self.tuning = {"tree_size": len(slots), "depth": max((len(p) for p in paths), default=0),
+                           "choices": self.choices if isinstance(self.choices, str) else "list", "source": source}
+        return self._shape
+
+    def setting(self) -> dict:
+        return dict(self.tuning)
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        heads, parents, slots = self.shape(lm)
+        max_rank = max((r for _, r in slots), default=0) + 1
+
+        def propose(sequence, head_logits):
+            top = torch.topk(head_logits, min(max_rank, head_logits.shape[-1]), dim=-1).indices.tolist()
+            tokens = [int(sequence[-1])] + [top[h][r] for h, r in slots]
+            return TokenTree(tokens, list(parents)), 0.0, {}
+
+        accept = None
+        if self.acceptance == "typical":
+            warpers = sampling.warpers()
+
+            def accept(tree, logits, generator):
+                return typical_accept(tree, logits, sampling, self.posterior_threshold, self.posterior_alpha,
+                                      generator, warpers)
+        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, propose, accept)
+

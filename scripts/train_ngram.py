@@ -1,0 +1,67 @@
+"""Train the n-gram LM over token ids that decoder=bpd rescore=ngram uses.
+
+    python scripts/train_ngram.py [--order 4] [--min-count 2] [--out adapters/<model>-ngram4.json.gz] [model=...]
+
+Same corpus as the heads (scripts/training_corpus.py: stdlib source, GSM8K's train split, the
+model's own answers; nothing from the benchmark test sets). Reports the held-out top-1 next-token
+accuracy of the n-gram LM against the target's greedy token on the held-out self-distilled answers.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decoders.ngram_lm import NgramLM  # noqa: E402
+from training_corpus import corpus  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--order", type=int, default=4)
+    parser.add_argument("--min-count", type=int, default=2, help="drop rarer n-grams of order >= 3")
+    parser.add_argument("--gsm8k-questions", type=int, default=48)
+    parser.add_argument("--answer-tokens", type=int, default=192)
+    parser.add_argument("--out", default=None)
+    args, overrides = parser.parse_known_args()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    lm = instantiate(cfg.model).load()
+    out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-ngram{args.order}.json.gz")
+    start = time.perf_counter()
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
+    heldout = data["generated"][::10]
+    train = data["stdlib"] + data["gsm8k"] + [s for j, s in enumerate(data["generated"]) if j % 10]
+    ngram = NgramLM.train(train, args.order, lm.vocab_size, args.min_count)
+    hits = total = 0
+    for seq in heldout:  # next token of the model's own text, ranked by the n-gram LM among its seen continuations
+        for i in range(1, len(seq)):
+            ctx = seq[max(0, i - args.order + 1):i]
+            best = None
+            for m in range(len(ctx), -1, -1):
+                seen = ngram.counts[m].get(tuple(ctx[len(ctx) - m:]))
+                if seen:
+                    best = max(seen, key=seen.get)
+                    break
+            hits += best == seq[i]
+            total += 1
+    seconds = time.perf_counter() - start
+    info = {"model": cfg.model.name, "order": args.order, "min_count": args.min_count,
+            "train_tokens": sum(map(len, train)), "ngrams": ngram.size(), "heldout_top1": round(hits / total, 4),
+            "seconds": round(seconds, 1), "data": "as the heads: stdlib, GSM8K train, self-distilled answers",
+            "command": " ".join(["python", "scripts/train_ngram.py", *sys.argv[1:]])}
+    ngram.save(out, info)
+    print(f"{info['train_tokens']} tokens, {info['ngrams']} n-grams kept; held-out top-1 {info['heldout_top1']:.3f}; "
+          f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {seconds:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

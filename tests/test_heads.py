@@ -1,0 +1,309 @@
+"""Medusa heads, Medusa's tree, BPD's lattice rescoring and the n-gram LM.
+
+Greedy equality for medusa and bpd over settings lives in test_greedy_equality.py (untrained
+and random heads); here heads trained on a tiny model's own output make multi-token
+acceptance common, so exactness is tested where it matters (EOS and max_new_tokens inside an
+accepted block), and the sampling path is tested against the exact distribution.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+
+import pytest
+import torch
+
+from decoders.autoregressive import autoregressive_decode
+from decoders.bpd import BPD, NeuralScorer, lattice_beam_search
+from decoders.draft import SelfDraft
+from bench.prompts import render
+from decoders.heads import Heads, load_heads, new_heads, save_heads
+from decoders.medusa import Medusa, best_paths, prior_accuracy, tree_shape, typical_accept
+from decoders.ngram_lm import NgramLM
+from decoders.sampling import Sampling
+from decoders.tree import TokenTree
+from helpers import REPO, chi2_pvalue, tiny_lm
+from test_greedy_equality import check_trace
+from test_lookahead import ALPHA, LENGTH, N_SAMPLES, exact_joint, sample_counts, stat_model  # noqa: F401
+
+sys.path.insert(0, str(REPO / "scripts"))
+from train_heads import accuracy  # noqa: E402
+
+GREEDY = Sampling()
+
+
+def own_text(lm, n: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        prompt = torch.randint(0, lm.vocab_size, (6,), generator=g).tolist()
+        out.append(prompt + autoregressive_decode(lm, prompt, length, GREEDY, set()).tokens)
+    return out
+
+
+class OracleHeads(Heads):
+    """Heads that know the autoregressive continuation: the hidden state is matched to its
+    position in prompt + reference (nearest row of a full forward), and head i ranks the token
+    at t + i + 2 first, except at positions where (t + i) % miss == 0, where it ranks it second
+    (so rank-1 branches of a tree matter) or, when (t + i) % (2 miss) == 0, nowhere in the top 4."""
+
+    def __init__(self, lm, sequence: list[int], k: int = 3, miss: int = 3):
+        super().__init__(lm.model.get_output_embeddings(), lm.config.hidden_size, k)
+        _, self.table = lm.forward(sequence, lm.new_cache(), hidden=True)
+        self.sequence, self.vocab, self.miss = sequence, lm.vocab_size, miss
+        self.info = {"accuracy": [[0.6, 0.3, 0.05, 0.05]] * k}
+
+    def forward(self, hidden):
+        t = int(torch.cdist(hidden[None].float(), self.table.float()).argmin())
+        logits = -torch.arange(self.vocab, dtype=torch.float32).repeat(self.k, 1) / self.vocab
+        for i in range(self.k):
+            if t + i + 2 >= len(self.sequence):
+                continue
+            token = self.sequence[t + i + 2]
+            logits[i, token] = -5.0 if (t + i) % (2 * self.miss) == 0 else (
+                logits[i].max() - 1e-3 if (t + i) % self.miss == 0 else 10.0)
+            if (t + i) % self.miss == 0 and (t + i) % (2 * self.miss):
+                logits[i, (token + 1) % self.vocab] = 10.0  # a wrong token ranks first
+        return logits
+
+
+def with_oracle(decoder, lm, prompt, reference):
+    oracle = OracleHeads(lm, prompt + reference)
+    decoder._heads._key, decoder._heads._heads = lm, oracle
+    return decoder
+
+
+@pytest.fixture(scope="module")
+def tiny_ngram(tmp_path_factory):
+    lm = tiny_lm(seed=3)
+    path = tmp_path_factory.mktemp("ngram") / "ngram.json.gz"
+    NgramLM.train(own_text(lm, 32, 40, seed=7), 3, lm.vocab_size, min_count=1).save(path, {})
+    return str(path)
+
+
+NAMES = ["medusa-auto-16", "medusa-chain", "medusa-prior-8", "medusa-list", "bpd", "bpd-block2", "bpd-none-p3",
+         "bpd-ngram-p1", "bpd-ngram-p4", "bpd-neural-p2"]
+
+
+def make(name: str, ngram: str):
+    return {
+        "medusa-auto-16": lambda: Medusa(tree_size=16, num_heads=3),
+        "medusa-chain": lambda: Medusa(choices="chain", num_heads=3),
+        "medusa-prior-8": lambda: Medusa(choices="prior", tree_size=8, num_heads=3),
+        "medusa-list": lambda: Medusa(choices=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], num_heads=3),
+        "bpd": lambda: BPD(num_heads=3),
+        "bpd-block2": lambda: BPD(num_heads=3, block=2),
+        "bpd-none-p3": lambda: BPD(num_heads=3, paths=3, top_k=3),
+        "bpd-ngram-p1": lambda: BPD(num_heads=3, rescore="ngram", ngram=ngram),
+        "bpd-ngram-p4": lambda: BPD(num_heads=3, rescore="ngram", ngram=ngram, paths=4, weight=0.5),
+        "bpd-neural-p2": lambda: BPD(num_heads=3, rescore="neural", draft=SelfDraft(layers=1), paths=2),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("seed", range(4))
+def test_oracle_heads_are_accepted_and_output_is_exact(tiny_ngram, name, seed):
+    """Heads that are often right make multi-token steps common, so exactness is tested where it
+    matters: accepted blocks cut by max_new_tokens, and rank-1 branches."""
+    lm = tiny_lm(seed=3)
+    prompt = own_text(lm, 1, 0, seed + 50)[0]
+    for max_new in (1, 5, 33):
+        reference = autoregressive_decode(lm, prompt, max_new, GREEDY, set()).tokens
+        out = with_oracle(make(name, tiny_ngram), lm, prompt, reference).generate(lm, prompt, max_new, GREEDY, set())
+        assert out.tokens == reference, (name, max_new)
+        check_trace(out, max_new, set())
+    assert sum(s.accepted_draft_tokens for s in out.steps) >= 8, name
+    for s in out.steps[1:]:
+        assert s.forward_tokens == s.info["tree_size"] == s.draft_tokens + 1
+        assert s.accepted_draft_tokens <= s.info["accepted_depth"] <= s.info["draft_depth"]
+        assert s.info["head_flops"] > 0 and s.draft_flops >= s.info["head_flops"]
+        assert (s.info["rescore_flops"] > 0) == name.startswith("bpd-neural")
+    assert max(s.info["accepted_depth"] for s in out.steps[1:]) >= 2
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("seed", range(4))
+def test_eos_inside_an_accepted_block(tiny_ngram, name, seed):
+    lm = tiny_lm(seed=3)
+    prompt = own_text(lm, 1, 0, seed + 60)[0]
+    free = autoregressive_decode(lm, prompt, 30, GREEDY, set()).tokens
+    eos = free[min(len(free) - 1, 2 + 4 * seed)]
+    reference = autoregressive_decode(lm, prompt, 30, GREEDY, {eos})
+    out = with_oracle(make(name, tiny_ngram), lm, prompt, free).generate(lm, prompt, 30, GREEDY, {eos})
+    assert out.tokens == reference.tokens and out.stop_reason == "eos"
+    check_trace(out, 30, {eos})
+
+
+def test_shipped_heads_beat_untrained_ones_on_real_prompts(smollm, data_dir):
+    """The heads scripts/train_heads.py made for SmolLM2, on HumanEval and GSM8K text the model
+    writes itself (none of it seen in training): head 0's top-1 accuracy is far above an untrained head's."""
+    from bench.datasets import GSM8K, HumanEval
+
+    texts = []
+    for prompt in HumanEval(limit=2).load() + GSM8K(limit=2, data_dir=str(data_dir)).load():
+        _, ids = render(smollm.tokenizer, prompt, 0, [], "chat")
+        texts.append(ids + autoregressive_decode(smollm, ids, 48, GREEDY, smollm.stop_ids).tokens)
+    shipped = load_heads(smollm, REPO / "adapters" / "smollm2-135m-heads4.safetensors")
+    trained = accuracy(smollm, shipped, texts, ranks=1)
+    untrained = accuracy(smollm, new_heads(smollm, shipped.k), texts, ranks=1)
+    assert trained[0][0] > untrained[0][0] + 0.15, (trained, untrained)
+    assert shipped.info["accuracy"][0][0] > shipped.info["accuracy_untrained"][0][0]
+
+
+def test_heads_file_round_trip_and_errors(tmp_path):
+    lm = tiny_lm(seed=0)
+    heads = new_heads(lm, 2, seed=5)
+    save_heads(heads, tmp_path / "h.safetensors", {"accuracy": [[0.5], [0.25]]})
+    loaded = load_heads(lm, tmp_path / "h.safetensors")
+    h = torch.randn(3, 64)
+    assert torch.equal(loaded(h), heads(h)) and loaded.k == 2 and loaded.accuracy() == [[0.5], [0.25]]
+    assert heads(h).shape == (2, 3, 64)
+    with pytest.raises(FileNotFoundError, match="train_heads.py"):
+        load_heads(lm, tmp_path / "missing.safetensors")
+    with pytest.raises(ValueError, match="hidden size 64"):
+        load_heads(tiny_lm(seed=0, hidden=32), tmp_path / "h.safetensors")
+
+
+def test_untrained_heads_repeat_the_models_next_token_prediction():
+    lm = tiny_lm(seed=1)
+    logits, hidden = lm.forward([1, 2, 3], lm.new_cache(), hidden=True)
+    heads = new_heads(lm, 3)
+    assert torch.allclose(heads(hidden), logits.expand(3, -1, -1), atol=1e-5)
+
+
+# ---- Medusa's tree -----------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [1, 5, 20, 60])
+def test_best_paths_are_the_top_products_and_prefix_closed(size):
+    acc = [[0.7, 0.2, 0.05], [0.5, 0.3, 0.1], [0.4, 0.2, 0.1]]
+    paths = best_paths(acc, size, top_k=3)
+    value = {p: math.prod(acc[i][r] for i, r in enumerate(p))
+             for d in (1, 2, 3) for p in itertools.product(range(3), repeat=d)}
+    assert len(paths) == min(size, len(value))
+    cut = sorted(value.values(), reverse=True)[len(paths) - 1]
+    assert all(value[p] >= cut - 1e-12 for p in paths)
+    assert all(p[:-1] in set(paths) | {()} for p in paths)  # closed under prefixes
+    parents, slots = tree_shape(paths)
+    assert len(parents) == len(paths) + 1 and [h for h, _ in slots] == [len(p) - 1 for p in sorted(paths, key=lambda p: (len(p), p))]
+
+
+def test_choices_validation():
+    with pytest.raises(ValueError, match="no parent path"):
+        Medusa(choices=[[0], [1, 0]])
+    with pytest.raises(ValueError, match="choices must be"):
+        Medusa(choices="wide")
+    with pytest.raises(ValueError, match="tree_size must be an integer >= 1"):
+        Medusa(tree_size=0)
+    with pytest.raises(ValueError, match="acceptance must be exact or typical"):
+        Medusa(acceptance="loose")
+    lm = tiny_lm(seed=0)
+    with pytest.raises(ValueError, match="depth 3 needs that many heads"):
+        Medusa(num_heads=2, choices=[[0], [0, 0], [0, 0, 0]]).generate(lm, [1, 2], 5, GREEDY, set())
+    assert Medusa(choices="prior").paths(new_heads(lm, 2))[1] == "prior"
+    assert best_paths(prior_accuracy(2, 3), 4, 3) == [(0,), (1,), (2,), (0, 0)]  # by depth, then rank
+
+
+def test_typical_acceptance_is_lossy_and_follows_its_threshold():
+    # root -> 1, root -> 2 -> 3, root -> 6
+    tree = TokenTree([5, 1, 2, 3, 6], [-1, 0, 0, 2, 0])
+    logits = torch.full((5, 8), -10.0)
+    logits[0, 1], logits[0, 2] = 2.0, 1.9  # tokens 1 and 2 nearly tied after the root; 6 implausible
+    logits[2, 3] = 5.0  # after 2, token 3 is nearly certain
+    logits[3, 7] = 3.0
+    path, bonus = typical_accept(tree, logits, GREEDY, threshold=0.09, alpha=0.3, generator=None, warpers=None)
+    assert path == [0, 2, 3] and bonus == 7  # token 2 is not the argmax: greedy would stop at [0, 1]
+    # a higher bar (0.5 here: alpha exp(-entropy)) rejects token 2 (p 0.475) but never the argmax (p >= exp(-H))
+    path, _ = typical_accept(tree, logits, GREEDY, threshold=0.9, alpha=1.0, generator=None, warpers=None)
+    assert path == [0, 1]
+    assert Medusa(acceptance="typical").lossless is False and Medusa().lossless is True
+
+
+# ---- BPD: lattice and rescoring -------------------------------------------------------------
+def test_lattice_beam_search_with_full_width_is_exhaustive():
+    g = torch.Generator().manual_seed(0)
+    head_logp = torch.log_softmax(torch.randn(3, 10, generator=g), -1)
+    lm_scores = torch.randn(10, generator=g)
+
+    def score_next(beams, cands):  # a context-dependent LM: depends on the beam's last token
+        return torch.stack([torch.roll(lm_scores, len(b) and b[-1])[row] for b, row in zip(beams, cands)])
+
+    best = lattice_beam_search(head_logp, 3, 27, 0.7, score_next)
+    top = torch.topk(head_logp, 3).indices.tolist()
+
+    def total(path):
+        s = 0.0
+        for i, t in enumerate(path):
+            prev = path[i - 1] if i else None
+            s += float(head_logp[i, t]) + 0.7 * float(torch.roll(lm_scores, prev or 0)[t])
+        return s
+    every = sorted(itertools.product(*top), key=total, reverse=True)
+    assert best[0] == every[0] and set(best) == set(every)
+    # width 1 without an LM is each position's top-1: plain BPD
+    assert lattice_beam_search(head_logp, 3, 1, 1.0, None) == [tuple(t[0] for t in top)]
+
+
+def test_ngram_lm_stupid_backoff_and_file(tmp_path):
+    ng = NgramLM.train([[1, 2, 3, 1, 2, 4, 1, 2, 3]], order=3, vocab_size=10, min_count=1)
+    assert ng.score([1, 2], 3) == pytest.approx(math.log(2 / 3))  # seen trigram
+    assert ng.score([4, 2], 3) == pytest.approx(math.log(0.4 * 2 / 3))  # unseen context: the bigram 2 -> 3
+    assert ng.score([9, 9], 5) == pytest.approx(math.log(0.4 * 0.4 * 1 / (9 + 10)))  # add-one unigram
+    ng.save(tmp_path / "n.json.gz", {"note": 1})
+    back = NgramLM.load(tmp_path / "n.json.gz")
+    assert back.score([1, 2], 4) == ng.score([1, 2], 4) and back.info == {"note": 1}
+    with pytest.raises(FileNotFoundError, match="train_ngram.py"):
+        NgramLM.load(tmp_path / "none.json.gz")
+    with pytest.raises(ValueError, match="rescore=ngram needs decoder.ngram"):
+        BPD(rescore="ngram")
+    with pytest.raises(ValueError, match="no n-gram LM at"):
+        BPD(rescore="ngram", ngram=str(tmp_path / "none.json.gz"))
+    with pytest.raises(ValueError, match="rescore must be none, ngram or neural"):
+        BPD(rescore="lm")
+    with pytest.raises(ValueError, match="paths must be an integer >= 1"):
+        BPD(paths=0)
+    with pytest.raises(ValueError, match="block=5 needs as many heads"):
+        BPD(block=5).load_draft(tiny_lm(seed=0))
+
+
+def test_neural_scorer_matches_a_fresh_forward_and_restores_the_cache():
+    lm = tiny_lm(seed=2)
+    draft = SelfDraft(layers=1).build(lm)
+    scorer = NeuralScorer(draft)
+    sequence = [3, 1, 4, 1, 5]
+    first, _ = scorer.start(sequence)
+    beams = [(9,), (2,)]
+    scorer.step(beams)
+    deeper, _ = scorer.step([(9, 7), (2, 6)])
+    scorer.finish()
+    assert len(scorer.cache) == len(sequence)
+    for beam, row in zip([(9, 7), (2, 6)], deeper):
+        fresh = draft.forward(sequence + list(beam), draft.new_cache(), last_only=True)[-1]
+        assert torch.allclose(row, torch.log_softmax(fresh, -1), atol=1e-4)
+    fresh = draft.forward(sequence, draft.new_cache(), last_only=True)[-1]
+    assert torch.allclose(first, torch.log_softmax(fresh, -1), atol=1e-4)
+
+
+# ---- sampling: deterministic-candidate acceptance preserves the target distribution ---------
+@pytest.mark.parametrize("make,kwargs,wrong", [
+    (lambda: Medusa(num_heads=2, choices=[[0], [1], [2], [0, 0]]), dict(temperature=0.8), dict(temperature=1.0)),
+    (lambda: BPD(num_heads=2, paths=3, top_k=3), dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
+], ids=["medusa-t0.8", "bpd-p3-t1.0-topp0.9"])
+def test_sampling_matches_exact_distribution(stat_model, make, kwargs, wrong):  # noqa: F811
+    """Untrained heads on a peaked model: their candidates are often accepted, so the
+    deterministic-candidate acceptance path is exercised."""
+    lm, prompt = stat_model
+    decoder = make()
+    counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_SAMPLES)
+    assert hit_share >= 0.1, f"candidates accepted in only {hit_share:.0%} of steps: the test proves little"
+    joint = exact_joint(lm, prompt, Sampling(**kwargs))
+    assert counts[joint == 0].sum() == 0
+    assert chi2_pvalue(counts, joint) > ALPHA
+    assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**wrong))) < ALPHA
+
+
+def test_negative_control_typical_acceptance_is_not_the_target_distribution(stat_model):  # noqa: F811
+    lm, prompt = stat_model
+    decoder = Medusa(num_heads=2, choices=[[0], [1], [2], [0, 0]], acceptance="typical", posterior_threshold=0.3,
+                     posterior_alpha=0.5)
+    kwargs = dict(temperature=1.0)
+    counts, _ = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_SAMPLES)
+    assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA
