@@ -63,6 +63,13 @@ class PretrainedModel:
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     max_context: int | None = None  # default: config.max_position_embeddings
 
+    def load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        local = Path(self.path).expanduser()
+        source = str(local) if local.is_dir() else self.path
+        return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template)
+
     def load(self) -> LM:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -202,7 +209,10 @@ class TinyRandomModel:
             model = LlamaForCausalLM(config)
         return model.to(device=device, dtype=resolve_dtype(self.dtype, device))
 
+    def load_tokenizer(self):
+        return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
+
     def load(self) -> LM:
-        tokenizer = (self.tokenizer or GGUFPackageModel()).load_tokenizer()
+        tokenizer = self.load_tokenizer()
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         return LM(model, tokenizer, name=self.name, max_context=self.max_context)

@@ -1,0 +1,247 @@
+"""`python -m bench.leaderboard [overrides]`: every decoder on the same prompts of every dataset,
+side by side, into one Spec-Bench-style table (conf/leaderboard.yaml).
+
+Per dataset the model is loaded once and every decoder built once; each prompt is then run by
+every decoder in a rotating order (no method always runs first), so ratios compare runs made in
+the same process under the same conditions. Each (dataset, decoder) is an ordinary run
+directory (out_dir/<dataset>/<label>/: config.yaml, records.jsonl, summary.csv), so
+`python -m bench.show` and `python -m bench.report` read them, and a rerun with the same out_dir
+resumes: finished records are skipped, none is duplicated.
+
+The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
+- tokens_per_step: new tokens / target forward passes (Spec-Bench's mean accepted tokens),
+- tokens_per_s: new tokens / seconds, summed over prompts,
+- speedup: geometric mean over prompts of autoregressive's latency / the decoder's latency on
+  the same prompt (speedup_tok_s: the ratio of summed tokens/s),
+- acceptance_rate: accepted / proposed draft tokens,
+- flops_per_token_vs_ar: (target + draft FLOPs) per token, relative to autoregressive's,
+- lossless: the share of prompts whose output equals autoregressive's token for token,
+- quality: the dataset's metric (HumanEval pass@1, GSM8K accuracy; MT-Bench has none).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from . import metrics
+from .__main__ import CONF_DIR, _reason
+from .errors import BenchError
+from .prompts import rendering_for
+from .records import RecordLog
+from .runner import _prepare, _warmup, build, check_config, run_unit
+
+REFERENCE = "autoregressive"
+
+
+def compose_all(overrides: list[str]):
+    """The leaderboard config, and per (dataset, label) the full run config."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        base = compose("leaderboard", overrides=overrides)
+        board = base.leaderboard
+        labels = list(board.decoders)
+        if board.only:
+            unknown = [x for x in board.only if x not in labels]
+            if unknown:
+                raise BenchError(f"leaderboard.only: unknown label(s) {unknown}; choose from {', '.join(labels)}")
+            labels = [x for x in labels if x in board.only]
+        if REFERENCE not in labels:
+            raise BenchError(f"the leaderboard needs the {REFERENCE} entry: every ratio is against it")
+        if not (isinstance(board.limit, int) and board.limit >= 1):
+            raise BenchError(f"leaderboard.limit must be an integer >= 1, got {board.limit!r}")
+        runs = {}
+        for ds in board.datasets:
+            for label in labels:
+                try:
+                    cfg = compose("leaderboard", overrides=[*overrides, f"dataset={ds}", f"dataset.limit={board.limit}",
+                                                            *board.decoders[label]])
+                except Exception as e:  # Hydra's own errors: one line naming the entry
+                    raise BenchError(f"leaderboard entry {label} on {ds}: {_reason(e)}") from None
+                runs[ds, label] = cfg
+    return base, labels, runs
+
+
+def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict) -> None:
+    cfgs = {label: runs[ds, label] for label in labels}
+    first = cfgs[REFERENCE]
+    decoders, logs = {}, {}
+    for label, cfg in cfgs.items():
+        _, decoders[label] = check_config(cfg)
+        run_dir = out_dir / ds / label
+        run_dir.mkdir(parents=True, exist_ok=True)
+        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    dataset = build(first.dataset, "dataset")
+    prompts = dataset.load()
+    todo = [(p, label) for p in prompts for label in labels if f"{p.id}#0" not in logs[label]]
+    try:
+        if not todo:
+            return
+        if "lm" not in lm_cache:
+            lm_cache["lm"] = build(first.model, "model").load()
+        lm = lm_cache["lm"]
+        rendering = rendering_for(lm.tokenizer, first.prompt_format)
+        sampling, _ = check_config(first)
+        units = [(p, 0) for p in prompts]
+        with torch.inference_mode():
+            for label, dec in decoders.items():
+                _prepare(lm, dec, units, rendering, cfgs[label])
+                if first.warmup:
+                    _warmup(lm, dec, units, rendering, cfgs[label], sampling)
+        bar = tqdm(total=len(prompts) * len(labels), initial=len(prompts) * len(labels) - len(todo), unit="run",
+                   desc=f"leaderboard | {ds}", dynamic_ncols=True, disable=not first.progress)
+        totals = {label: [0, 0, 0.0] for label in labels}
+        with torch.inference_mode():
+            for i, prompt in enumerate(prompts):
+                shift = i % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    key = f"{prompt.id}#0"
+                    if key in logs[label]:
+                        continue
+                    record = run_unit(lm, decoders[label], dataset, prompt, 0, [], rendering, cfgs[label], sampling)
+                    record["label"] = label
+                    logs[label].append(record)
+                    if record["status"] == "ok":
+                        t = totals[label]
+                        t[0] += record["new_tokens"]
+                        t[1] += record["steps"]
+                        t[2] += record["latency_s"]
+                        bar.set_postfix(decoder=label, tok_s=f"{t[0] / t[2]:.1f}", tok_per_step=f"{t[0] / t[1]:.2f}",
+                                        refresh=False)
+                    bar.update(1)
+        bar.close()
+    finally:
+        for log in logs.values():
+            log.close()
+
+
+def load_records(out_dir: Path, ds: str, label: str) -> list[dict]:
+    path = out_dir / ds / label / "records.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def board_row(records: list[dict], reference: list[dict]) -> dict:
+    ok = [r for r in records if r["status"] == "ok"]
+    ref = {r["key"]: r for r in reference if r["status"] == "ok"}
+    pairs = [(r, ref[r["key"]]) for r in ok if r["key"] in ref]
+    tokens, steps = sum(r["new_tokens"] for r in ok), sum(r["steps"] for r in ok)
+    seconds = sum(r["latency_s"] for r in ok)
+    flops = sum(r["target_flops"] + r["draft_flops"] for r in ok)
+    ref_flops = sum(b["target_flops"] + b["draft_flops"] for _, b in pairs)
+    ref_tokens = sum(b["new_tokens"] for _, b in pairs)
+    proposed = sum(r["draft_tokens"] for r in ok)
+    scores = [r["quality_score"] for r in ok if r.get("quality_score") is not None]
+    metric = next((r["quality_metric"] for r in ok if r.get("quality_metric")), None)
+    return {
+        "prompts": len(ok),
+        "tokens_per_step": tokens / steps if steps else math.nan,
+        "tokens_per_s": tokens / seconds if seconds else math.nan,
+        "speedup": float(np.exp(np.mean([math.log(b["latency_s"] / a["latency_s"]) for a, b in pairs]))) if pairs else math.nan,
+        "speedup_tok_s": (tokens / seconds) / (ref_tokens / sum(b["latency_s"] for _, b in pairs)) if pairs else math.nan,
+        "acceptance_rate": sum(r["accepted_draft_tokens"] for r in ok) / proposed if proposed else math.nan,
+        "flops_per_token_vs_ar": (flops / tokens) / (ref_flops / ref_tokens) if pairs and tokens else math.nan,
+        "lossless": float(np.mean([a["tokens"] == b["tokens"] for a, b in pairs])) if pairs else math.nan,
+        "decoder_lossless": all(r.get("decoder_lossless", True) for r in ok),
+        "quality_metric": metric,
+        "quality": float(np.mean(scores)) if scores else math.nan,
+        "decode_tokens_per_step": metrics._ratio(sum(r["decode_tokens"] for r in ok), sum(r["decode_steps"] for r in ok)),
+        "decode_flops_per_step": metrics._ratio(sum(r["decode_flops"] + r["draft_flops"] for r in ok),
+                                                sum(r["decode_steps"] for r in ok)),
+    }
+
+
+def table(out_dir: Path, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+    rows = []
+    for label in labels:
+        every, every_ref = [], []
+        for ds in datasets:
+            recs, ref = load_records(out_dir, ds, label), load_records(out_dir, ds, REFERENCE)
+            if recs:
+                rows.append({"decoder": label, "dataset": ds, **board_row(recs, ref)})
+            every += recs
+            every_ref += ref
+        if every:  # quality metrics differ by dataset: no pooled quality
+            rows.append({"decoder": label, "dataset": "all", **board_row(every, every_ref),
+                         "quality_metric": None, "quality": math.nan})
+    return pd.DataFrame(rows)
+
+
+def write_summaries(out_dir: Path, datasets: list[str], labels: list[str]) -> None:
+    for ds in datasets:
+        for label in labels:
+            recs = load_records(out_dir, ds, label)
+            if recs:
+                summary = metrics.summarize(recs)
+                summary.to_csv(out_dir / ds / label / "summary.csv", index=False)
+                (out_dir / ds / label / "summary.md").write_text(metrics.to_markdown(summary) + "\n")
+
+
+def verification_cost(lm, tokens: list[int]) -> pd.DataFrame:
+    """Latency of one forward of k tokens (tree-style: mask and positions) after a 256-token
+    context, relative to one autoregressive step (decoders/profile.py: fastest of 5 rounds)."""
+    from decoders.profile import measure_forward_latency
+
+    latency, step = measure_forward_latency(lm, max_tokens=max(tokens))
+    return pd.DataFrame({"tokens": tokens, "latency_ms": [latency[k - 1] * 1e3 for k in tokens],
+                         "vs_one_token": [latency[k - 1] / step for k in tokens]})
+
+
+def main(argv: list[str] | None = None) -> None:
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    try:
+        base, labels, runs = compose_all(overrides)
+        board = base.leaderboard
+        out_dir = Path(board.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if base.threads:
+            torch.set_num_threads(base.threads)
+        lm_cache: dict = {}
+        for ds in board.datasets:
+            run_dataset(ds, labels, runs, out_dir, lm_cache)
+        write_summaries(out_dir, list(board.datasets), labels)
+        df = table(out_dir, list(board.datasets), labels)
+        df.to_csv(out_dir / "leaderboard.csv", index=False)
+        from .leaderboard_plots import plot_all
+
+        lm = lm_cache.get("lm") or build(runs[board.datasets[0], REFERENCE].model, "model").load()
+        cost = verification_cost(lm, list(board.verification_tokens))
+        cost.to_csv(out_dir / "verification_cost.csv", index=False)
+        plot_all(out_dir, list(board.datasets), labels, df, list(board.sweeps))
+        from . import provenance
+        (out_dir / "provenance.json").write_text(json.dumps(provenance.collect(lm), indent=2))
+        md = markdown(df, cost, base, lm)
+        (out_dir / "leaderboard.md").write_text(md)
+        print(md)
+    except BenchError as e:
+        print(f"error: {' '.join(_reason(e).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
+    cols = ["decoder", "dataset", "prompts", "tokens_per_step", "tokens_per_s", "speedup", "speedup_tok_s",
+            "acceptance_rate", "flops_per_token_vs_ar", "lossless", "quality_metric", "quality"]
+    shown = df[cols].copy()
+    shown.loc[~df["decoder_lossless"], "decoder"] += " (lossy)"
+    setup = (f"model {base.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
+             f"threads {torch.get_num_threads()} | greedy | {base.gen.max_new_tokens} new tokens | "
+             f"{base.leaderboard.limit} prompts per dataset (MT-Bench: first turns)")
+    costs = ", ".join(f"{k} tokens {v:.2f}x" for k, v in zip(cost["tokens"], cost["vs_one_token"]))
+    return (f"{setup}\n\nverification cost on this device (one forward of k tokens vs 1): {costs}\n\n"
+            + shown.to_markdown(index=False, floatfmt=".3g")
+            + "\n\nspeedup: geometric mean over prompts of autoregressive's latency / the decoder's on the same "
+              "prompt in the same process; speedup_tok_s: ratio of summed tokens/s; lossless: share of prompts "
+              "identical to autoregressive; flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive.\n")
+
+
+if __name__ == "__main__":
+    main()

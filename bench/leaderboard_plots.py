@@ -1,0 +1,136 @@
+"""The leaderboard's plots (PNG, each with the CSV of the numbers drawn).
+
+- speedup.png: speedup vs autoregressive per decoder, grouped by dataset.
+- tokens_vs_flops.png: decode tokens per step vs decode FLOPs per step (target + draft, log x),
+  one marker per decoder and dataset, plus the points of any sweeps given (the lookahead paper's
+  compute-for-latency trade-off).
+- acceptance_by_position.png: for draft and head methods, the share of steps whose draft reached
+  position d that accepted it (for Medusa / BPD, position d is head d-1's token).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .report import find_runs, load_run
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speedup_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], out: Path) -> None:
+    data = df[df["dataset"].isin([*datasets, "all"])].pivot(index="decoder", columns="dataset", values="speedup")
+    data = data.reindex(index=[x for x in labels if x in data.index], columns=[d for d in [*datasets, "all"] if d in data.columns])
+    data.to_csv(out / "speedup.csv")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(data)), 3.5))
+    width = 0.8 / max(1, len(data.columns))
+    x = np.arange(len(data))
+    for j, ds in enumerate(data.columns):
+        ax.bar(x + j * width, data[ds].to_numpy(), width, label=ds)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x + width * (len(data.columns) - 1) / 2, data.index, rotation=40, ha="right")
+    ax.set_ylabel("speedup vs autoregressive (geomean)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)
+
+
+def sweep_points(sweeps: list[str]) -> pd.DataFrame:
+    rows = []
+    for run in find_runs(sweeps) if sweeps else []:
+        summary, params = load_run(run)
+        for _, r in summary.iterrows():
+            draft = r.get("draft_flops_per_token", 0.0)
+            rows.append({"decoder": r["decoder"], "dataset": r["dataset"], "source": str(run),
+                         "decode_tokens_per_step": r["decode_tokens_per_step"],
+                         "decode_flops_per_step": r["decode_flops_per_step"]
+                         + (0.0 if pd.isna(draft) else draft * r["decode_tokens_per_step"])})
+    return pd.DataFrame(rows)
+
+
+def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], sweeps: list[str], out: Path) -> None:
+    own = df[df["dataset"].isin(datasets)][["decoder", "dataset", "decode_tokens_per_step", "decode_flops_per_step"]]
+    own = own.assign(source="leaderboard")
+    extra = sweep_points(sweeps)
+    data = pd.concat([own, extra], ignore_index=True) if len(extra) else own
+    data.to_csv(out / "tokens_vs_flops.csv", index=False)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    cmap = plt.get_cmap("tab20")
+    colours = {label: cmap(i % 20) for i, label in enumerate(labels)}
+    markers = dict(zip(datasets, "osD^v"))
+    for _, r in own.iterrows():
+        ax.scatter(r["decode_flops_per_step"], r["decode_tokens_per_step"], color=colours[r["decoder"]],
+                   marker=markers.get(r["dataset"], "o"), s=36, zorder=3)
+    if len(extra):
+        for name, group in extra.groupby("decoder"):
+            base = next((c for label, c in colours.items() if label.split("-")[0] == name), "grey")
+            ax.scatter(group["decode_flops_per_step"], group["decode_tokens_per_step"], color=base, alpha=0.35, s=14,
+                       marker=".", label=f"{name} sweep")
+    for label in labels:
+        ax.scatter([], [], color=colours[label], label=label)
+    for ds, m in markers.items():
+        ax.scatter([], [], color="k", marker=m, label=ds)
+    ax.set_xscale("log")
+    ax.set_xlabel("FLOPs per decoding step (target + draft)")
+    ax.set_ylabel("tokens per step")
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out / "tokens_vs_flops.png", dpi=110)
+    plt.close(fig)
+
+
+def acceptance_plot(out_dir: Path, datasets: list[str], labels: list[str], out: Path) -> None:
+    import json
+
+    rows = []
+    for label in labels:
+        proposed, accepted = np.zeros(0), np.zeros(0)
+        for ds in datasets:
+            path = out_dir / ds / label / "records.jsonl"
+            if not path.is_file():
+                continue
+            for line in path.read_text().splitlines():
+                r = json.loads(line) if line.strip() else {}
+                p, a = r.get("depth_proposed"), r.get("depth_accepted")
+                if p:
+                    n = max(len(proposed), len(p))
+                    proposed = np.pad(proposed, (0, n - len(proposed))) + np.pad(np.array(p, float), (0, n - len(p)))
+                    accepted = np.pad(accepted, (0, n - len(accepted))) + np.pad(np.array(a, float), (0, n - len(a)))
+        for d, (p, a) in enumerate(zip(proposed, accepted), start=1):
+            if p:
+                rows.append({"decoder": label, "position": d, "proposed_steps": int(p), "accepted_steps": int(a),
+                             "acceptance": a / p})
+    data = pd.DataFrame(rows, columns=["decoder", "position", "proposed_steps", "accepted_steps", "acceptance"])
+    data.to_csv(out / "acceptance_by_position.csv", index=False)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for label, group in data.groupby("decoder", sort=False):
+        ax.plot(group["position"], group["acceptance"], marker="o", label=label)
+    ax.set_xlabel("draft position (Medusa/BPD: head index + 1)")
+    ax.set_ylabel("accepted | drafted")
+    ax.set_ylim(0, 1)
+    if len(data):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=110)
+    plt.close(fig)
+
+
+def plot_all(out_dir: Path, datasets: list[str], labels: list[str], df: pd.DataFrame, sweeps: list[str]) -> Path:
+    out = out_dir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    speedup_plot(df, datasets, labels, out)
+    tokens_vs_flops_plot(df, datasets, labels, sweeps, out)
+    acceptance_plot(out_dir, datasets, labels, out)
+    return out

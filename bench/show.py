@@ -1,0 +1,141 @@
+"""`python -m bench.show RUN_DIR --prompt ID`: one generation, step by step.
+
+The new tokens are grouped by the target forward pass that committed them and coloured by how
+many that pass committed (1 = plain, as autoregressive; 2, 3, 4+ = stronger colours), as the
+lookahead decoding blog shows its demo: where a method speeds up, long coloured runs; where it
+stalls, single plain tokens. Writes a self-contained HTML page (RUN_DIR/show/<prompt>_<turn>.html
+by default) and prints the same to the terminal with ANSI colours.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from .errors import BenchError
+
+# tokens committed by one pass -> (HTML background, ANSI 256-colour background)
+COLOURS = {1: ("#eeeeee", None), 2: ("#c6e9ff", 153), 3: ("#9fd99f", 114), 4: ("#ffd27f", 222)}
+LEGEND = {1: "1 token (as autoregressive)", 2: "2 tokens", 3: "3 tokens", 4: "4+ tokens"}
+
+
+def colour(n: int) -> tuple[str, int | None]:
+    return COLOURS[min(max(n, 1), 4)]
+
+
+def load_record(run_dir: Path, prompt_id: str, turn: int) -> dict:
+    if not run_dir.is_dir():
+        raise BenchError(f"no run directory at {run_dir}")
+    path = run_dir / "records.jsonl"
+    if not path.is_file():
+        raise BenchError(f"{run_dir} holds no records.jsonl: give a run directory written by python -m bench")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in records:
+        if r.get("prompt_id") == prompt_id and r.get("turn") == turn:
+            if r.get("status") != "ok":
+                raise BenchError(f"{prompt_id} turn {turn} was {r.get('status')}: {r.get('reason')}")
+            return r
+    ids = sorted({f"{r.get('prompt_id')}" for r in records})
+    raise BenchError(f"no record for prompt {prompt_id!r} turn {turn} in {path}; it has {len(ids)} prompt(s): "
+                     f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}")
+
+
+def tokenizer_for(run_dir: Path):
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise BenchError(f"{run_dir} has no config.yaml to find the run's tokenizer")
+    spec = instantiate(OmegaConf.load(config).model)
+    return spec.load_tokenizer() if hasattr(spec, "load_tokenizer") else spec.load().tokenizer
+
+
+def step_texts(record: dict, tokenizer) -> list[tuple[str, int, int]]:
+    """Per target pass: (the text it committed, tokens committed, tokens fed). Text is decoded
+    incrementally (the whole prefix, minus what came before), so multi-byte characters and
+    word-initial spaces land in the step that completed them."""
+    tokens, trace = record["tokens"], record["trace"]
+    out, done, before = [], 0, ""
+    for accepted, fed in zip(trace["accepted"], trace["forward_tokens"]):
+        done += accepted
+        text = tokenizer.decode(tokens[:done], skip_special_tokens=True)
+        out.append((text[len(before):], accepted, fed))
+        before = text
+    return out
+
+
+def render_html(record: dict, steps: list[tuple[str, int, int]]) -> str:
+    spans = []
+    for i, (text, accepted, fed) in enumerate(steps):
+        bg, _ = colour(accepted)
+        tip = f"step {i}: {accepted} token(s) committed, {fed} fed to the target"
+        spans.append(f'<span class="step" data-tokens="{accepted}" title="{html.escape(tip)}" '
+                     f'style="background:{bg}">{html.escape(text)}</span>')
+    legend = " ".join(f'<span style="background:{COLOURS[k][0]};padding:0 6px">{v}</span>' for k, v in LEGEND.items())
+    n, steps_n = record["new_tokens"], record["steps"]
+    head = (f"{html.escape(str(record['decoder']))} | {html.escape(str(record['model']))} | "
+            f"{html.escape(str(record['dataset']))} | prompt {html.escape(str(record['prompt_id']))} turn {record['turn']} | "
+            f"{n} new tokens in {steps_n} steps = {n / steps_n:.2f} tokens per step | {record['tokens_per_s']:.1f} tokens/s")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(str(record['decoder']))} {html.escape(str(record['prompt_id']))}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}} pre{{white-space:pre-wrap;font-size:14px;line-height:1.6}}
+.step{{border-right:1px solid #fff}} .prompt{{color:#666}}</style></head><body>
+<h3>{head}</h3>
+<p>Each box is one target forward pass; its colour says how many tokens that pass committed. {legend}</p>
+<h4>Prompt</h4><pre class="prompt">{html.escape(record.get('prompt_text') or '')}</pre>
+<h4>Output</h4><pre>{''.join(spans)}</pre>
+</body></html>
+"""
+
+
+def render_terminal(steps: list[tuple[str, int, int]], use_colour: bool) -> str:
+    parts = []
+    for text, accepted, _ in steps:
+        _, ansi = colour(accepted)
+        if not use_colour:
+            parts.append(text if accepted == 1 else f"[{text}]")
+        elif ansi is None:
+            parts.append(text)
+        else:
+            parts.append(f"\x1b[48;5;{ansi}m\x1b[30m{text}\x1b[0m")
+    return "".join(parts)
+
+
+def show(run_dir: str | Path, prompt_id: str, turn: int = 0, out: str | Path | None = None,
+         use_colour: bool | None = None) -> Path:
+    run_dir = Path(run_dir)
+    record = load_record(run_dir, prompt_id, turn)
+    steps = step_texts(record, tokenizer_for(run_dir))
+    path = Path(out) if out else run_dir / "show" / f"{prompt_id.replace('/', '_')}_{turn}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(record, steps))
+    if use_colour is None:
+        use_colour = sys.stdout.isatty()
+    print(render_terminal(steps, use_colour))
+    n = record["new_tokens"]
+    print(f"\n{record['decoder']}: {n} tokens in {record['steps']} steps ({n / record['steps']:.2f} per step); "
+          f"{'plain = 1 token per pass, coloured/bracketed = several' if use_colour else '[...] = one pass that committed several tokens'}; "
+          f"wrote {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.show", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--prompt", required=True, help="prompt id, e.g. HumanEval/0")
+    parser.add_argument("--turn", type=int, default=0)
+    parser.add_argument("--out", help="HTML file (default RUN_DIR/show/<prompt>_<turn>.html)")
+    parser.add_argument("--no-color", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        show(args.run_dir, args.prompt, args.turn, args.out, False if args.no_color else None)
+    except BenchError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

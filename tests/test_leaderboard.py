@@ -1,0 +1,129 @@
+"""The leaderboard end to end on tiny-random (two prompts per dataset, every decoder), its
+resume, and the step-by-step view."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from helpers import CACHE_DIR, DATA_DIR, REPO
+
+TINY = ["model=tiny-random", "gen.max_new_tokens=10", "leaderboard.limit=2", "draft.layers=1", "draft.adapter=null",
+        "leaderboard.verification_tokens=[1,2,4]",
+        # the shipped heads are SmolLM2's: tiny-random gets untrained ones
+        'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
+        'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
+        'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
+LABELS = ["autoregressive", "hf_generate", "hf_pld", "hf_assisted", "jacobi", "lookahead", "lookahead-auto",
+          "spec_chain", "specinfer", "sequoia", "medusa", "bpd", "bpd-ngram"]
+COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "tokens_per_s", "speedup", "speedup_tok_s",
+           "acceptance_rate", "flops_per_token_vs_ar", "lossless", "quality_metric", "quality"]
+
+
+def run_module(module: str, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=env)
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    out = tmp_path_factory.mktemp("leaderboard")
+    result = run_module("bench.leaderboard", *TINY, f"leaderboard.out_dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def test_table_has_every_decoder_dataset_and_column(board):
+    out, result = board
+    df = pd.read_csv(out / "leaderboard.csv")
+    assert list(df.columns[:len(COLUMNS)]) == COLUMNS or set(COLUMNS) <= set(df.columns)
+    assert set(df["decoder"]) == set(LABELS)
+    assert set(df["dataset"]) == {"mt_bench", "humaneval", "gsm8k", "all"}
+    assert (df["prompts"][df["dataset"] != "all"] == 2).all() and (df["prompts"][df["dataset"] == "all"] == 6).all()
+    # every decoder here is lossless (fp32, greedy): output identical to autoregressive on every prompt
+    assert (df["lossless"] == 1.0).all(), df[["decoder", "dataset", "lossless"]]
+    ar = df[df["decoder"] == "autoregressive"]
+    assert (ar["tokens_per_step"] == 1.0).all() and (ar["speedup"] == 1.0).all()
+    assert (df["tokens_per_step"] >= 1.0).all() and (df["tokens_per_s"] > 0).all()
+    assert set(df[df["dataset"] == "humaneval"]["quality_metric"]) == {"pass@1"}
+    md = (out / "leaderboard.md").read_text()
+    assert "verification cost on this device" in md and "geometric mean" in md and "bpd-ngram" in md
+    assert "leaderboard | gsm8k" in result.stderr  # the progress bar
+
+
+def test_plots_and_their_data_are_written(board):
+    out, _ = board
+    for name in ("speedup", "tokens_vs_flops", "acceptance_by_position"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000
+        assert len(pd.read_csv(out / "plots" / f"{name}.csv")) > 0
+    acceptance = pd.read_csv(out / "plots" / "acceptance_by_position.csv")
+    assert {"spec_chain", "sequoia", "medusa", "bpd"} <= set(acceptance["decoder"])
+    cost = pd.read_csv(out / "verification_cost.csv")
+    assert list(cost["tokens"]) == [1, 2, 4] and (cost["vs_one_token"] > 0).all()
+
+
+def test_every_entry_is_a_run_directory_that_report_reads(board):
+    out, _ = board
+    for label in LABELS:
+        run = out / "gsm8k" / label
+        assert (run / "config.yaml").is_file() and (run / "summary.csv").is_file()
+        assert len((run / "records.jsonl").read_text().splitlines()) == 2
+    result = run_module("bench.report", str(out / "humaneval"))
+    assert result.returncode == 0 and "lookahead" in result.stdout
+
+
+def test_a_rerun_resumes_without_duplicates(board):
+    out, _ = board
+    victim = out / "humaneval" / "sequoia" / "records.jsonl"
+    lines = victim.read_text().splitlines()
+    victim.write_text(lines[0] + "\n")  # as if killed after the first prompt
+    before = {p: p.read_text() for p in out.rglob("records.jsonl") if p != victim}
+    result = run_module("bench.leaderboard", *TINY, f"leaderboard.out_dir={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = victim.read_text().splitlines()
+    assert len(again) == 2 and again[0] == lines[0]
+    assert json.loads(again[1])["prompt_id"] == json.loads(lines[1])["prompt_id"]
+    assert all(p.read_text() == text for p, text in before.items())  # finished runs untouched
+
+
+def test_show_renders_each_step(board):
+    out, _ = board
+    run = out / "humaneval" / "lookahead"
+    record = json.loads((run / "records.jsonl").read_text().splitlines()[0])
+    result = run_module("bench.show", str(run), "--prompt", record["prompt_id"], "--no-color")
+    assert result.returncode == 0, result.stderr
+    page = next((run / "show").glob("*.html")).read_text()
+    assert page.count('class="step"') == len(record["trace"]["accepted"]) == record["steps"]
+    counts = [int(x.split('"')[0]) for x in page.split('data-tokens="')[1:]]
+    assert counts == record["trace"]["accepted"]
+    import html
+    import re
+    texts = [html.unescape(m) for m in re.findall(r'<span class="step"[^>]*>(.*?)</span>', page, flags=re.S)]
+    assert "".join(texts) == record["text"]
+    assert "tokens per step" in page and record["decoder"] in page
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/no/such/run", "--prompt", "x"], "no run directory at /no/such/run"),
+    (["{run}", "--prompt", "nope/1"], "no record for prompt 'nope/1' turn 0"),
+    (["{empty}", "--prompt", "x"], "holds no records.jsonl"),
+])
+def test_show_errors_are_one_line(board, tmp_path, args, message):
+    out, _ = board
+    args = [a.format(run=out / "gsm8k" / "autoregressive", empty=tmp_path) for a in args]
+    result = run_module("bench.show", *args)
+    assert result.returncode == 2
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_leaderboard_errors_are_one_line(tmp_path):
+    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[nope]", f"leaderboard.out_dir={tmp_path}")
+    assert result.returncode == 2 and result.stderr.strip().startswith("error: leaderboard.only: unknown label")
+    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[lookahead]", f"leaderboard.out_dir={tmp_path}")
+    assert result.returncode == 2 and "needs the autoregressive entry" in result.stderr
