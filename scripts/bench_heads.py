@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--datasets", default="humaneval,mt_bench,gsm8k")
     parser.add_argument("--neural", action="store_true", help="also bpd rescored by the draft group's small LM")
     parser.add_argument("--methods", default=None, help="comma-separated subset of the method labels")
+    parser.add_argument("--heads", default=None, help="heads file for every head method (null: untrained heads); "
+                                                       "default: conf/decoder's")
     args, overrides = parser.parse_known_args()
 
     methods = method_overrides(args.neural)
@@ -68,6 +70,8 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"error: unknown method(s) {unknown}; choose from {', '.join(methods)}")
         methods = {m: methods[m] for m in wanted}
+    if args.heads is not None:
+        methods = {m: o if m == "autoregressive" else [*o, f"decoder.heads={args.heads}"] for m, o in methods.items()}
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
         datasets = {name: compose("config", overrides=[*overrides, f"dataset={name}"]).dataset

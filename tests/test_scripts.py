@@ -69,3 +69,42 @@ def test_ablation_sweeps_and_plots(tmp_path):
     assert set(sampled["temperature"]) == {0.0, 0.7, 1.0}  # greedy budget runs are the temperature-0 points
     assert (tmp_path / "plots" / "budget_vs_tokens_per_step.png").stat().st_size > 0
     assert (tmp_path / "plots" / "sampling_robustness.png").stat().st_size > 0
+
+
+def test_bench_heads_runs_on_tiny_random(tmp_path):
+    out = run_script("bench_heads.py", "--prompts", "2", "--max-new-tokens", "8", "--datasets", "gsm8k", "--heads",
+                     "null", "--neural", "model=tiny-random", "draft.layers=1", "draft.adapter=null",
+                     f"cache_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = table_rows(out.stdout)
+    assert [r[1] for r in rows] == ["autoregressive", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1",
+                                    "bpd-ngram-p1", "bpd-p4", "bpd-ngram-p4", "bpd-neural-p4"]
+    header = [l for l in out.stdout.splitlines() if l.startswith("|")][0]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert all(r[cols.index("identical_to_ar")] == "2/2" for r in rows), rows
+
+
+def test_train_heads_and_ngram_on_tiny_random(tmp_path):
+    """Both training scripts end to end (2 steps; the corpus's self-distilled answers come from
+    the tiny model itself), and the files they write load into the decoders."""
+    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", f"cache_dir={tmp_path}"]
+    out = run_script("train_heads.py", "--steps", "2", "--heads", "2", "--seq-len", "32", "--batch", "2",
+                     "--out", str(tmp_path / "heads.safetensors"), *common, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "head 1 (token t+3)" in out.stdout and (tmp_path / "heads.png").is_file()
+    out = run_script("train_ngram.py", "--order", "3", "--out", str(tmp_path / "ngram.json.gz"), *common, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    from decoders.autoregressive import autoregressive_decode
+    from decoders.bpd import BPD
+    from decoders.heads import load_heads
+    from decoders.ngram_lm import NgramLM
+    from decoders.sampling import Sampling
+    from helpers import tiny_lm
+
+    lm = tiny_lm(seed=0, vocab=49152)
+    heads = load_heads(lm, tmp_path / "heads.safetensors")
+    assert heads.k == 2 and len(heads.info["accuracy"]) == 2 and heads.info["steps"] == 2
+    assert NgramLM.load(tmp_path / "ngram.json.gz").info["order"] == 3
+    dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"), paths=2)
+    reference = autoregressive_decode(lm, [5, 6, 7], 6, Sampling(), set()).tokens
+    assert dec.generate(lm, [5, 6, 7], 6, Sampling(), set()).tokens == reference
