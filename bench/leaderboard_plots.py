@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .report import find_runs, load_run
+from .errors import BenchError
 
 
 def _plt():
@@ -38,23 +38,27 @@ def speedup_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], out: 
         ax.bar(x + j * width, data[ds].to_numpy(), width, label=ds)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x + width * (len(data.columns) - 1) / 2, data.index, rotation=40, ha="right")
-    ax.set_ylabel("speedup vs autoregressive (geomean)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("speedup vs autoregressive\n(geomean over prompts)")
+    # above the axes: inside, it hides the tallest bars
+    ax.legend(fontsize=7, ncol=len(data.columns), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=110)
     plt.close(fig)
 
 
 def sweep_points(sweeps: list[str]) -> pd.DataFrame:
+    """Every run's summary.csv under the given directories (a run, a sweep, or a copy of summaries)."""
     rows = []
-    for run in find_runs(sweeps) if sweeps else []:
-        summary, params = load_run(run)
-        for _, r in summary.iterrows():
-            draft = r.get("draft_flops_per_token", 0.0)
-            rows.append({"decoder": r["decoder"], "dataset": r["dataset"], "source": str(run),
-                         "decode_tokens_per_step": r["decode_tokens_per_step"],
-                         "decode_flops_per_step": r["decode_flops_per_step"]
-                         + (0.0 if pd.isna(draft) else draft * r["decode_tokens_per_step"])})
+    for root in map(Path, sweeps):
+        if not root.exists():
+            raise BenchError(f"leaderboard.sweeps: {root} does not exist")
+        for path in sorted(root.rglob("summary.csv")):
+            for _, r in pd.read_csv(path).iterrows():
+                draft = r.get("draft_flops_per_token", 0.0)
+                draft = 0.0 if pd.isna(draft) else draft
+                rows.append({"decoder": r["decoder"], "dataset": r["dataset"], "source": str(path.parent),
+                             "decode_tokens_per_step": r["decode_tokens_per_step"],
+                             "decode_flops_per_step": r["decode_flops_per_step"] + draft * r["decode_tokens_per_step"]})
     return pd.DataFrame(rows)
 
 
@@ -118,6 +122,7 @@ def acceptance_plot(out_dir: Path, datasets: list[str], labels: list[str], out: 
     for label, group in data.groupby("decoder", sort=False):
         ax.plot(group["position"], group["acceptance"], marker="o", label=label)
     ax.set_xlabel("draft position (Medusa/BPD: head index + 1)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("accepted | drafted")
     ax.set_ylim(0, 1)
     if len(data):

@@ -13,7 +13,7 @@ import pytest
 from helpers import CACHE_DIR, DATA_DIR, REPO
 
 TINY = ["model=tiny-random", "gen.max_new_tokens=10", "leaderboard.limit=2", "draft.layers=1", "draft.adapter=null",
-        "leaderboard.verification_tokens=[1,2,4]",
+        "leaderboard.verification_tokens=[1,2,4]", "leaderboard.sweeps=[tests/fixtures/lookahead_sweep]",
         # the shipped heads are SmolLM2's: tiny-random gets untrained ones
         'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
@@ -61,6 +61,9 @@ def test_plots_and_their_data_are_written(board):
     for name in ("speedup", "tokens_vs_flops", "acceptance_by_position"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
         assert len(pd.read_csv(out / "plots" / f"{name}.csv")) > 0
+    points = pd.read_csv(out / "plots" / "tokens_vs_flops.csv")
+    assert (points["source"] == "leaderboard").sum() == len(LABELS) * 3
+    assert (points["source"] != "leaderboard").sum() == 24  # the fixture sweep's 24 lookahead (W, N) points
     acceptance = pd.read_csv(out / "plots" / "acceptance_by_position.csv")
     assert {"spec_chain", "sequoia", "medusa", "bpd"} <= set(acceptance["decoder"])
     cost = pd.read_csv(out / "verification_cost.csv")
