@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .lm import LM
+from .weights_file import load_weights, save_weights
 
 ADAPTER_FORMAT = "exit-adapter-v1"
 
@@ -83,26 +84,13 @@ def new_exit_adapter(target) -> ExitAdapter:
 
 
 def save_adapter(adapter: ExitAdapter, path: str | Path, layers: int, info: dict) -> None:
-    from safetensors.torch import save_file
-
-    meta = {"format": ADAPTER_FORMAT, "layers": str(layers), "hidden_size": str(adapter.proj.weight.shape[0]),
-            "info": json.dumps(info)}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().float().contiguous() for k, v in adapter.state_dict().items()}, str(path), metadata=meta)
+    save_weights(adapter, path, ADAPTER_FORMAT, {"layers": str(layers), "hidden_size": str(adapter.proj.weight.shape[0]),
+                                                 "info": json.dumps(info)})
 
 
 def load_adapter(target, path: str | Path, layers: int) -> ExitAdapter:
-    from safetensors import safe_open
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"draft.adapter: no exit adapter at {path}; train one with scripts/train_exit_adapter.py "
-                                f"or set draft.adapter=null for the plain truncation")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    if meta.get("format") != ADAPTER_FORMAT:
-        raise ValueError(f"draft.adapter: {path} is not an exit adapter (format {meta.get('format')!r})")
+    meta, state = load_weights(Path(path).expanduser(), ADAPTER_FORMAT, "draft.adapter", "exit adapter",
+                               "train one with scripts/train_exit_adapter.py or set draft.adapter=null for the plain truncation")
     adapter = new_exit_adapter(target)
     if int(meta["layers"]) != layers or int(meta["hidden_size"]) != adapter.proj.weight.shape[0]:
         raise ValueError(f"draft.adapter: {path} was trained for {meta['layers']} layers and hidden size "

@@ -22,6 +22,7 @@ from .sampling import Sampling, next_token, probs
 from .trace import Generation, Tracer, truncate_at_stop
 from .tree import TokenTree
 from .verify import verify_greedy, verify_sampling
+from .weights_file import load_weights, save_weights
 
 HEADS_FORMAT = "medusa-heads-v1"
 REPO = Path(__file__).resolve().parent.parent
@@ -88,26 +89,14 @@ def resolve(path: str | Path) -> Path:
 
 
 def save_heads(heads: Heads, path: str | Path, info: dict) -> None:
-    from safetensors.torch import save_file
-
-    meta = {"format": HEADS_FORMAT, "k": str(heads.k), "hidden_size": str(heads.blocks[0].linear.weight.shape[0]),
-            "info": json.dumps(info)}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}, str(path), metadata=meta)
+    save_weights(heads, path, HEADS_FORMAT, {"k": str(heads.k), "hidden_size": str(heads.blocks[0].linear.weight.shape[0]),
+                                             "info": json.dumps(info)})
 
 
 def load_heads(lm: LM, path: str | Path) -> Heads:
-    from safetensors import safe_open
-
     path = resolve(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"decoder.heads: no heads file at {path}; train one with scripts/train_heads.py "
-                                f"or set decoder.heads=null for untrained heads")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    if meta.get("format") != HEADS_FORMAT:
-        raise ValueError(f"decoder.heads: {path} is not a heads file (format {meta.get('format')!r})")
+    meta, state = load_weights(path, HEADS_FORMAT, "decoder.heads", "heads file",
+                               "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads")
     hidden = lm.config.get_text_config().hidden_size
     if int(meta["hidden_size"]) != hidden:
         raise ValueError(f"decoder.heads: {path} was trained for hidden size {meta['hidden_size']}; "

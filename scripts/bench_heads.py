@@ -20,7 +20,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench_baselines import print_setup  # noqa: E402
 from decoders.sampling import Sampling  # noqa: E402
-from side_by_side import LEGEND, compare  # noqa: E402
+from side_by_side import compare, print_dataset, print_table  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -94,10 +93,8 @@ def main() -> None:
             prompts = [render(lm.tokenizer, p, 0, [], rendering)[1] for p in loaded]
             for row in compare(lm, runs, prompts, args.repeats, args.max_new_tokens, Sampling()):
                 rows.append({"dataset": name, **row})
-            print(pd.DataFrame([r for r in rows if r["dataset"] == name]).to_string(index=False, float_format="%.3f"),
-                  flush=True)
-    print(f"\n{LEGEND}\n")
-    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))
+            print_dataset(rows, name)
+    print_table(rows)
 
 
 if __name__ == "__main__":

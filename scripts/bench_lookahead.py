@@ -22,7 +22,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench_baselines import print_setup  # noqa: E402
-from side_by_side import LEGEND, compare  # noqa: E402
+from side_by_side import LEGEND, compare, print_dataset, print_table  # noqa: E402
 from decoders.autoregressive import Autoregressive  # noqa: E402
 from decoders.hf_peers import HFPromptLookup  # noqa: E402
 from decoders.jacobi import Jacobi  # noqa: E402
@@ -92,10 +91,8 @@ def main() -> None:
                 row.pop("acceptance")  # lookahead's "drafts" are its n-gram candidates: tok_per_step says more
                 rows.append({"dataset": name, **row,
                              "predicted_speedup": tuned["predicted_speedup"] if row["method"] == label else float("nan")})
-            print(pd.DataFrame([r for r in rows if r["dataset"] == name]).to_string(index=False, float_format="%.3f"),
-                  flush=True)
-    print(f"\n{LEGEND}; lookahead settings are N,W,G\n")
-    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))
+            print_dataset(rows, name)
+    print_table(rows, f"{LEGEND}; lookahead settings are N,W,G")
 
 
 if __name__ == "__main__":

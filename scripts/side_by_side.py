@@ -72,3 +72,18 @@ LEGEND = ("speedup = tokens/s / autoregressive tokens/s on the same prompt and r
           "acceptance = accepted / proposed draft tokens; identical_to_ar = runs whose greedy output equals "
           "autoregressive's; max_divergence_margin = the largest gap between autoregressive's top two logits "
           "where an output departs from it")
+
+
+def print_dataset(rows: list[dict], name: str) -> None:
+    """One dataset's rows as soon as they are measured (a long benchmark shows results as it goes)."""
+    import pandas as pd
+
+    print(pd.DataFrame([r for r in rows if r["dataset"] == name]).to_string(index=False, float_format="%.3f"), flush=True)
+
+
+def print_table(rows: list[dict], legend: str = LEGEND) -> None:
+    """All rows as the Markdown table the README quotes, after its legend."""
+    import pandas as pd
+
+    print(f"\n{legend}\n")
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))

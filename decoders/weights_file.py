@@ -1,0 +1,31 @@
+"""Small trained add-ons (exit adapters, Medusa heads) as safetensors files tagged with a format
+name, so that a file of one kind given where another is expected fails with a clear message."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+
+def save_weights(module: nn.Module, path: str | Path, fmt: str, meta: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}
+    save_file(state, str(path), metadata={"format": fmt, **meta})
+
+
+def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[dict[str, str], dict]:
+    """(metadata, state dict) of a file written by save_weights with this format; `key` (the config
+    key that named the file), `kind` and `hint` (how to get one) word the errors."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{key}: no {kind} at {path}; {hint}")
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("format") != fmt:
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ValueError(f"{key}: {path} is not {article} {kind} (format {meta.get('format')!r})")
+    return meta, state
