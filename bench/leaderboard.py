@@ -37,7 +37,7 @@ from .__main__ import CONF_DIR, _reason
 from .errors import BenchError
 from .prompts import rendering_for
 from .records import RecordLog
-from .runner import _prepare, _warmup, build, check_config, run_unit
+from .runner import _comparable, _first_difference, _prepare, _warmup, build, check_config, run_unit
 
 REFERENCE = "autoregressive"
 
@@ -69,22 +69,46 @@ def compose_all(overrides: list[str]):
     return base, labels, runs
 
 
-def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict) -> None:
+def _resumable(cfg) -> dict:
+    """What must not change between a leaderboard entry's run and its resumption: everything
+    but the leaderboard's own keys and how many prompts it covers (raising the limit extends a run)."""
+    comparable = _comparable(cfg)
+    comparable.pop("leaderboard", None)
+    comparable["dataset"].pop("limit", None)
+    return comparable
+
+
+def check_resume(run_dir: Path, cfg) -> None:
+    """A rerun into the same out_dir resumes only a run made with the same settings, so that no
+    table mixes records of two configurations."""
+    config_file = run_dir / "config.yaml"
+    if (run_dir / "records.jsonl").is_file() and config_file.is_file():
+        diff = _first_difference(_resumable(OmegaConf.load(config_file)), _resumable(cfg))
+        if diff:
+            raise BenchError(f"{run_dir} holds records made with other settings ({diff}); rerun with the same "
+                             "settings to resume, or choose a new leaderboard.out_dir")
+
+
+def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict) -> list[str]:
+    """Runs what is missing of one dataset; returns the keys of this run's records."""
     cfgs = {label: runs[ds, label] for label in labels}
     first = cfgs[REFERENCE]
-    decoders, logs = {}, {}
+    decoders = {}
     for label, cfg in cfgs.items():
         _, decoders[label] = check_config(cfg)
+    dataset = build(first.dataset, "dataset")
+    prompts = dataset.load()
+    logs = {}
+    for label, cfg in cfgs.items():
         run_dir = out_dir / ds / label
         run_dir.mkdir(parents=True, exist_ok=True)
         logs[label] = RecordLog(run_dir / "records.jsonl", resume=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    dataset = build(first.dataset, "dataset")
-    prompts = dataset.load()
+    keys = [f"{p.id}#0" for p in prompts]
     todo = [(p, label) for p in prompts for label in labels if f"{p.id}#0" not in logs[label]]
     try:
         if not todo:
-            return
+            return keys
         if "lm" not in lm_cache:
             lm_cache["lm"] = build(first.model, "model").load()
         lm = lm_cache["lm"]
@@ -121,13 +145,17 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     finally:
         for log in logs.values():
             log.close()
+    return keys
 
 
-def load_records(out_dir: Path, ds: str, label: str) -> list[dict]:
+def load_records(out_dir: Path, ds: str, label: str, keys: list[str]) -> list[dict]:
+    """The entry's records for `keys` (this run's prompts: a directory may hold more from an
+    earlier, larger run), in prompt order."""
     path = out_dir / ds / label / "records.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = {r["key"]: r for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+    return [records[k] for k in keys if k in records]
 
 
 def board_row(records: list[dict], reference: list[dict]) -> dict:
@@ -160,12 +188,13 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
     }
 
 
-def table(out_dir: Path, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+def table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+    """records: (dataset, label) -> that entry's records for this run's prompts."""
     rows = []
     for label in labels:
         every, every_ref = [], []
         for ds in datasets:
-            recs, ref = load_records(out_dir, ds, label), load_records(out_dir, ds, REFERENCE)
+            recs, ref = records[ds, label], records[ds, REFERENCE]
             if recs:
                 rows.append({"decoder": label, "dataset": ds, **board_row(recs, ref)})
             every += recs
@@ -176,14 +205,12 @@ def table(out_dir: Path, datasets: list[str], labels: list[str]) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def write_summaries(out_dir: Path, datasets: list[str], labels: list[str]) -> None:
-    for ds in datasets:
-        for label in labels:
-            recs = load_records(out_dir, ds, label)
-            if recs:
-                summary = metrics.summarize(recs)
-                summary.to_csv(out_dir / ds / label / "summary.csv", index=False)
-                (out_dir / ds / label / "summary.md").write_text(metrics.to_markdown(summary) + "\n")
+def write_summaries(out_dir: Path, records: dict) -> None:
+    for (ds, label), recs in records.items():
+        if recs:
+            summary = metrics.summarize(recs)
+            summary.to_csv(out_dir / ds / label / "summary.csv", index=False)
+            (out_dir / ds / label / "summary.md").write_text(metrics.to_markdown(summary) + "\n")
 
 
 def verification_cost(lm, tokens: list[int]) -> pd.DataFrame:
@@ -205,18 +232,20 @@ def main(argv: list[str] | None = None) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if base.threads:
             torch.set_num_threads(base.threads)
+        for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
+            check_resume(out_dir / ds / label, cfg)
         lm_cache: dict = {}
-        for ds in board.datasets:
-            run_dataset(ds, labels, runs, out_dir, lm_cache)
-        write_summaries(out_dir, list(board.datasets), labels)
-        df = table(out_dir, list(board.datasets), labels)
+        keys = {ds: run_dataset(ds, labels, runs, out_dir, lm_cache) for ds in board.datasets}
+        records = {(ds, label): load_records(out_dir, ds, label, keys[ds]) for ds in keys for label in labels}
+        write_summaries(out_dir, records)
+        df = table(records, list(board.datasets), labels)
         df.to_csv(out_dir / "leaderboard.csv", index=False)
         from .leaderboard_plots import plot_all
 
         lm = lm_cache.get("lm") or build(runs[board.datasets[0], REFERENCE].model, "model").load()
         cost = verification_cost(lm, list(board.verification_tokens))
         cost.to_csv(out_dir / "verification_cost.csv", index=False)
-        plot_all(out_dir, list(board.datasets), labels, df, list(board.sweeps))
+        plot_all(out_dir, list(board.datasets), labels, df, list(board.sweeps), records)
         from . import provenance
         (out_dir / "provenance.json").write_text(json.dumps(provenance.collect(lm), indent=2))
         md = markdown(df, cost, base, lm)

@@ -94,18 +94,12 @@ def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str
     plt.close(fig)
 
 
-def acceptance_plot(out_dir: Path, datasets: list[str], labels: list[str], out: Path) -> None:
-    import json
-
+def acceptance_plot(records: dict, datasets: list[str], labels: list[str], out: Path) -> None:
     rows = []
     for label in labels:
         proposed, accepted = np.zeros(0), np.zeros(0)
         for ds in datasets:
-            path = out_dir / ds / label / "records.jsonl"
-            if not path.is_file():
-                continue
-            for line in path.read_text().splitlines():
-                r = json.loads(line) if line.strip() else {}
+            for r in records[ds, label]:
                 p, a = r.get("depth_proposed"), r.get("depth_accepted")
                 if p:
                     n = max(len(proposed), len(p))
@@ -132,10 +126,12 @@ def acceptance_plot(out_dir: Path, datasets: list[str], labels: list[str], out: 
     plt.close(fig)
 
 
-def plot_all(out_dir: Path, datasets: list[str], labels: list[str], df: pd.DataFrame, sweeps: list[str]) -> Path:
+def plot_all(out_dir: Path, datasets: list[str], labels: list[str], df: pd.DataFrame, sweeps: list[str],
+             records: dict) -> Path:
+    """records: (dataset, label) -> the entry's records, as the table was made from."""
     out = out_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     speedup_plot(df, datasets, labels, out)
     tokens_vs_flops_plot(df, datasets, labels, sweeps, out)
-    acceptance_plot(out_dir, datasets, labels, out)
+    acceptance_plot(records, datasets, labels, out)
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -92,6 +93,30 @@ def test_a_rerun_resumes_without_duplicates(board):
     assert len(again) == 2 and again[0] == lines[0]
     assert json.loads(again[1])["prompt_id"] == json.loads(lines[1])["prompt_id"]
     assert all(p.read_text() == text for p, text in before.items())  # finished runs untouched
+
+
+def test_a_rerun_with_other_settings_is_refused_and_changes_nothing(board):
+    out, _ = board
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = run_module("bench.leaderboard", *TINY, "gen.max_new_tokens=12", f"leaderboard.out_dir={out}")
+    assert result.returncode == 2
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "holds records made with other settings" in lines[0], result.stderr
+    assert "gen.max_new_tokens: 10 then, 12 now" in lines[0]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_smaller_limit_tables_only_its_prompts(board, tmp_path):
+    out, _ = board
+    copy = tmp_path / "board"
+    shutil.copytree(out, copy)
+    args = [a for a in TINY if not a.startswith("leaderboard.limit=")]
+    result = run_module("bench.leaderboard", *args, "leaderboard.limit=1", f"leaderboard.out_dir={copy}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    df = pd.read_csv(copy / "leaderboard.csv")
+    assert (df["prompts"][df["dataset"] != "all"] == 1).all() and (df["prompts"][df["dataset"] == "all"] == 3).all()
+    for p in copy.rglob("records.jsonl"):  # nothing re-run, nothing dropped
+        assert p.read_text() == (out / p.relative_to(copy)).read_text()
 
 
 def test_show_renders_each_step(board):
