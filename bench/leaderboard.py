@@ -37,7 +37,7 @@ from .__main__ import CONF_DIR, _reason
 from .errors import BenchError
 from .prompts import rendering_for
 from .records import RecordLog
-from .runner import _comparable, _first_difference, _prepare, _warmup, build, check_config, run_unit
+from .runner import _prepare, _warmup, build, check_config, config_difference, run_unit
 
 REFERENCE = "autoregressive"
 
@@ -69,28 +69,21 @@ def compose_all(overrides: list[str]):
     return base, labels, runs
 
 
-def _resumable(cfg) -> dict:
-    """What must not change between a leaderboard entry's run and its resumption: everything
-    but the leaderboard's own keys and how many prompts it covers (raising the limit extends a run)."""
-    comparable = _comparable(cfg)
-    comparable.pop("leaderboard", None)
-    comparable["dataset"].pop("limit", None)
-    return comparable
-
-
 def check_resume(run_dir: Path, cfg) -> None:
     """A rerun into the same out_dir resumes only a run made with the same settings, so that no
     table mixes records of two configurations."""
     config_file = run_dir / "config.yaml"
     if (run_dir / "records.jsonl").is_file() and config_file.is_file():
-        diff = _first_difference(_resumable(OmegaConf.load(config_file)), _resumable(cfg))
+        # The leaderboard's own keys and the prompt count may change: raising the limit extends a run.
+        diff = config_difference(config_file, cfg, ignore=("leaderboard", "dataset.limit"))
         if diff:
             raise BenchError(f"{run_dir} holds records made with other settings ({diff}); rerun with the same "
                              "settings to resume, or choose a new leaderboard.out_dir")
 
 
-def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict) -> list[str]:
-    """Runs what is missing of one dataset; returns the keys of this run's records."""
+def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict) -> dict[str, list[dict]]:
+    """Runs what is missing of one dataset; returns per label the records of this run's prompts, in
+    prompt order (a directory may hold more, from an earlier run with a larger limit)."""
     cfgs = {label: runs[ds, label] for label in labels}
     first = cfgs[REFERENCE]
     decoders = {}
@@ -106,9 +99,13 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     keys = [f"{p.id}#0" for p in prompts]
     todo = [(p, label) for p in prompts for label in labels if f"{p.id}#0" not in logs[label]]
+
+    def records() -> dict[str, list[dict]]:  # the logs hold them: no need to read the files again
+        return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
+
     try:
         if not todo:
-            return keys
+            return records()
         if "lm" not in lm_cache:
             lm_cache["lm"] = build(first.model, "model").load()
         lm = lm_cache["lm"]
@@ -145,17 +142,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     finally:
         for log in logs.values():
             log.close()
-    return keys
-
-
-def load_records(out_dir: Path, ds: str, label: str, keys: list[str]) -> list[dict]:
-    """The entry's records for `keys` (this run's prompts: a directory may hold more from an
-    earlier, larger run), in prompt order."""
-    path = out_dir / ds / label / "records.jsonl"
-    if not path.is_file():
-        return []
-    records = {r["key"]: r for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
-    return [records[k] for k in keys if k in records]
+    return records()
 
 
 def board_row(records: list[dict], reference: list[dict]) -> dict:
@@ -235,8 +222,8 @@ def main(argv: list[str] | None = None) -> None:
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
             check_resume(out_dir / ds / label, cfg)
         lm_cache: dict = {}
-        keys = {ds: run_dataset(ds, labels, runs, out_dir, lm_cache) for ds in board.datasets}
-        records = {(ds, label): load_records(out_dir, ds, label, keys[ds]) for ds in keys for label in labels}
+        records = {(ds, label): recs for ds in board.datasets
+                   for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache).items()}
         write_summaries(out_dir, records)
         df = table(records, list(board.datasets), labels)
         df.to_csv(out_dir / "leaderboard.csv", index=False)

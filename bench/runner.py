@@ -76,6 +76,20 @@ def _comparable(cfg: DictConfig) -> dict:
     return strip(OmegaConf.to_container(cfg, resolve=True))
 
 
+def config_difference(config_file: Path, cfg: DictConfig, ignore: tuple[str, ...] = ()) -> str | None:
+    """The first setting in which `cfg` differs from the run saved in `config_file`, or None.
+    RESUME_FREE keys (at any depth) and the dotted paths in `ignore` may differ."""
+    saved, now = _comparable(OmegaConf.load(config_file)), _comparable(cfg)
+    for path in ignore:
+        *parents, leaf = path.split(".")
+        for tree in (saved, now):
+            for key in parents:
+                tree = tree.get(key, {}) if isinstance(tree, dict) else {}
+            if isinstance(tree, dict):
+                tree.pop(leaf, None)
+    return _first_difference(saved, now)
+
+
 def _first_difference(a, b, prefix="") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
@@ -150,7 +164,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
 
     config_file = run_dir / "config.yaml"
     if cfg.resume and config_file.exists():
-        diff = _first_difference(_comparable(OmegaConf.load(config_file)), _comparable(cfg))
+        diff = config_difference(config_file, cfg)
         if diff:
             raise BenchError(f"resume=true, but {run_dir} holds a run with another config ({diff}); "
                              "resume with the same settings or choose a new hydra.run.dir")
