@@ -29,7 +29,7 @@ def sequoia_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling:
     def propose(draft_lm, cache, sequence, generator, warpers):
         dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, generator, warpers, replacement=False)
         tree = TokenTree(dtree.tokens, dtree.parents)
-        return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree
+        return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree, None
 
     return tree_speculative_decode(lm, draft, prompt_ids, max_new_tokens, sampling, stop_ids, propose,
                                    without_replacement=True)

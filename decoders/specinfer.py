@@ -1,21 +1,23 @@
 """SpecInfer-style token trees (Miao et al. 2024), the baseline Sequoia is compared with:
 k draft sequences of `depth` tokens, sampled independently from the draft, merged into a
-trie and verified in one target pass (multi-step verification: children tried in turn, each
-accepted with min(1, p/q), the target's distribution replaced by the residual after each
-rejection). Greedy: k independent greedy sequences would all be equal, so the k sequences
-start from the draft's top-k first tokens and continue greedily.
+trie and verified in one target pass (multi-step verification: the draws tried in draw order,
+duplicates included, each accepted with min(1, p/q), the target's distribution replaced by the
+residual after each rejection). Greedy: k independent greedy sequences would all be equal, so
+the k sequences start from the draft's top-k first tokens and continue greedily.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .draft import DraftCache
 from .lm import LM
 from .sampling import Sampling
 from .trace import Generation
 from .tree import TokenTree
-from .tree_draft import draft_tree, stacked_dists, tree_speculative_decode
+from .tree_draft import DraftTree, draft_tree, stacked_dists, tree_speculative_decode
 
 
 def chains(k: int, depth: int) -> tuple[int, ...]:
@@ -26,33 +28,46 @@ def chains(k: int, depth: int) -> tuple[int, ...]:
     return tuple(parents)
 
 
+def merge_chains(dtree: DraftTree) -> tuple[TokenTree, torch.Tensor | None, list[int], list[list[int]]]:
+    """The trie of the k drafted chains (dtree in the chains() layout), for the target to verify
+    shared prefixes once. Returns (trie, draft_probs rows, trie node -> draft node, draws): draws
+    holds, per trie node, the child each chain through it drew next, in draw order with
+    duplicates kept, because multi-step verification must try every draw (verify_sampling)."""
+    kids = [[] for _ in dtree.parents]
+    for i, p in enumerate(dtree.parents[1:], start=1):
+        kids[p].append(i)
+    sequences, nodes = [], []  # each chain's tokens and draft nodes
+    for first in kids[0]:
+        chain = [first]
+        while kids[chain[-1]]:
+            chain.append(kids[chain[-1]][0])
+        nodes.append(chain)
+        sequences.append([dtree.tokens[n] for n in chain])
+    tree = TokenTree.from_sequences(dtree.tokens[0], sequences)
+    # Map each trie node to the first draft node that holds it (equal prefixes were drawn from
+    # equal contexts, so any representative has the same distribution and cache entries).
+    to_draft = [0] * len(tree)
+    draws: list[list[int]] = [[] for _ in range(len(tree))]
+    for chain in nodes:
+        trie = 0
+        for n in chain:
+            child = next(c for c in tree.children[trie] if tree.tokens[c] == dtree.tokens[n])
+            draws[trie].append(child)
+            trie = child
+            if to_draft[trie] == 0:
+                to_draft[trie] = n
+    dists = stacked_dists([dtree.dists[to_draft[i]] if i else None for i in range(len(tree))])
+    return tree, dists, to_draft, draws
+
+
 def specinfer_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
                      k: int, depth: int) -> Generation:
     parents = chains(k, depth)
 
     def propose(draft_lm, cache, sequence, generator, warpers):
         dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, generator, warpers, replacement=True)
-        kids = [[] for _ in dtree.parents]
-        for i, p in enumerate(dtree.parents[1:], start=1):
-            kids[p].append(i)
-        sequences, nodes = [], []  # each chain's tokens and draft nodes
-        for first in kids[0]:
-            chain = [first]
-            while kids[chain[-1]]:
-                chain.append(kids[chain[-1]][0])
-            nodes.append(chain)
-            sequences.append([dtree.tokens[n] for n in chain])
-        tree = TokenTree.from_sequences(dtree.tokens[0], sequences)
-        # Map each trie node to the first draft node that holds it (equal prefixes were drawn from
-        # equal contexts, so any representative has the same distribution and cache entries).
-        to_draft = [0] * len(tree)
-        for chain in nodes:
-            trie = 0
-            for n in chain:
-                trie = next(c for c in tree.children[trie] if tree.tokens[c] == dtree.tokens[n])
-                if to_draft[trie] == 0:
-                    to_draft[trie] = n
-        return tree, stacked_dists([dtree.dists[to_draft[i]] if i else None for i in range(len(tree))]), to_draft, dtree
+        tree, dists, to_draft, draws = merge_chains(dtree)
+        return tree, dists, to_draft, dtree, draws
 
     return tree_speculative_decode(lm, draft, prompt_ids, max_new_tokens, sampling, stop_ids, propose,
                                    without_replacement=False)

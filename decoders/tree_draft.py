@@ -124,7 +124,8 @@ def tree_speculative_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_ne
                             stop_ids, propose, without_replacement: bool):
     """The loop every draft-tree method shares. `propose(draft, cache, sequence, generator,
     warpers)` returns (TokenTree for the target, draft_probs rows per target node or None,
-    target node -> draft node, DraftTree). One target pass per step verifies the whole tree."""
+    target node -> draft node, DraftTree, draws for verify_sampling or None: each node's
+    children once). One target pass per step verifies the whole tree."""
     from .sampling import next_token
     from .trace import Tracer, truncate_at_stop
     from .verify import verify_greedy, verify_sampling
@@ -142,7 +143,7 @@ def tree_speculative_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_ne
         sequence = prompt + tokens
         context = len(cache)
         with tracer.draft():
-            tree, draft_probs, to_draft, dtree = propose(draft, draft_cache, sequence, generator, warpers)
+            tree, draft_probs, to_draft, dtree, draws = propose(draft, draft_cache, sequence, generator, warpers)
         with tracer.target():
             logits = lm.forward(tree.tokens, cache, position_ids=tree.position_ids(context),
                                 mask=tree.attention_mask(context))
@@ -150,7 +151,7 @@ def tree_speculative_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_ne
             path, bonus = verify_greedy(tree, logits)
         else:
             path, bonus = verify_sampling(tree, probs(logits, sampling, warpers), draft_probs, generator,
-                                          without_replacement=without_replacement)
+                                          without_replacement=without_replacement, draws=draws)
         new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
         tokens += new
         cache.keep(list(range(context)) + [context + i for i in path])  # the root and the accepted path

@@ -30,8 +30,15 @@ def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[in
     return path, prediction[path[-1]]
 
 
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The target's distribution after a rejected draw from q: norm(max(p - q, 0))."""
+    r = torch.clamp(p - q, min=0)
+    return r / r.sum() if r.sum() > 0 else p  # p == q: rejection had probability 0
+
+
 def verify_sampling(tree: TokenTree, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
-                    generator: torch.Generator | None, without_replacement: bool = False) -> tuple[list[int], int]:
+                    generator: torch.Generator | None, without_replacement: bool = False,
+                    draws: list[list[int]] | None = None) -> tuple[list[int], int]:
     """Stochastic verification that preserves the target distribution.
 
     target_probs: (n, V), the target's sampling distribution after each node.
@@ -44,13 +51,17 @@ def verify_sampling(tree: TokenTree, target_probs: torch.Tensor, draft_probs: to
     without_replacement (Sequoia): siblings were drawn without replacement, so after each
     rejection the draft distribution for the next sibling drops the rejected token.
     If every child is rejected, the next token is sampled from the residual.
+    draws: per node, the child of each draft draw in draw order, duplicates repeated (SpecInfer's
+      trie merges equal draws into one child, but every draw must be tried: a repeated token
+      is always rejected once its twin was, yet each rejection subtracts q again). Default:
+      tree.children, one try per child.
     """
     node, path = 0, [0]
     while True:
         p = target_probs[node].clone()
         q_shared = None  # the running without-replacement draft distribution of these siblings
         accepted = None
-        for child in tree.children[node]:
+        for child in (tree.children if draws is None else draws)[node]:
             x = tree.tokens[child]
             if draft_probs is None:
                 q = torch.zeros_like(p)
@@ -66,8 +77,7 @@ def verify_sampling(tree: TokenTree, target_probs: torch.Tensor, draft_probs: to
             if u * q[x] < p[x]:
                 accepted = child
                 break
-            residual = torch.clamp(p - q, min=0)
-            p = residual / residual.sum() if residual.sum() > 0 else p  # p == q: rejection had probability 0
+            p = residual(p, q)
             if without_replacement and draft_probs is not None:
                 q_shared = q.clone()
                 q_shared[x] = 0

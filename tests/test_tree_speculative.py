@@ -145,7 +145,7 @@ def test_negative_control_sequoia_verified_as_if_with_replacement_is_rejected(st
     import decoders.verify as verify_module  # tree_speculative_decode looks it up at call time
     real = verify_module.verify_sampling
     monkeypatch.setattr(verify_module, "verify_sampling",
-                        lambda tree, p, q, g, without_replacement=False: real(tree, p, q, g, without_replacement=False))
+                        lambda tree, p, q, g, without_replacement=False, draws=None: real(tree, p, q, g, draws=draws))
     kwargs = dict(temperature=1.0)
     decoder = Sequoia(draft=SelfDraft(layers=1), budget=6, depth=1, auto_tokens=8)
     counts, _ = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL * 3)
