@@ -112,9 +112,10 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         rendering = rendering_for(lm.tokenizer, first.prompt_format)
         sampling, _ = check_config(first)
         units = [(p, 0) for p in prompts]
+        calibration = {}
         with torch.inference_mode():
             for label, dec in decoders.items():
-                _prepare(lm, dec, units, rendering, cfgs[label])
+                calibration[label] = _prepare(lm, dec, dataset, prompts, rendering, cfgs[label])
                 if first.warmup:
                     _warmup(lm, dec, units, rendering, cfgs[label], sampling)
         bar = tqdm(total=len(prompts) * len(labels), initial=len(prompts) * len(labels) - len(todo), unit="run",
@@ -129,6 +130,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                         continue
                     record = run_unit(lm, decoders[label], dataset, prompt, 0, [], rendering, cfgs[label], sampling)
                     record["label"] = label
+                    if calibration[label] is not None:
+                        record["calibration"] = calibration[label]
                     logs[label].append(record)
                     if record["status"] == "ok":
                         t = totals[label]

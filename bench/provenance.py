@@ -42,5 +42,8 @@ def collect(lm) -> dict:
         "torch_threads": torch.get_num_threads(),
         "dtype": str(lm.dtype).replace("torch.", ""),
         "attn_implementation": lm.attn_implementation,
+        "fast_path": lm.fast_path,  # the linear layers' kernel path that ran (model.fast_path)
+        "fast_path_note": lm.fast_path_note,
+        "fast_path_extra_bytes": lm.fast_path_bytes,
         "model_flops_spec": lm.flops_spec(),
     }

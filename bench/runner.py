@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -199,10 +200,20 @@ def _warmup(lm, decoder, units, rendering, cfg, sampling) -> None:
         autoregressive_decode(lm, ids, min(16, cfg.gen.max_new_tokens), Sampling(), lm.stop_ids)
 
 
-def _prepare(lm, decoder, units, rendering, cfg) -> None:
+def calibration_candidates(dataset, scored: list) -> tuple[list, bool]:
+    """Prompts a self-tuning decoder may calibrate on: the dataset's prompts that are not scored,
+    in dataset order (those past dataset.limit), so that no tuning sees a prompt it is scored on.
+    When every prompt is scored there are none: the scored ones are used and flagged (True)."""
+    scored_ids = {p.id for p in scored}
+    everything = dataclasses.replace(dataset, limit=None).load() if getattr(dataset, "limit", None) else scored
+    rest = [p for p in everything if p.id not in scored_ids]
+    return (rest, False) if rest else (list(scored), True)
+
+
+def _prepare(lm, decoder, dataset, scored: list, rendering, cfg) -> dict | None:
     """Before any timing: draft models are built (a bad draft fails here, in one line), and
-    decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get the
-    dataset's first prompts to calibrate on."""
+    decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get prompts
+    that are not scored to calibrate on. Returns what records say about the calibration, if any."""
     if hasattr(decoder, "load_draft"):
         try:
             decoder.load_draft(lm)
@@ -211,21 +222,28 @@ def _prepare(lm, decoder, units, rendering, cfg) -> None:
             raise BenchError(message if message.startswith("decoder.") else f"draft: {message}") from None
     wanted = getattr(decoder, "calibration_prompts", 0)
     if not wanted:
-        return
-    prompts = []
-    for prompt, turn in units:
-        ids = render(lm.tokenizer, prompt, 0, [], rendering)[1] if turn == 0 else None
-        if ids is not None and not (lm.max_context and len(ids) + cfg.gen.max_new_tokens > lm.max_context):
-            prompts.append(ids)
+        return None
+    candidates, overlaps = calibration_candidates(dataset, scored)
+    if overlaps:
+        print(f"[bench] warning: every prompt of {cfg.dataset.name} is scored, so {cfg.decoder.name} calibrates on "
+              f"scored prompts; set dataset.limit to leave some out", file=sys.stderr, flush=True)
+    prompts, ids = [], []
+    for prompt in candidates:
+        tokens = render(lm.tokenizer, prompt, 0, [], rendering)[1]
+        if not (lm.max_context and len(tokens) + cfg.gen.max_new_tokens > lm.max_context):
+            prompts.append(tokens)
+            ids.append(prompt.id)
         if len(prompts) == wanted:
             break
     decoder.prepare(lm, prompts, lm.stop_ids)
+    return {"prompt_ids": ids, "overlaps_scored": overlaps}
 
 
 def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, logger) -> None:
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
     with torch.inference_mode():
-        _prepare(lm, decoder, units, rendering, cfg)  # before the bar: a bad draft's error stays one line
+        scored = [p for p, turn in units if turn == 0]
+        calibration = _prepare(lm, decoder, dataset, scored, rendering, cfg)  # before the bar: errors stay one line
     done = sum(f"{p.id}#{t}" in log for p, t in units)
     bar = tqdm(total=len(units), initial=done, unit="prompt", disable=not cfg.progress, dynamic_ncols=True,
                desc=f"{cfg.decoder.name} | {cfg.dataset.name}")
@@ -244,6 +262,8 @@ def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, lo
                                  reason="an earlier turn of this conversation was skipped")
             else:
                 record = run_unit(lm, decoder, dataset, prompt, turn, [r["text"] for r in earlier], rendering, cfg, sampling)
+            if calibration is not None:
+                record["calibration"] = calibration
             log.append(record)
             if logger is not None:
                 logger.log_record(record)

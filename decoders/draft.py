@@ -127,7 +127,9 @@ class SelfDraft:
         check_layers(target.model, self.layers)
         adapter = load_adapter(target.model, self.adapter_path(), self.layers) if self.adapter else None
         model = self_draft_model(target.model, self.layers, adapter)
-        return LM(model, target.tokenizer, name=f"{target.name}/{self.name}", max_context=target.max_context)
+        # fast_path: the shared layers are already on the target's path; the adapter joins it.
+        return LM(model, target.tokenizer, name=f"{target.name}/{self.name}", max_context=target.max_context,
+                  fast_path=target.fast_path)
 
 
 def check_same_vocabulary(target: LM, draft: LM) -> None:

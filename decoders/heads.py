@@ -104,7 +104,7 @@ def load_heads(lm: LM, path: str | Path) -> Heads:
     heads = new_heads(lm, int(meta["k"]))
     heads.load_state_dict({k: v.to(heads.blocks[0].linear.weight.dtype) for k, v in state.items()})
     heads.info = json.loads(meta.get("info", "{}"))
-    return heads
+    return lm.accelerate(heads)
 
 
 class HeadsCache:

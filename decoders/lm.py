@@ -9,6 +9,8 @@ import time
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 from transformers import DynamicCache, GenerationConfig
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.streamers import BaseStreamer
@@ -64,10 +66,81 @@ class KVCache:
             layer.values = layer.values[..., :n, :]
 
 
+# ---- the fast forward path -------------------------------------------------------------
+# On CPU, nn.Linear's default kernels make a k-row forward cost ~2x a 1-row one (k = 8..16, fp32)
+# although both read the same weights once. oneDNN's prepacked weights (the kernels torch.compile's
+# CPU freezing emits) are cheaper from a few rows up in fp32, and in bfloat16 (AMX) at every size,
+# the 1-row step included. Measured per layer shape over a model-sized working set
+# (results/reference/fast_path/README.md); below these row counts the native kernel is kept.
+FAST_PATHS = ("none", "prepacked")
+PACKED_MIN_ROWS = {torch.float32: 3, torch.bfloat16: 1}
+
+
+class PrepackedLinear(nn.Linear):
+    """An nn.Linear (the same module, its class swapped: parameters, tying, hooks and sharing
+    with self-drafts stay as they are) that keeps a oneDNN-packed copy of its weight for inputs
+    of PACKED_MIN_ROWS rows or more. The copy is rebuilt when the weight changes (training, .to())."""
+
+    def _pack(self):
+        w = self.weight.detach()
+        key = (w.data_ptr(), w.dtype, self.weight._version)
+        if getattr(self, "_packed_key", None) != key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            self._packed_key = key
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if (rows < PACKED_MIN_ROWS.get(x.dtype, 1 << 30) or x.dtype != self.weight.dtype
+                or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
+
+
+def _prepack(model: nn.Module) -> int:
+    """Swap every plain nn.Linear of `model` to PrepackedLinear; returns the bytes of the packed
+    copies it made (modules already swapped, e.g. shared with a self-draft's target, cost nothing)."""
+    extra = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = PrepackedLinear
+            extra += module._pack().numel() * module.weight.element_size()
+    return extra
+
+
+def _unpack(model: nn.Module) -> None:
+    for module in model.modules():
+        if type(module) is PrepackedLinear:
+            module.__class__ = nn.Linear
+            for attr in ("_packed", "_packed_key"):
+                module.__dict__.pop(attr, None)
+
+
+def prepacked_supported(model: nn.Module) -> str | None:
+    """None if the prepacked path runs here, else why not (private ops: checked, not assumed)."""
+    ref = model.get_input_embeddings().weight
+    if ref.device.type != "cpu":
+        return f"prepacked linears are a CPU path; this model is on {ref.device.type}"
+    if ref.dtype not in (torch.float32, torch.bfloat16):
+        return f"prepacked linears support float32 and bfloat16, not {str(ref.dtype).replace('torch.', '')}"
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return "this torch build has no oneDNN (mkldnn)"
+        probe = torch.ones(3, 4, dtype=ref.dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(probe, None)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4, dtype=ref.dtype), packed, None, "none", [], "")
+        if out.shape != (2, 3) or not torch.allclose(out.float(), torch.full((2, 3), 4.0)):
+            return "the oneDNN linear gave a wrong result on a probe"
+    except (AttributeError, RuntimeError, NotImplementedError) as e:
+        return f"the oneDNN linear ops are unavailable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
 class LM:
     """A HF causal LM, its tokenizer, and what metrics need to know about it."""
 
-    def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None):
+    def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None,
+                 fast_path: str = "none"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -81,6 +154,38 @@ class LM:
         self._want_hidden = False
         self._flops_spec: dict | None = None
         model.base_model.register_forward_hook(self._capture_hidden)
+        # A model whose modules are shared with an LM already on the fast path (a self-draft) is on it too.
+        self.fast_path = "prepacked" if any(type(m) is PrepackedLinear for m in model.modules()) else "none"
+        self.fast_path_note = ""  # why the path in use differs from the one asked for, if it does
+        self.fast_path_bytes = 0  # memory the fast path holds beyond the model's own weights
+        if fast_path != self.fast_path or fast_path == "prepacked":  # packs what is not packed yet
+            self.set_fast_path(fast_path)
+
+    # ---- fast forward path ------------------------------------------------------------------
+    def set_fast_path(self, path: str) -> str:
+        """Switch the kernel path of every linear layer: "none" (transformers' own) or
+        "prepacked" (oneDNN-packed weights for multi-row inputs, CPU). A path this machine
+        cannot run falls back to "none", with the reason in fast_path_note. Returns the path in use."""
+        if path not in FAST_PATHS:
+            raise ValueError(f"fast path {path!r} is not one of {', '.join(FAST_PATHS)}")
+        self.fast_path_note = ""
+        if path == "none":
+            _unpack(self.model)
+            self.fast_path, self.fast_path_bytes = "none", 0
+        else:
+            why_not = prepacked_supported(self.model)
+            if why_not:
+                self.fast_path_note = f"prepacked unavailable: {why_not}"
+            else:
+                self.fast_path_bytes += _prepack(self.model)
+                self.fast_path = "prepacked"
+        return self.fast_path
+
+    def accelerate(self, module: nn.Module) -> nn.Module:
+        """Put an add-on that runs beside the model (Medusa heads, a feature draft) on the same path."""
+        if self.fast_path == "prepacked":
+            self.fast_path_bytes += _prepack(module)
+        return module
 
     # ---- what metrics need -------------------------------------------------------------
     @property

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .lm import LM
+from .lm import FAST_PATHS, LM
 
 
 def device_name(device: torch.device) -> str:
@@ -32,12 +32,15 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def profile_key(lm: LM) -> str:
-    """What the latency depends on: device (and CPU threads), model, dtype, attention kernel."""
+def profile_key(lm: LM, fast_path: bool = True) -> str:
+    """What the latency depends on: device (and CPU threads), model, dtype, attention kernel,
+    and the linear layers' kernel path (left out for the key of the fast-path choice itself)."""
     threads = f"-{torch.get_num_threads()}threads" if lm.device.type == "cpu" else ""
     config = json.dumps(lm.config.to_dict(), sort_keys=True, default=str)
     model = hashlib.sha1(config.encode()).hexdigest()[:10]
     raw = f"{device_name(lm.device)}{threads}_{lm.name}-{model}_{str(lm.dtype).replace('torch.', '')}_{lm.attn_implementation}"
+    if fast_path:
+        raw += f"_{lm.fast_path}"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 
@@ -97,10 +100,7 @@ def forward_latency(lm: LM, cache_dir: str | os.PathLike | None = None, max_toke
                "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "context": context,
                "repeats": repeats, "latency_s": latency, "autoregressive_s": autoregressive}
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(profile, indent=1))
-        tmp.replace(path)
+        _save_json(path, profile)
     return profile
 
 
@@ -118,3 +118,50 @@ def step_cost(profile: dict, tokens: float) -> float:
     upper = np.arange(k // 2, k)
     slope = max(0.0, float(np.polyfit(upper + 1, np.asarray(latency)[upper], 1)[0])) if len(upper) > 1 else 0.0
     return (latency[-1] + slope * (tokens - k)) / unit
+
+
+def _save_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)  # atomic: concurrent sweep jobs never read half a file
+
+
+CHOICE_SIZES = (2, 4, 8, 16)  # the verification widths the choice weighs beside the 1-token step
+
+
+def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh: bool = False) -> dict:
+    """model.fast_path=auto: on CPU, put `lm` on whichever kernel path is fastest on this
+    device and model, measured (the 1-token step plus forwards of 2, 4, 8 and 16 new tokens
+    after 256 cached ones, each size's fastest of 3 rounds), and cache the choice per device,
+    threads, model and dtype. On CUDA it changes nothing. Returns the choice with its measurements."""
+    if lm.device.type != "cpu":
+        lm.set_fast_path("none")
+        return {"chosen": "none", "why": f"auto changes nothing on {lm.device.type}"}
+    path = Path(cache_dir).expanduser() / "fast_path" / f"{profile_key(lm, fast_path=False)}.json" if cache_dir else None
+    if path is not None and path.exists() and not refresh:
+        try:
+            choice = json.loads(path.read_text())
+            if choice.get("chosen") in FAST_PATHS and lm.set_fast_path(choice["chosen"]) == choice["chosen"]:
+                return choice
+        except (OSError, ValueError):
+            pass  # a damaged cache entry is measured again
+    measured, notes = {}, {}
+    for candidate in FAST_PATHS:
+        if lm.set_fast_path(candidate) != candidate:
+            notes[candidate] = lm.fast_path_note
+            continue
+        latency, unit = measure_forward_latency(lm, max_tokens=max(CHOICE_SIZES), repeats=3)
+        measured[candidate] = {"autoregressive_s": unit, **{f"k{k}_s": latency[k - 1] for k in CHOICE_SIZES}}
+
+    def cost(m: dict) -> float:  # seconds: one 1-token step + the mean verification forward
+        return m["autoregressive_s"] + float(np.mean([m[f"k{k}_s"] for k in CHOICE_SIZES]))
+
+    chosen = min(measured, key=lambda c: cost(measured[c]))
+    lm.set_fast_path(chosen)
+    choice = {"chosen": chosen, "device": device_name(lm.device), "torch_threads": torch.get_num_threads(),
+              "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "measured": measured,
+              "unavailable": notes, "why": "lowest 1-token step + mean of k = " + ", ".join(map(str, CHOICE_SIZES))}
+    if path is not None:
+        _save_json(path, choice)
+    return choice

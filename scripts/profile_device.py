@@ -1,19 +1,24 @@
-"""Measure (or show the cached) forward latency of 1..K tokens on this device and model.
+"""This device's forward cost curves, one per fast path, side by side: the latency of a forward of
+k = 1..K new tokens (tree-style: mask and positions, after --context cached tokens) relative to
+one autoregressive step, and how close the 1-token step is to the machine's memory bandwidth.
 
-    python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--refresh] [hydra overrides...]
+    python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--refresh] [--out DIR] [hydra overrides...]
 
-The profile is what lookahead's `auto` W/N/G (and other hardware-aware choices) divide by:
-it is cached under cache_dir/latency/, keyed by device, CPU threads, model, dtype and
-attention kernel. Prints the cost of k tokens relative to one autoregressive step and saves
-a plot beside the cached JSON.
+Profiles are cached under cache_dir/latency/, keyed by device, CPU threads, model, dtype,
+attention kernel and fast path: lookahead's `auto` W/N/G, Sequoia's tree=auto and Medusa's
+choices=auto divide by the one of the path the run uses. --out writes the table (CSV), the
+plot and provenance.json there (results/reference/fast_path/ holds the README's).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -23,9 +28,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import provenance  # noqa: E402
+from decoders.lm import FAST_PATHS  # noqa: E402
 from decoders.profile import forward_latency, profile_key  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def copy_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes moved per second (read + written) by copying a buffer much larger than the caches."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
 
 
 def main() -> None:
@@ -33,29 +52,61 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--paths", default=",".join(FAST_PATHS), help="fast paths to profile, comma-separated")
     parser.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
     args, overrides = parser.parse_known_args()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    lm = instantiate(cfg.model).load()
-    profile = forward_latency(lm, cfg.cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)
-    unit = profile["autoregressive_s"]
-    print(f"{profile['key']}: one autoregressive step {unit * 1e3:.1f} ms (median of {profile['repeats']}, "
-          f"{profile['context']} cached tokens, {profile['torch_threads']} threads)")
-    print(" tokens  ms      x autoregressive step")
-    for k, seconds in enumerate(profile["latency_s"], start=1):
-        print(f"{k:6d}  {seconds * 1e3:6.1f}  {seconds / unit:5.2f}")
-    out = Path(cfg.cache_dir).expanduser() / "latency" / f"{profile_key(lm)}.png"
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ks = range(1, len(profile["latency_s"]) + 1)
-    ax.plot(ks, [s / unit for s in profile["latency_s"]], marker=".")
-    ax.set(xlabel="tokens in one forward", ylabel="latency / autoregressive step", title=profile["key"])
+    lm = instantiate(cfg.model, fast_path="none").load()
+    paths = [p for p in args.paths.split(",") if p]
+    curves, steps, keys = {}, {}, {}
+    for path in paths:
+        if lm.set_fast_path(path) != path:
+            print(f"{path}: skipped ({lm.fast_path_note})")
+            continue
+        profile = forward_latency(lm, cfg.cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)
+        curves[path] = profile["latency_s"][:args.max_tokens]  # a longer cached profile serves a shorter ask
+        steps[path], keys[path] = profile["autoregressive_s"], profile["key"]
+    base = steps["none"] if "none" in steps else next(iter(steps.values()))
+    table = pd.DataFrame({"tokens": range(1, args.max_tokens + 1)})
+    for path, latency in curves.items():
+        table[f"{path}_ms"] = [s * 1e3 for s in latency]
+        table[f"{path}_vs_own_step"] = [s / steps[path] for s in latency]
+        table[f"{path}_vs_native_step"] = [s / base for s in latency]
+    weight_bytes = lm.flops_spec()["matmul_params"] * lm.model.get_input_embeddings().weight.element_size()
+    bandwidth = copy_bandwidth()
+    print(f"{lm.name}, {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
+          f"{args.context} cached tokens, fastest of {args.repeats} rounds per size")
+    for path in curves:
+        read = weight_bytes / steps[path]
+        print(f"  {path}: one autoregressive step {steps[path] * 1e3:.1f} ms = {read / 1e9:.1f} GB/s of weights read "
+              f"({weight_bytes / 1e6:.0f} MB), {read / bandwidth:.0%} of memory-copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for path in curves:
+        ax.plot(table["tokens"], table[f"{path}_vs_native_step"], marker=".", label=f"{path} (1-token step {steps[path] * 1e3:.1f} ms)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="new tokens in one forward", ylabel="latency / native autoregressive step",
+           title=f"{lm.name} {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads", ylim=(0, None))
     ax.grid(alpha=0.3)
+    ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    print(f"profile: {out.with_suffix('.json')}\nplot: {out}")
+    out = Path(args.out) if args.out else Path(cfg.cache_dir).expanduser() / "latency"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "profile" if args.out else profile_key(lm, fast_path=False)
+    fig.savefig(out / f"{stem}.png", dpi=120)
+    table.to_csv(out / f"{stem}.csv", index=False)
+    if args.out:
+        info = provenance.collect(lm)
+        info.update(fast_path="see columns", profiles=keys, autoregressive_s=steps, weight_bytes=weight_bytes,
+                    copy_bandwidth_bytes_per_s=bandwidth, context=args.context, repeats=args.repeats,
+                    command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
+        (out / "provenance.json").write_text(json.dumps(info, indent=2))
+    print(f"table: {out / f'{stem}.csv'}\nplot: {out / f'{stem}.png'}")
 
 
 if __name__ == "__main__":

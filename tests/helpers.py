@@ -16,16 +16,21 @@ DATA_DIR = Path(os.environ.get("BENCH_DATA_DIR") or REPO.parent / "shared" / "da
 CACHE_DIR = os.environ.get("BENCH_CACHE_DIR", "~/.cache/decoding-bench")
 
 
+# Tests run on the fast forward path (model.fast_path), so every equality test checks it; the
+# native path is checked against it in test_fast_path.py.
+FAST_PATH = os.environ.get("BENCH_TEST_FAST_PATH", "prepacked")
+
+
 def tiny_lm(seed: int = 0, vocab: int = 64, layers: int = 2, attn: str = "sdpa", eos: int | None = None,
-            init_std: float = 0.2, hidden: int = 64) -> LM:
+            init_std: float = 0.2, hidden: int = 64, fast_path: str = FAST_PATH) -> LM:
     """A random Llama with a small vocabulary, no tokenizer."""
     spec = TinyRandomModel(num_layers=layers, hidden_size=hidden, seed=seed, init_std=init_std,
                            attn_implementation=attn, device="cpu", dtype="float32")
-    return LM(spec.build(vocab, eos))
+    return LM(spec.build(vocab, eos), fast_path=fast_path)
 
 
 def smollm2() -> LM:
-    return GGUFPackageModel(cache_dir=CACHE_DIR, device="cpu", dtype="float32").load()
+    return GGUFPackageModel(cache_dir=CACHE_DIR, device="cpu", dtype="float32", fast_path=FAST_PATH).load()
 
 
 def run_cli(*overrides: str, timeout: int = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -106,3 +106,30 @@ def test_generation_contract_is_enforced(lm, how, message):
     lm.stop_ids = frozenset({1})
     with pytest.raises(RuntimeError, match=message):
         run_unit(lm, Broken(how), NoQuality(), PROMPT, 0, [], "raw", config(check_lossless=False), Sampling())
+
+
+def test_calibration_prompts_are_never_scored(tmp_path):
+    """Self-tuning decoders calibrate on the dataset's prompts past dataset.limit, and the records say which."""
+    import json
+
+    from bench.datasets import JsonlPrompts
+    from bench.runner import calibration_candidates
+    from helpers import run_cli
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}."}) + "\n" for i in range(6)))
+    scored = JsonlPrompts(path=str(path), limit=2).load()
+    rest, overlaps = calibration_candidates(JsonlPrompts(path=str(path), limit=2), scored)
+    assert [p.id for p in rest] == ["p2", "p3", "p4", "p5"] and not overlaps
+    _, overlaps = calibration_candidates(JsonlPrompts(path=str(path)), JsonlPrompts(path=str(path)).load())
+    assert overlaps  # nothing left out: flagged, and the run warns
+
+    out = tmp_path / "run"
+    result = run_cli("model=tiny-random", "dataset=jsonl", f"dataset.path={path}", "dataset.limit=2", "decoder=lookahead",
+                     "decoder.window=auto", "decoder.ngram=auto", "decoder.guess_set_size=auto", "decoder.auto_prompts=2",
+                     "decoder.auto_windows=[1,2]", "decoder.auto_ngrams=[2,3]", "gen.max_new_tokens=8", "quality=false",
+                     f"hydra.run.dir={out}", "progress=false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["prompt_id"] for r in records] == ["p0", "p1"]
+    assert all(r["calibration"] == {"prompt_ids": ["p2", "p3"], "overlaps_scored": False} for r in records)

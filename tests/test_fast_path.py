@@ -1,0 +1,127 @@
+"""The fast forward path (model.fast_path): same results as the native kernels, weights still
+tied and shared, a guarded fallback when the private oneDNN ops are missing, and auto's
+measured, cached choice. Speed is measured by scripts/profile_device.py, not here."""
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import decoders.lm as lm_module
+from bench.errors import BenchError
+from bench.models import TinyRandomModel
+from bench.provenance import collect
+from decoders.draft import SelfDraft
+from decoders.lm import LM, PrepackedLinear
+from decoders.profile import choose_fast_path, profile_key
+from helpers import tiny_lm
+
+
+def _tied_model(seed=0):
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def _linears(lm):
+    return [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 40])
+def test_prepacked_forward_matches_native(dtype, rows):
+    native, fast = tiny_lm(seed=3, fast_path="none"), tiny_lm(seed=3, fast_path="prepacked")
+    native.model.to(dtype), fast.model.to(dtype)
+    ids = list(range(1, 11 + rows))
+    a = native.forward(ids[:10], native.new_cache()), fast.forward(ids[:10], fast.new_cache())
+    ca, cb = native.new_cache(), fast.new_cache()
+    native.forward(ids[:10], ca), fast.forward(ids[:10], cb)
+    x, y = native.forward(ids[10:], ca), fast.forward(ids[10:], cb)
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    assert torch.allclose(a[0].float(), a[1].float(), atol=tol, rtol=tol)
+    assert torch.allclose(x.float(), y.float(), atol=tol, rtol=tol)
+    assert fast.fast_path == "prepacked" and all(type(m) is PrepackedLinear for m in _linears(fast))
+
+
+def test_embedding_and_head_stay_tied_and_packing_is_counted():
+    lm = LM(_tied_model(), fast_path="prepacked")
+    emb, head = lm.model.get_input_embeddings(), lm.model.get_output_embeddings()
+    assert head.weight is emb.weight and type(head) is PrepackedLinear
+    assert lm.fast_path_bytes == sum(m.weight.numel() * 4 for m in _linears(lm))
+    lm.set_fast_path("none")
+    assert lm.fast_path == "none" and lm.fast_path_bytes == 0
+    assert all(type(m) is torch.nn.Linear and "_packed" not in m.__dict__ for m in _linears(lm))
+    assert lm.model.get_output_embeddings().weight is lm.model.get_input_embeddings().weight
+
+
+def test_missing_onednn_ops_fall_back_to_native(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such op")
+
+    monkeypatch.setattr(lm_module, "prepacked_supported", lm_module.prepacked_supported)  # the real probe runs
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken, raising=False)
+    lm = tiny_lm(seed=1, fast_path="prepacked")
+    assert lm.fast_path == "none" and "prepacked unavailable" in lm.fast_path_note
+    assert all(type(m) is torch.nn.Linear for m in _linears(lm))
+    ref = tiny_lm(seed=1, fast_path="none")
+    assert torch.equal(lm.forward(list(range(1, 9)), lm.new_cache()), ref.forward(list(range(1, 9)), ref.new_cache()))
+
+
+def test_a_changed_weight_is_packed_again():
+    lm = tiny_lm(seed=2, fast_path="prepacked")
+    ids = list(range(1, 9))
+    before = lm.forward(ids, lm.new_cache())
+    with torch.no_grad():
+        lm.model.lm_head.weight.mul_(2.0)  # in place, as an optimizer step
+    after = lm.forward(ids, lm.new_cache())
+    ref = tiny_lm(seed=2, fast_path="none")
+    with torch.no_grad():
+        ref.model.lm_head.weight.mul_(2.0)
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, ref.forward(ids, ref.new_cache()), atol=1e-5)
+
+
+def test_training_takes_the_native_differentiable_path():
+    lm = tiny_lm(seed=2, fast_path="prepacked")
+    layer = lm.model.lm_head
+    x = torch.randn(5, layer.in_features, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_self_draft_shares_the_targets_path_and_packs_its_adapter():
+    target = tiny_lm(seed=4, layers=3, fast_path="prepacked")
+    draft = SelfDraft(layers=1).build(target)
+    assert draft.fast_path == "prepacked" and draft.fast_path_bytes == 0  # shared layers: no new copies
+    assert target.fast_path == "prepacked" and all(type(m) is PrepackedLinear for m in _linears(target))
+    from decoders.draft import new_exit_adapter, self_draft_model
+    with_adapter = LM(self_draft_model(target.model, 1, new_exit_adapter(target.model)), fast_path=target.fast_path)
+    assert type(with_adapter.model.base_model.norm[0].proj) is PrepackedLinear and with_adapter.fast_path_bytes > 0
+
+
+def test_auto_measures_once_caches_and_records(tmp_path):
+    lm = tiny_lm(seed=5, fast_path="none")
+    choice = choose_fast_path(lm, tmp_path)
+    assert choice["chosen"] in ("none", "prepacked") and lm.fast_path == choice["chosen"]
+    assert set(choice["measured"]) == {"none", "prepacked"}
+    assert all(m["autoregressive_s"] > 0 and m["k16_s"] > 0 for m in choice["measured"].values())
+    cached = tmp_path / "fast_path" / f"{profile_key(lm, fast_path=False)}.json"
+    assert json.loads(cached.read_text())["chosen"] == choice["chosen"]
+    other = "none" if choice["chosen"] == "prepacked" else "prepacked"
+    cached.write_text(json.dumps({**choice, "chosen": other}))  # the cache is what decides next time
+    assert choose_fast_path(lm, tmp_path)["chosen"] == other and lm.fast_path == other
+    cached.write_text("{not json")  # damaged: measured again
+    assert choose_fast_path(lm, tmp_path)["chosen"] in ("none", "prepacked")
+    assert profile_key(lm) != profile_key(lm, fast_path=False)  # latency profiles are kept per path
+
+
+def test_model_config_key_and_provenance(tmp_path):
+    spec = TinyRandomModel(device="cpu", dtype="float32", fast_path="prepacked", cache_dir=str(tmp_path), vocab_size=64)
+    lm = spec.load()
+    record = collect(lm)
+    assert record["fast_path"] == "prepacked" and record["fast_path_extra_bytes"] > 0
+    auto = TinyRandomModel(device="cpu", dtype="float32", fast_path="auto", cache_dir=str(tmp_path), vocab_size=64).load()
+    assert auto.fast_path_note.startswith(f"auto chose {auto.fast_path}")
+    with pytest.raises(BenchError, match="model.fast_path='fast' is not allowed; use auto, none, prepacked"):
+        TinyRandomModel(device="cpu", fast_path="fast").load()
