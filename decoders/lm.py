@@ -73,7 +73,7 @@ class KVCache:
 # the 1-row step included. Measured per layer shape over a model-sized working set
 # (results/reference/fast_path/README.md); below these row counts the native kernel is kept.
 FAST_PATHS = ("none", "prepacked")
-PACKED_MIN_ROWS = {torch.float32: 3, torch.bfloat16: 1}
+PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
 
 
 class PrepackedLinear(nn.Linear):

@@ -29,7 +29,7 @@ def _linears(lm):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 40])
 def test_prepacked_forward_matches_native(dtype, rows):
     native, fast = tiny_lm(seed=3, fast_path="none"), tiny_lm(seed=3, fast_path="prepacked")
     native.model.to(dtype), fast.model.to(dtype)
