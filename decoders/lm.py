@@ -83,7 +83,11 @@ class PrepackedLinear(nn.Linear):
 
     def _pack(self):
         w = self.weight.detach()
-        key = (w.data_ptr(), w.dtype, self.weight._version)
+        try:
+            version = self.weight._version
+        except RuntimeError:  # an inference tensor (made under inference_mode) cannot change in place
+            version = 0
+        key = (w.data_ptr(), w.dtype, version)
         if getattr(self, "_packed_key", None) != key:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
             self._packed_key = key

@@ -125,3 +125,12 @@ def test_model_config_key_and_provenance(tmp_path):
     assert auto.fast_path_note.startswith(f"auto chose {auto.fast_path}")
     with pytest.raises(BenchError, match="model.fast_path='fast' is not allowed; use auto, none, prepacked"):
         TinyRandomModel(device="cpu", fast_path="fast").load()
+
+
+def test_a_model_built_under_inference_mode_is_packed():
+    with torch.inference_mode():  # e.g. a draft model loaded while the runner prepares a decoder
+        lm = tiny_lm(seed=6, fast_path="prepacked")
+        assert lm.fast_path == "prepacked"
+        out = lm.forward(list(range(1, 9)), lm.new_cache())
+    ref = tiny_lm(seed=6, fast_path="none")
+    assert torch.allclose(out, ref.forward(list(range(1, 9)), ref.new_cache()), atol=1e-5)

@@ -108,3 +108,26 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path):
     dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"), paths=2)
     reference = autoregressive_decode(lm, [5, 6, 7], 6, Sampling(), set()).tokens
     assert dec.generate(lm, [5, 6, 7], 6, Sampling(), set()).tokens == reference
+
+
+def test_profile_device_prints_both_paths_side_by_side(tmp_path):
+    import csv
+    import json
+
+    out = run_script("profile_device.py", "--max-tokens", "4", "--repeats", "1", "--out", str(tmp_path / "out"),
+                     "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "none: one autoregressive step" in out.stdout and "prepacked: one autoregressive step" in out.stdout
+    assert "of memory-copy bandwidth" in out.stdout
+    rows = list(csv.DictReader(open(tmp_path / "out" / "profile.csv")))
+    assert [r["tokens"] for r in rows] == ["1", "2", "3", "4"]
+    assert {"none_vs_own_step", "prepacked_vs_own_step", "prepacked_vs_native_step"} <= set(rows[0])
+    info = json.loads((tmp_path / "out" / "provenance.json").read_text())
+    assert set(info["profiles"]) == {"none", "prepacked"} and info["copy_bandwidth_bytes_per_s"] > 0
+    assert (tmp_path / "out" / "profile.png").stat().st_size > 0
+
+
+def test_bench_linear_kernels_runs(tmp_path):
+    out = run_script("bench_linear_kernels.py", "--layers", "1", "--repeats", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "onednn_prepacked" in out.stdout and (tmp_path / "kernels.csv").is_file()
