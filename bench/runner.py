@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import time
 import zlib
@@ -43,8 +44,14 @@ def sampling_from(cfg: DictConfig) -> Sampling:
     gen = cfg.gen
     if not (isinstance(gen.max_new_tokens, int) and gen.max_new_tokens >= 1):
         raise BenchError(f"gen.max_new_tokens must be an integer >= 1, got {gen.max_new_tokens!r}")
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
+        raise BenchError(f"seed must be an integer, got {cfg.seed!r}")
+    for key in ("temperature", "top_p"):
+        value = gen[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise BenchError(f"gen.{key} must be a finite number, got {value!r}")
     try:
-        sampling = Sampling(temperature=float(gen.temperature), top_p=float(gen.top_p), top_k=gen.top_k, seed=int(cfg.seed))
+        sampling = Sampling(temperature=float(gen.temperature), top_p=float(gen.top_p), top_k=gen.top_k, seed=cfg.seed)
     except (ValueError, TypeError) as e:
         raise BenchError(str(e)) from None
     if cfg.check_lossless and not sampling.greedy:
