@@ -82,14 +82,15 @@ class PrepackedLinear(nn.Linear):
     of PACKED_MIN_ROWS rows or more. The copy is rebuilt when the weight changes (training, .to())."""
 
     def _pack(self):
-        w = self.weight.detach()
+        # Called on every multi-row forward: the check allocates nothing; detach() only to repack.
+        weight = self.weight
         try:
-            version = self.weight._version
+            version = weight._version
         except RuntimeError:  # an inference tensor (made under inference_mode) cannot change in place
             version = 0
-        key = (w.data_ptr(), w.dtype, version)
-        if getattr(self, "_packed_key", None) != key:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        key = (weight.data_ptr(), weight.dtype, version)
+        if self.__dict__.get("_packed_key") != key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self._packed_key = key
         return self._packed
 

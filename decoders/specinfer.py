@@ -17,7 +17,7 @@ from .lm import LM
 from .sampling import Sampling
 from .trace import Generation
 from .tree import TokenTree
-from .tree_draft import DraftTree, draft_tree, stacked_dists, tree_speculative_decode
+from .tree_draft import DraftTree, _children, draft_tree, stacked_dists, tree_speculative_decode
 
 
 def chains(k: int, depth: int) -> tuple[int, ...]:
@@ -33,9 +33,7 @@ def merge_chains(dtree: DraftTree) -> tuple[TokenTree, torch.Tensor | None, list
     shared prefixes once. Returns (trie, draft_probs rows, trie node -> draft node, draws): draws
     holds, per trie node, the child each chain through it drew next, in draw order with
     duplicates kept, because multi-step verification must try every draw (verify_sampling)."""
-    kids = [[] for _ in dtree.parents]
-    for i, p in enumerate(dtree.parents[1:], start=1):
-        kids[p].append(i)
+    kids = _children(dtree.parents)
     sequences, nodes = [], []  # each chain's tokens and draft nodes
     for first in kids[0]:
         chain = [first]
