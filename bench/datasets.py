@@ -201,7 +201,7 @@ def _gsm8k_solution(answer: str) -> str:
 @dataclass
 class JsonlPrompts:
     """Any prompt set: one JSON object per line, with an id field and a prompt field holding
-    a string (one turn) or a list of strings (several turns)."""
+    a string (one turn) or a list of strings (several turns), and optionally a category."""
 
     name: str = "jsonl"
     path: str | None = None
@@ -224,7 +224,9 @@ class JsonlPrompts:
             if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
                 raise BenchError(f"{p} line {lineno}: field {self.prompt_field!r} must be a string or a list of strings "
                                  f"(set dataset.prompt_field=NAME); the line has {sorted(r)}")
-            prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns))
+            category = r.get("category")  # optional: summaries and the leaderboard break results down by it
+            prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns,
+                                  meta={"category": str(category)} if category is not None else {}))
         ids = [pr.id for pr in prompts]
         if len(set(ids)) != len(ids):
             raise BenchError(f"{p}: ids in field {self.id_field!r} are not unique; records are keyed by id")

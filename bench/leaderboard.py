@@ -9,14 +9,17 @@ directory (out_dir/<dataset>/<label>/: config.yaml, records.jsonl, summary.csv),
 resumes: finished records are skipped, none is duplicated.
 
 The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
-- tokens_per_step: new tokens / target forward passes (Spec-Bench's mean accepted tokens),
+- tokens_per_step: new tokens / target forward passes, prefill included,
+- mean_accepted_tokens: Spec-Bench's (prefill excluded, bonus token included),
 - tokens_per_s: new tokens / seconds, summed over prompts,
-- speedup: geometric mean over prompts of autoregressive's latency / the decoder's latency on
-  the same prompt (speedup_tok_s: the ratio of summed tokens/s),
+- speedup (Spec-Bench's), speedup_geomean, speedup_pooled: bench/metrics.py defines them,
 - acceptance_rate: accepted / proposed draft tokens,
 - flops_per_token_vs_ar: (target + draft FLOPs) per token, relative to autoregressive's,
-- lossless: the share of prompts whose output equals autoregressive's token for token,
+- lossless: the share of prompts whose greedy output equals autoregressive's token for token
+  (under sampling the column is identical_to_ar: equal outputs then need equal random streams,
+  so it is no test of losslessness),
 - quality: the dataset's metric (HumanEval pass@1, GSM8K accuracy; MT-Bench has none).
+Where prompts carry a category (MT-Bench), leaderboard_by_category.csv/.md break it down.
 """
 from __future__ import annotations
 
@@ -163,18 +166,16 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
     return {
         "prompts": len(ok),
         "tokens_per_step": tokens / steps if steps else math.nan,
+        "mean_accepted_tokens": metrics.mean_accepted_tokens(ok),
         "tokens_per_s": tokens / seconds if seconds else math.nan,
-        "speedup": float(np.exp(np.mean([math.log(b["latency_s"] / a["latency_s"]) for a, b in pairs]))) if pairs else math.nan,
-        "speedup_tok_s": (tokens / seconds) / (ref_tokens / sum(b["latency_s"] for _, b in pairs)) if pairs else math.nan,
+        **metrics.speedups(pairs),
         "acceptance_rate": sum(r["accepted_draft_tokens"] for r in ok) / proposed if proposed else math.nan,
         "flops_per_token_vs_ar": (flops / tokens) / (ref_flops / ref_tokens) if pairs and tokens else math.nan,
         "lossless": float(np.mean([a["tokens"] == b["tokens"] for a, b in pairs])) if pairs else math.nan,
         "decoder_lossless": all(r.get("decoder_lossless", True) for r in ok),
         "quality_metric": metric,
         "quality": float(np.mean(scores)) if scores else math.nan,
-        "decode_tokens_per_step": metrics._ratio(sum(r["decode_tokens"] for r in ok), sum(r["decode_steps"] for r in ok)),
-        "decode_flops_per_step": metrics._ratio(sum(r["decode_flops"] + r["draft_flops"] for r in ok),
-                                                sum(r["decode_steps"] for r in ok)),
+        "decode_flops_per_step": metrics.decode_flops_per_step(ok),
     }
 
 
@@ -192,6 +193,20 @@ def table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame
         if every:  # quality metrics differ by dataset: no pooled quality
             rows.append({"decoder": label, "dataset": "all", **board_row(every, every_ref),
                          "quality_metric": None, "quality": math.nan})
+    return pd.DataFrame(rows)
+
+
+def category_table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+    """The same rows per (decoder, dataset, category), for prompts that carry a category."""
+    rows = []
+    for ds in datasets:
+        categories = list(dict.fromkeys(r["category"] for r in records[ds, REFERENCE] if r.get("category")))
+        for label in labels:
+            for cat in categories:
+                recs = [r for r in records[ds, label] if r.get("category") == cat]
+                if recs:
+                    rows.append({"decoder": label, "dataset": ds, "category": cat,
+                                 **board_row(recs, records[ds, REFERENCE])})
     return pd.DataFrame(rows)
 
 
@@ -228,8 +243,16 @@ def main(argv: list[str] | None = None) -> None:
         records = {(ds, label): recs for ds in board.datasets
                    for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache).items()}
         write_summaries(out_dir, records)
+        greedy = check_config(runs[board.datasets[0], REFERENCE])[0].greedy
         df = table(records, list(board.datasets), labels)
+        by_category = category_table(records, list(board.datasets), labels)
+        if not greedy:  # equal tokens under sampling need equal random streams: not a losslessness test
+            df, by_category = (d.rename(columns={"lossless": "identical_to_ar"}) for d in (df, by_category))
         df.to_csv(out_dir / "leaderboard.csv", index=False)
+        if len(by_category):
+            by_category.to_csv(out_dir / "leaderboard_by_category.csv", index=False)
+            (out_dir / "leaderboard_by_category.md").write_text(
+                by_category[[c for c in CATEGORY_COLUMNS if c in by_category]].to_markdown(index=False, floatfmt=".3g") + "\n")
         from .leaderboard_plots import plot_all
 
         lm = lm_cache.get("lm") or build(runs[board.datasets[0], REFERENCE].model, "model").load()
@@ -246,20 +269,36 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
 
+COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
+           "speedup_geomean", "acceptance_rate", "flops_per_token_vs_ar", "lossless", "identical_to_ar",
+           "quality_metric", "quality"]
+CATEGORY_COLUMNS = COLUMNS[:2] + ["category"] + COLUMNS[2:]
+
+
+def decoding_mode(gen) -> str:
+    if gen.temperature == 0:
+        return "greedy"
+    return f"sampling (temperature {gen.temperature}, top_p {gen.top_p}, top_k {gen.top_k})"
+
+
 def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
-    cols = ["decoder", "dataset", "prompts", "tokens_per_step", "tokens_per_s", "speedup", "speedup_tok_s",
-            "acceptance_rate", "flops_per_token_vs_ar", "lossless", "quality_metric", "quality"]
-    shown = df[cols].copy()
+    shown = df[[c for c in COLUMNS if c in df]].copy()
     shown.loc[~df["decoder_lossless"], "decoder"] += " (lossy)"
     setup = (f"model {base.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
-             f"threads {torch.get_num_threads()} | greedy | {base.gen.max_new_tokens} new tokens | "
+             f"fast path {getattr(lm, 'fast_path', 'none')} | threads {torch.get_num_threads()} | "
+             f"{decoding_mode(base.gen)} | {base.gen.max_new_tokens} new tokens | "
              f"{base.leaderboard.limit} prompts per dataset (MT-Bench: first turns)")
     costs = ", ".join(f"{k} tokens {v:.2f}x" for k, v in zip(cost["tokens"], cost["vs_one_token"]))
     return (f"{setup}\n\nverification cost on this device (one forward of k tokens vs 1): {costs}\n\n"
             + shown.to_markdown(index=False, floatfmt=".3g")
-            + "\n\nspeedup: geometric mean over prompts of autoregressive's latency / the decoder's on the same "
-              "prompt in the same process; speedup_tok_s: ratio of summed tokens/s; lossless: share of prompts "
-              "identical to autoregressive; flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive.\n")
+            + "\n\nspeedup (Spec-Bench's): mean over prompts of tokens/s / autoregressive's mean over the same "
+              "prompts, both run in this process; speedup_geomean: geometric mean over prompts of autoregressive's "
+              "latency / the decoder's; mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill "
+              "excluded, bonus token included; "
+            + ("lossless: share of prompts identical to autoregressive's greedy output; " if "lossless" in df else
+               "identical_to_ar: share of prompts identical to autoregressive's sampled output (with the same "
+               "seeds; not a test of losslessness under sampling); ")
+            + "flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive.\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The leaderboard's plots (PNG, each with the CSV of the numbers drawn).
 
 - speedup.png: speedup vs autoregressive per decoder, grouped by dataset.
-- tokens_vs_flops.png: decode tokens per step vs decode FLOPs per step (target + draft, log x),
+- tokens_vs_flops.png: mean accepted tokens (decode tokens per step) vs decode FLOPs per step (target + draft, log x),
   one marker per decoder and dataset, plus the points of any sweeps given (the lookahead paper's
   compute-for-latency trade-off).
 - acceptance_by_position.png: for draft and head methods, the share of steps whose draft reached
@@ -38,7 +38,7 @@ def speedup_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], out: 
         ax.bar(x + j * width, data[ds].to_numpy(), width, label=ds)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x + width * (len(data.columns) - 1) / 2, data.index, rotation=40, ha="right")
-    ax.set_ylabel("speedup vs autoregressive\n(geomean over prompts)")
+    ax.set_ylabel("speedup vs autoregressive\n(Spec-Bench: ratio of mean tokens/s)")
     # above the axes: inside, it hides the tallest bars
     ax.legend(fontsize=7, ncol=len(data.columns), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
@@ -54,16 +54,19 @@ def sweep_points(sweeps: list[str]) -> pd.DataFrame:
             raise BenchError(f"leaderboard.sweeps: {root} does not exist")
         for path in sorted(root.rglob("summary.csv")):
             for _, r in pd.read_csv(path).iterrows():
-                draft = r.get("draft_flops_per_token", 0.0)
-                draft = 0.0 if pd.isna(draft) else draft
+                if "mean_accepted_tokens" in r:
+                    tokens, flops = r["mean_accepted_tokens"], r["decode_flops_per_step"]
+                else:  # a summary written before the names were unified: its FLOPs were the target's only
+                    draft = r.get("draft_flops_per_token", 0.0)
+                    tokens = r["decode_tokens_per_step"]
+                    flops = r["decode_flops_per_step"] + (0.0 if pd.isna(draft) else draft) * tokens
                 rows.append({"decoder": r["decoder"], "dataset": r["dataset"], "source": str(path.parent),
-                             "decode_tokens_per_step": r["decode_tokens_per_step"],
-                             "decode_flops_per_step": r["decode_flops_per_step"] + draft * r["decode_tokens_per_step"]})
+                             "mean_accepted_tokens": tokens, "decode_flops_per_step": flops})
     return pd.DataFrame(rows)
 
 
 def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], sweeps: list[str], out: Path) -> None:
-    own = df[df["dataset"].isin(datasets)][["decoder", "dataset", "decode_tokens_per_step", "decode_flops_per_step"]]
+    own = df[df["dataset"].isin(datasets)][["decoder", "dataset", "mean_accepted_tokens", "decode_flops_per_step"]]
     own = own.assign(source="leaderboard")
     extra = sweep_points(sweeps)
     data = pd.concat([own, extra], ignore_index=True) if len(extra) else own
@@ -74,12 +77,12 @@ def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str
     colours = {label: cmap(i % 20) for i, label in enumerate(labels)}
     markers = dict(zip(datasets, "osD^v"))
     for _, r in own.iterrows():
-        ax.scatter(r["decode_flops_per_step"], r["decode_tokens_per_step"], color=colours[r["decoder"]],
+        ax.scatter(r["decode_flops_per_step"], r["mean_accepted_tokens"], color=colours[r["decoder"]],
                    marker=markers.get(r["dataset"], "o"), s=36, zorder=3)
     if len(extra):
         for name, group in extra.groupby("decoder"):
             base = next((c for label, c in colours.items() if label.split("-")[0] == name), "grey")
-            ax.scatter(group["decode_flops_per_step"], group["decode_tokens_per_step"], color=base, alpha=0.35, s=14,
+            ax.scatter(group["decode_flops_per_step"], group["mean_accepted_tokens"], color=base, alpha=0.35, s=14,
                        marker=".", label=f"{name} sweep")
     for label in labels:
         ax.scatter([], [], color=colours[label], label=label)
@@ -87,7 +90,7 @@ def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str
         ax.scatter([], [], color="k", marker=m, label=ds)
     ax.set_xscale("log")
     ax.set_xlabel("FLOPs per decoding step (target + draft)")
-    ax.set_ylabel("tokens per step")
+    ax.set_ylabel("mean accepted tokens per decoding step")
     ax.legend(fontsize=6, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "tokens_vs_flops.png", dpi=110)

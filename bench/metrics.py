@@ -7,14 +7,27 @@
   attention 4 x layers x d_attn for every (query, key) pair where each new token attends to
   the cache and to the new tokens before it in the pass (exact for chains and prefill; for
   tree/window masks it is the lower-triangle work a dense masked kernel does).
-- decode tokens / FLOPs per step: the same with the prefill step left out (its prompt-sized
-  forward would otherwise dominate short generations; the scaling law uses these).
+- mean_accepted_tokens (Spec-Bench's "mean accepted tokens"): new tokens / steps with the
+  prefill step left out of both (its one token would pull short generations toward 1); the
+  bonus token a verification step emits counts. decode_flops_per_step: target + draft FLOPs
+  per such step, leaving out the target's prefill and the draft's pass over the prompt
+  (Step.draft_prefill_flops). The scaling law uses these two.
 - draft acceptance: accepted draft tokens / draft tokens proposed.
 - pool hit rate (n-gram pool methods, whose steps record info["hit"]): share of steps in
   which at least one candidate token was accepted.
 - tokens/s: new tokens / wall latency summed over prompts; medians and quartiles per prompt.
-- speedup vs the autoregressive reference run on the same prompts in the same process
-  (check_lossless=true): ratio of tokens/s, and geometric mean of per-prompt latency ratios.
+- speedup, against autoregressive on the same prompts in the same process (the leaderboard's
+  autoregressive entry; a run's check_lossless=true reference), three names, computed only by
+  `speedups` below:
+  - speedup (the default everywhere; Spec-Bench's, so figures compare with the field): the mean
+    over prompts of tokens/s, divided by the reference's mean over the same prompts;
+  - speedup_geomean: the geometric mean over prompts of reference latency / decoder latency
+    (every prompt weighs the same, whatever its length);
+  - speedup_pooled: summed tokens / summed seconds, divided by the reference's.
+  Repeated side-by-side runs (scripts/side_by_side.py) report `speedup` per repeat, then its
+  median and quartiles over repeats.
+- category: where prompts carry one (MT-Bench's eight, a jsonl's `category` field), every
+  record keeps it and tables can be broken down by it (`summarize(by_category=True)`).
 """
 from __future__ import annotations
 
@@ -51,6 +64,8 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         "decode_tokens": n - steps[0].accepted if steps else 0,
         "decode_flops": sum(flops[1:]),
         "draft_flops": sum(s.draft_flops for s in steps),
+        # Decode FLOPs leave out both prefills: the target's (step 0) and the draft's pass over the prompt.
+        "decode_draft_flops": sum(s.draft_flops - s.draft_prefill_flops for s in steps),
         "stop_reason": gen.stop_reason,
         # Only decoders verifying pool candidates record "hit"; None keeps the rate undefined for the rest.
         "hit_steps": sum(bool(s.info["hit"]) for s in steps) if steps and "hit" in steps[0].info else None,
@@ -105,6 +120,31 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
 
 
+def speedups(pairs: list[tuple[dict, dict]]) -> dict:
+    """pairs: (decoder's, reference's) per-prompt {new_tokens, latency_s} on the same prompt.
+    The three speedup figures (module docstring); NaN without pairs."""
+    pairs = [(a, b) for a, b in pairs if a["latency_s"] > 0 and b["latency_s"] > 0]
+    if not pairs:
+        return {"speedup": math.nan, "speedup_geomean": math.nan, "speedup_pooled": math.nan}
+    mine = np.array([[a["new_tokens"], a["latency_s"]] for a, _ in pairs], float)
+    ref = np.array([[b["new_tokens"], b["latency_s"]] for _, b in pairs], float)
+    return {"speedup": _ratio(np.mean(mine[:, 0] / mine[:, 1]), np.mean(ref[:, 0] / ref[:, 1])),
+            "speedup_geomean": float(np.exp(np.mean(np.log(ref[:, 1] / mine[:, 1])))),
+            "speedup_pooled": _ratio(mine[:, 0].sum() / mine[:, 1].sum(), ref[:, 0].sum() / ref[:, 1].sum())}
+
+
+def decode_flops_per_step(records) -> float:
+    """Target + draft FLOPs per decoding step, both prefills left out."""
+    return _ratio(sum(r.get("decode_flops", math.nan) + r.get("decode_draft_flops", math.nan) for r in records),
+                  sum(r.get("decode_steps", math.nan) for r in records))
+
+
+def mean_accepted_tokens(records) -> float:
+    """Spec-Bench's mean accepted tokens per decoding step (prefill excluded, bonus included)."""
+    return _ratio(sum(r.get("decode_tokens", math.nan) for r in records),
+                  sum(r.get("decode_steps", math.nan) for r in records))
+
+
 def _pool_hit_rate(ok: pd.DataFrame) -> float:
     if "hit_steps" not in ok:
         return math.nan
@@ -122,13 +162,15 @@ def _info_ratio(ok: pd.DataFrame, key: str, per: str) -> float:
 SUMMARY_KEYS = ["decoder", "model", "dataset"]
 
 
-def summarize(records: list[dict]) -> pd.DataFrame:
-    """One row per (decoder, model, dataset) from per-prompt records."""
+def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
+    """One row per (decoder, model, dataset) from per-prompt records; by_category: one per
+    (decoder, model, dataset, category) too, where records carry a category."""
     df = pd.DataFrame(records)
+    keys = SUMMARY_KEYS + ["category"] if by_category and "category" in df and df["category"].notna().any() else SUMMARY_KEYS
     rows = []
-    for key, group in df.groupby(SUMMARY_KEYS, sort=False, dropna=False):
+    for key, group in df.groupby(keys, sort=False, dropna=False):
         ok = group[group["status"] == "ok"]
-        row = dict(zip(SUMMARY_KEYS, key))
+        row = dict(zip(keys, key))
         row.update(records=len(ok), skipped=int((group["status"] != "ok").sum()))
         if len(ok):
             tokens, steps, latency = ok["new_tokens"].sum(), ok["steps"].sum(), ok["latency_s"].sum()
@@ -144,8 +186,8 @@ def summarize(records: list[dict]) -> pd.DataFrame:
                 forward_tokens_per_step=_ratio(ok["forward_tokens"].sum(), steps),
                 flops_per_step=_ratio(ok["target_flops"].sum(), steps),
                 # .get: records written before these fields existed (a resumed older run) give NaN.
-                decode_tokens_per_step=_ratio(ok.get("decode_tokens", pd.Series()).sum(), ok.get("decode_steps", pd.Series()).sum()),
-                decode_flops_per_step=_ratio(ok.get("decode_flops", pd.Series()).sum(), ok.get("decode_steps", pd.Series()).sum()),
+                mean_accepted_tokens=_ratio(ok.get("decode_tokens", pd.Series()).sum(), ok.get("decode_steps", pd.Series()).sum()),
+                decode_flops_per_step=decode_flops_per_step(ok.to_dict("records")),
                 flops_per_token=_ratio(ok["target_flops"].sum(), tokens),
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
                 acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),
@@ -168,14 +210,8 @@ def summarize(records: list[dict]) -> pd.DataFrame:
             row["lossless"] = float(checked.astype(float).mean()) if len(checked) else math.nan
             ref = ok["reference"].dropna()
             if len(ref):
-                ref_latency = np.array([r["latency_s"] for r in ref])
-                ref_tokens = np.array([r["new_tokens"] for r in ref])
-                mine = ok.loc[ref.index, "latency_s"].to_numpy()
-                row.update(
-                    ref_tokens_per_s=_ratio(ref_tokens.sum(), ref_latency.sum()),
-                    speedup=_ratio(row["tokens_per_s"], _ratio(ref_tokens.sum(), ref_latency.sum())),
-                    speedup_latency_geomean=float(np.exp(np.mean(np.log(ref_latency / mine)))),
-                )
+                row["ref_tokens_per_s"] = _ratio(sum(r["new_tokens"] for r in ref), sum(r["latency_s"] for r in ref))
+                row.update(speedups([(ok.loc[i], r) for i, r in ref.items()]))
             tuned = ok["tuned"].dropna() if "tuned" in ok else []
             if len(tuned):  # a hardware-aware decoder's own forecast, to set beside the measured speedup
                 row["predicted_speedup"] = float(tuned.iloc[0].get("predicted_speedup", math.nan))
@@ -184,10 +220,10 @@ def summarize(records: list[dict]) -> pd.DataFrame:
 
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
-DISPLAY = ["decoder", "model", "dataset", "records", "skipped", "new_tokens", "tokens_per_step", "tokens_per_s",
+DISPLAY = ["decoder", "model", "dataset", "category", "records", "skipped", "new_tokens", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
            "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
            "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "paths_per_step", "head_flops_per_token", "rescore_flops_per_token", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "decoder_lossless", "lossless", "speedup",
-           "speedup_latency_geomean", "predicted_speedup"]
+           "speedup_geomean", "speedup_pooled", "predicted_speedup"]
 
 
 def to_markdown(summary: pd.DataFrame) -> str:

@@ -43,18 +43,18 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def load_run(run: Path) -> tuple[pd.DataFrame, dict]:
+def load_run(run: Path, by_category: bool = False) -> tuple[pd.DataFrame, dict]:
     records = [json.loads(line) for line in run.joinpath("records.jsonl").read_text().splitlines() if line.strip()]
     config = run / "config.yaml"
     params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.exists() else {}
-    return metrics.summarize(records), params
+    return metrics.summarize(records, by_category=by_category), params
 
 
-def report(paths: list[str]) -> tuple[pd.DataFrame, list[str]]:
+def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, list[str]]:
     runs = find_runs(paths)
     if not runs:
         raise SystemExit(f"error: no run directories (with records.jsonl) under {' '.join(paths)}")
-    loaded = [load_run(r) for r in runs]
+    loaded = [load_run(r, by_category) for r in runs]
     # Config keys that vary across runs are the sweep's parameters: show them.
     keys = sorted({k for _, p in loaded for k in p})
     varying = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for _, p in loaded}) > 1
@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="run or sweep directories")
     parser.add_argument("--out", help="directory for report.csv and report.md")
+    parser.add_argument("--by-category", action="store_true",
+                        help="a row per prompt category too, where prompts carry one (MT-Bench's eight)")
     args = parser.parse_args(argv)
-    table, varying = report(args.paths)
+    table, varying = report(args.paths, args.by_category)
     shown = [c for c in metrics.DISPLAY[:3] + varying + metrics.DISPLAY[3:] if c in table.columns]
     md = table[shown].to_markdown(index=False, floatfmt=".4g")
     print(md)

@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decoders.autoregressive import autoregressive_decode
+from decoders.autoregressive import autoregressive_decode, logit_gap
 from decoders.sampling import Sampling
 from decoders.trace import check_generation
 
@@ -110,7 +110,8 @@ def _first_difference(a, b, prefix="") -> str | None:
 
 def _record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
     return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, "decoder": cfg.decoder.name,
-            "model": cfg.model.name, "dataset": cfg.dataset.name, "status": "ok", "reason": None, **fields}
+            "model": cfg.model.name, "dataset": cfg.dataset.name, "category": prompt.meta.get("category"),
+            "status": "ok", "reason": None, **fields}
 
 
 def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig,
@@ -142,14 +143,15 @@ def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rende
     if cfg.check_lossless:
         lm.sync()
         start = time.perf_counter()
-        ref = autoregressive_decode(lm, ids, max_new, Sampling(), lm.stop_ids, record_logit_gaps=True)
+        ref = autoregressive_decode(lm, ids, max_new, Sampling(), lm.stop_ids)  # timed as a plain run
         lm.sync()
         ref_latency = time.perf_counter() - start
         diverge = metrics.first_divergence(gen.tokens, ref.tokens)
         record["lossless"] = diverge is None
         record["first_divergence"] = diverge
-        # The reference's top1 - top2 gap there: ~0 means a numerical near-tie, a clear gap means a bug.
-        record["divergence_logit_gap"] = ref.logit_gaps[diverge] if diverge is not None and diverge < len(ref.logit_gaps) else None
+        # The reference's top1 - top2 gap there (after the clock): ~0 is a numerical near-tie, a clear gap a bug.
+        record["divergence_logit_gap"] = (logit_gap(lm, list(ids) + ref.tokens[:diverge])
+                                          if diverge is not None and diverge < len(ref.tokens) else None)
         record["reference"] = {"decoder": "autoregressive", "latency_s": ref_latency, "new_tokens": len(ref.tokens),
                                "steps": len(ref.steps), "ttft_s": ref.ttft, "tokens_per_s": len(ref.tokens) / ref_latency}
     if cfg.quality:
@@ -187,9 +189,13 @@ def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
             _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
     finally:
         log.close()
-    summary = metrics.summarize([log.get(f"{p.id}#{t}") for p, t in units])
+    records = [log.get(f"{p.id}#{t}") for p, t in units]
+    summary = metrics.summarize(records)
     summary.to_csv(run_dir / "summary.csv", index=False)
     (run_dir / "summary.md").write_text(metrics.to_markdown(summary) + "\n")
+    if any(r.get("category") for r in records):  # MT-Bench's eight, or a jsonl's category field
+        by_category = metrics.summarize(records, by_category=True)
+        by_category.to_csv(run_dir / "summary_by_category.csv", index=False)
     if logger is not None:
         logger.log_summary(summary)
     return summary

@@ -72,9 +72,12 @@ def scaling_points(runs: pd.DataFrame, tokens: int | None = None) -> tuple[pd.Da
     if len(setups) > 1:
         raise ValueError(f"one scaling law per model and dataset; these runs mix {setups}")
     tokens = int(tokens or points["max_new_tokens"].max())
-    for col in ("tokens_per_step", "flops_per_step"):
-        if f"decode_{col}" in points and points[f"decode_{col}"].notna().all():
-            points[col] = points[f"decode_{col}"]
+    # Decode figures: mean_accepted_tokens (decode_tokens_per_step in older summaries), decode_flops_per_step.
+    for col, names in (("tokens_per_step", ("mean_accepted_tokens", "decode_tokens_per_step")),
+                       ("flops_per_step", ("decode_flops_per_step",))):
+        decode = next((n for n in names if n in points and points[n].notna().all()), None)
+        if decode:
+            points[col] = points[decode]
     points["steps"] = tokens / points["tokens_per_step"]
     points = points.sort_values(["N", "W"]).reset_index(drop=True)
     return points[["W", "N", "G", "flops_per_step", "tokens_per_step", "steps", "tokens_per_s", "model",

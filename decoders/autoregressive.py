@@ -12,29 +12,31 @@ from .trace import Generation, Tracer
 
 
 def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                          stop_ids, record_logit_gaps: bool = False) -> Generation:
-    """record_logit_gaps: keep the target's top1 - top2 logit gap for every new token, so a
-    lossless check can tell a numerical near-tie from a real divergence."""
+                          stop_ids) -> Generation:
     tracer = Tracer(lm.sync)
     cache = lm.new_cache()
     warpers = sampling.warpers()
     generator = sampling.generator(lm.device)
     tokens: list[int] = []
-    gaps: list[float] | None = [] if record_logit_gaps else None
     feed = list(prompt_ids)
     while True:
         context = len(cache)
         with tracer.target():
             logits = lm.forward(feed, cache, last_only=True)[-1]
         token = next_token(logits, sampling, generator, warpers)
-        if gaps is not None:
-            top2 = torch.topk(logits.float(), 2).values
-            gaps.append(float(top2[0] - top2[1]))
         tokens.append(token)
         tracer.end_step(accepted=1, forward_tokens=len(feed), context_tokens=context)
         if token in stop_ids or len(tokens) >= max_new_tokens:
-            return tracer.finish(tokens, stop_ids, gaps)
+            return tracer.finish(tokens, stop_ids)
         feed = [token]
+
+
+def logit_gap(lm: LM, ids: Sequence[int]) -> float:
+    """The target's top1 - top2 next-token logit gap after `ids` (one fresh forward, untimed).
+    Where an output departs from autoregressive greedy, ~0 (an ulp of the dtype) is a numerical
+    near-tie, a clear gap a decoding error."""
+    top2 = torch.topk(lm.forward(list(ids), lm.new_cache(), last_only=True)[-1].float(), 2).values
+    return float(top2[0] - top2[1])
 
 
 @dataclass

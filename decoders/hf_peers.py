@@ -65,5 +65,4 @@ class HFAssisted:
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         extra = {} if self.num_assistant_tokens is None else {"num_assistant_tokens": self.num_assistant_tokens}
-        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids,
-                              assistant_model=self.load_draft(lm).model, **extra)
+        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids, assistant=self.load_draft(lm), **extra)

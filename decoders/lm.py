@@ -285,14 +285,17 @@ class LM:
     # ---- transformers' own generate(), traced -------------------------------------------
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                    stop_ids, assistant_model=None, **generate_kwargs) -> Generation:
+                    stop_ids, assistant: "LM | None" = None, **generate_kwargs) -> Generation:
         """Run model.generate() and recover the DESIGN trace: one Step per target forward
         (forward hooks), tokens committed per step (the streamer is called once per step
-        with exactly the tokens that step committed). With an assistant_model (assisted
-        generation), its forwards are charged to the next target step as draft time and tokens."""
+        with exactly the tokens that step committed). With an assistant (assisted
+        generation with the draft LM `assistant`), its forwards are charged to the next target step
+        as draft time, tokens and FLOPs; its first pass over the prompt as draft_prefill_flops."""
         steps: list[Step] = []
         pending: dict = {}
-        drafted = {"time": 0.0, "tokens": 0}
+        drafted = {"time": 0.0, "tokens": 0, "flops": 0.0, "prefill": 0.0}
+        assistant_model = assistant.model if assistant is not None else None
+        draft_spec = assistant.flops_spec() if assistant is not None else None
         if not sampling.greedy:  # generate() draws from the device's global RNG; seed it before the clock starts
             if self.device.type == "cuda":
                 torch.cuda.manual_seed(sampling.seed)
@@ -310,13 +313,20 @@ class LM:
             self.sync()
             steps.append(Step(accepted=0, forward_tokens=pending["tokens"], context_tokens=pending["context"],
                               target_time=time.perf_counter() - pending["t0"], draft_time=drafted["time"],
-                              draft_forward_tokens=drafted["tokens"]))
-            drafted.update(time=0.0, tokens=0)
+                              draft_forward_tokens=drafted["tokens"], draft_flops=drafted["flops"],
+                              draft_prefill_flops=drafted["prefill"]))
+            drafted.update(time=0.0, tokens=0, flops=0.0, prefill=0.0)
 
         def draft_pre_hook(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
+            cache = kwargs.get("past_key_values")
             drafted["t0"] = time.perf_counter()
-            drafted["tokens"] += int(ids.shape[-1]) if ids is not None else 0
+            n = int(ids.shape[-1]) if ids is not None else 0
+            context = cache.get_seq_length() if cache is not None else 0
+            drafted["tokens"] += n
+            drafted["flops"] += forward_flops(draft_spec, n, context)
+            if context == 0:  # the assistant's first pass reads the prompt: its prefill
+                drafted["prefill"] += forward_flops(draft_spec, min(n, len(prompt_ids)), 0)
 
         def draft_post_hook(module, args, kwargs, output):
             self.sync()

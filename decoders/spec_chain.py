@@ -75,6 +75,8 @@ def spec_chain_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_toke
         # Never draft past max_new_tokens: a step commits at most n_draft + 1 tokens.
         n_draft = min(k, max_new_tokens - len(tokens) - 1)
         fed, flops, drafts, dists = 0, 0.0, [], []
+        # The draft's first catch-up reads the prompt: its prefill, left out of decode FLOPs.
+        prefill = forward_flops(draft.flops_spec(), len(prompt), 0) if n_draft and not len(draft_cache) else 0.0
         if n_draft:
             with tracer.draft():
                 drafts, dists, fed, flops = draft_chain(draft, draft_cache, sequence, n_draft, sampling, generator, warpers)
@@ -94,7 +96,7 @@ def spec_chain_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_toke
             draft_cache.crop(len(sequence) + min(accepted_drafts, n_draft - 1))
         tracer.end_step(accepted=len(new), forward_tokens=len(tree), context_tokens=context, draft_tokens=n_draft,
                         accepted_draft_tokens=min(accepted_drafts, len(new)), draft_forward_tokens=fed,
-                        draft_flops=flops, info={"draft_depth": n_draft, "accepted_depth": accepted_drafts})
+                        draft_flops=flops, draft_prefill_flops=prefill, info={"draft_depth": n_draft, "accepted_depth": accepted_drafts})
     return tracer.finish(tokens, stop_ids)
 
 

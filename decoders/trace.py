@@ -22,6 +22,7 @@ class Step:
     accepted_draft_tokens: int = 0  # of those, how many were committed
     draft_forward_tokens: int = 0  # tokens fed to a draft model or heads for this pass
     draft_flops: float = 0.0  # FLOPs spent drafting for this pass (decoders with a draft fill it)
+    draft_prefill_flops: float = 0.0  # of draft_flops, the draft's pass over the prompt (its own prefill)
     target_time: float = 0.0  # seconds in the target forward
     draft_time: float = 0.0  # seconds drafting
     overhead_time: float = 0.0  # the rest of the step: sampling, verification, bookkeeping
@@ -34,7 +35,6 @@ class Generation:
     steps: list[Step]
     ttft: float  # seconds from the call until the first new token was known
     stop_reason: str  # "eos" or "length"
-    logit_gaps: list[float] | None = None  # per new token, top1 - top2 target logit (reference runs)
 
     def trace_columns(self) -> dict[str, list]:
         """The per-step trace as columns (compact in JSON records)."""
@@ -88,9 +88,9 @@ class Tracer:
         self._spent = {"target": 0.0, "draft": 0.0}
         return step
 
-    def finish(self, tokens: list[int], stop_ids, logit_gaps=None) -> Generation:
+    def finish(self, tokens: list[int], stop_ids) -> Generation:
         return Generation(tokens=tokens, steps=self.steps, ttft=self.ttft if self.ttft is not None else 0.0,
-                          stop_reason=stop_reason(tokens, stop_ids), logit_gaps=logit_gaps)
+                          stop_reason=stop_reason(tokens, stop_ids))
 
 
 def stop_reason(tokens: list[int], stop_ids) -> str:

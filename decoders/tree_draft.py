@@ -142,6 +142,7 @@ def tree_speculative_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_ne
     while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
         sequence = prompt + tokens
         context = len(cache)
+        first = not len(draft_cache)  # the draft's first catch-up reads the prompt: its prefill
         with tracer.draft():
             tree, draft_probs, to_draft, dtree, draws = propose(draft, draft_cache, sequence, generator, warpers)
         with tracer.target():
@@ -159,6 +160,7 @@ def tree_speculative_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_ne
         tracer.end_step(accepted=len(new), forward_tokens=len(tree), context_tokens=context,
                         draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
                         draft_forward_tokens=dtree.fed, draft_flops=dtree.flops,
+                        draft_prefill_flops=forward_flops(draft.flops_spec(), len(prompt), 0) if first and dtree.fed else 0.0,
                         info={"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)})
     return tracer.finish(tokens, stop_ids)
 

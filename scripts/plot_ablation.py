@@ -44,8 +44,9 @@ def load(paths) -> pd.DataFrame:
                 continue
             row.update(temperature=float(config.gen.temperature), top_p=float(config.gen.top_p),
                        budget=budget(config.decoder), run=str(run))
-            if "decode_tokens_per_step" in row and pd.notna(row["decode_tokens_per_step"]):
-                row["tokens_per_step"] = row["decode_tokens_per_step"]
+            decode = row.get("mean_accepted_tokens", row.get("decode_tokens_per_step"))  # the older name too
+            if decode is not None and pd.notna(decode):
+                row["tokens_per_step"] = decode
             rows.append(row)
     if not rows:
         raise SystemExit(f"error: no spec_chain / specinfer / sequoia runs under {' '.join(map(str, paths))}")
@@ -61,7 +62,7 @@ def plot_budget(df: pd.DataFrame, out: Path) -> Path:
         ax.plot(group["budget"], group["tokens_per_step"], marker="o", label=decoder)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree budget (draft nodes per step)")
-    ax.set_ylabel("tokens per step (decode)")
+    ax.set_ylabel("mean accepted tokens (decode steps)")
     ax.set_title(" / ".join(sorted(set(greedy["model"]) | set(greedy["dataset"]))))
     ax.grid(alpha=0.3)
     ax.legend()
@@ -82,7 +83,7 @@ def plot_sampling(df: pd.DataFrame, out: Path) -> Path | None:
         ax.plot(group["temperature"], group["tokens_per_step"], marker="o", linestyle="-" if top_p == 1 else "--",
                 label=f"{decoder}, top-p {top_p:g}")
     ax.set_xlabel("temperature")
-    ax.set_ylabel("tokens per step (decode)")
+    ax.set_ylabel("mean accepted tokens (decode steps)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,8 +1,10 @@
 """Methods timed side by side on the same prompts in one process (shared by the benchmark scripts).
 
 Every method runs `repeats` times per prompt in a rotating order (so no method always runs
-first or last), after one untimed warm-up of each. Ratios are per run against autoregressive
-on the same prompt and repeat.
+first or last), after one untimed warm-up of each. speedup is bench.metrics' (Spec-Bench's:
+mean tokens/s over every run / autoregressive's mean over the same runs); its spread is the
+per-run ratio against autoregressive on the same prompt and repeat (speedup_per_run_median,
+_p25, _p75).
 """
 from __future__ import annotations
 
@@ -10,16 +12,15 @@ import statistics
 
 from bench_baselines import quartiles, timed
 
+from bench.metrics import speedups
+from decoders.autoregressive import logit_gap
+
 
 def divergence_margin(lm, prompt: list[int], reference: list[int], other: list[int]) -> float | None:
     """Where `other` first departs from the autoregressive `reference`: the gap between the
-    reference's top two logits there (a fresh forward; untimed). None if they never depart.
-    A gap of 0 or one ulp of the dtype is a numerical tie, not a decoding error."""
+    reference's top two logits there (decoders.autoregressive.logit_gap). None if they never depart."""
     k = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
-    if k is None:
-        return None
-    top = lm.forward(prompt + reference[:k], lm.new_cache(), last_only=True)[-1].float().topk(2).values
-    return float(top[0] - top[1])
+    return None if k is None else logit_gap(lm, prompt + reference[:k])
 
 
 def compare(lm, runs: dict, prompts: list[list[int]], repeats: int, max_new_tokens: int, sampling) -> list[dict]:
@@ -28,6 +29,7 @@ def compare(lm, runs: dict, prompts: list[list[int]], repeats: int, max_new_toke
     largest AR top-2 logit gap where an output departs."""
     tok_s = {m: [] for m in runs}
     ratio = {m: [] for m in runs}
+    pairs = {m: [] for m in runs}  # (this run, autoregressive's run) as {new_tokens, latency_s}
     total = {m: {"tokens": 0, "steps": 0, "seconds": 0.0, "drafts": 0, "accepted": 0, "identical": 0} for m in runs}
     margins = {m: [] for m in runs}
     for i, ids in enumerate(prompts):
@@ -43,6 +45,8 @@ def compare(lm, runs: dict, prompts: list[list[int]], repeats: int, max_new_toke
             ref_gen, ref_t = result["autoregressive"]
             for m, (gen, t) in result.items():
                 tok_s[m].append(len(gen.tokens) / t)
+                pairs[m].append(({"new_tokens": len(gen.tokens), "latency_s": t},
+                                 {"new_tokens": len(ref_gen.tokens), "latency_s": ref_t}))
                 ratio[m].append(tok_s[m][-1] / (len(ref_gen.tokens) / ref_t))
                 tot = total[m]
                 tot["tokens"] += len(gen.tokens)
@@ -60,7 +64,9 @@ def compare(lm, runs: dict, prompts: list[list[int]], repeats: int, max_new_toke
         lo, hi = quartiles(ratio[m])
         tot = total[m]
         rows.append({"method": m, "runs": len(ratio[m]), "tok_s": tot["tokens"] / tot["seconds"],
-                     "speedup_median": statistics.median(ratio[m]), "speedup_p25": lo, "speedup_p75": hi,
+                     "speedup": speedups(pairs[m])["speedup"],
+                     "speedup_per_run_median": statistics.median(ratio[m]), "speedup_per_run_p25": lo,
+                     "speedup_per_run_p75": hi,
                      "tok_per_step": tot["tokens"] / tot["steps"],
                      "acceptance": tot["accepted"] / tot["drafts"] if tot["drafts"] else float("nan"),
                      "identical_to_ar": f"{tot['identical']}/{len(ratio[m])}",
@@ -68,7 +74,8 @@ def compare(lm, runs: dict, prompts: list[list[int]], repeats: int, max_new_toke
     return rows
 
 
-LEGEND = ("speedup = tokens/s / autoregressive tokens/s on the same prompt and repeat (median, quartiles); "
+LEGEND = ("speedup = mean tokens/s over runs / autoregressive's mean (Spec-Bench's); speedup_per_run = tokens/s / "
+          "autoregressive tokens/s on the same prompt and repeat (median, quartiles); "
           "acceptance = accepted / proposed draft tokens; identical_to_ar = runs whose greedy output equals "
           "autoregressive's; max_divergence_margin = the largest gap between autoregressive's top two logits "
           "where an output departs from it")

@@ -65,9 +65,11 @@ def test_summarize_aggregates_and_speedups():
     assert row["acceptance_rate"] == 25 / 30
     assert row["flops_per_token"] == 1500 / 40
     assert row["lossless"] == 0.5 and row["quality"] == 0.5 and row["quality_metric"] == "pass@1"
-    # ratio of tokens/s: (40/3) / (40/4); geometric mean of latency ratios: sqrt(2/1 * 2/2)
-    assert row["speedup"] == pytest.approx(4 / 3)
-    assert row["speedup_latency_geomean"] == pytest.approx(math.sqrt(2.0))
+    # Spec-Bench's: mean tokens/s (10/1 + 30/2) / 2 over the reference's (10/2 + 30/2) / 2;
+    # geometric mean of latency ratios: sqrt(2/1 * 2/2); pooled: (40/3) / (40/4)
+    assert row["speedup"] == pytest.approx(12.5 / 10)
+    assert row["speedup_geomean"] == pytest.approx(math.sqrt(2.0))
+    assert row["speedup_pooled"] == pytest.approx(4 / 3)
     assert row["overhead_frac"] == pytest.approx(0.1)
 
 
@@ -100,3 +102,38 @@ def test_acceptance_by_depth():
     row = metrics.summarize(recs).iloc[0]
     assert row["acceptance_by_depth"] == "0.67 0.67 0.33"  # depth 1: (3 + 1) / (4 + 2)
     assert row["draft_time_frac"] == 0.0 and row["target_time_frac"] == pytest.approx(0.9)
+
+
+def test_one_definition_per_speedup_name():
+    pairs = [({"new_tokens": 10, "latency_s": 1.0}, {"new_tokens": 10, "latency_s": 2.0}),
+             ({"new_tokens": 30, "latency_s": 2.0}, {"new_tokens": 30, "latency_s": 2.0})]
+    assert metrics.speedups(pairs) == pytest.approx(
+        {"speedup": 1.25, "speedup_geomean": math.sqrt(2.0), "speedup_pooled": 4 / 3})
+    assert all(math.isnan(v) for v in metrics.speedups([]).values())
+
+
+def test_mean_accepted_tokens_and_decode_flops_leave_both_prefills_out():
+    """Spec-Bench's mean accepted tokens: prefill step excluded, bonus token included; decode FLOPs
+    drop the target's prefill and the draft's pass over the prompt."""
+    from decoders.trace import Generation, Step
+
+    steps = [Step(accepted=1, forward_tokens=20, context_tokens=0),
+             Step(accepted=3, forward_tokens=3, context_tokens=20, draft_flops=700.0, draft_prefill_flops=500.0),
+             Step(accepted=2, forward_tokens=3, context_tokens=23, draft_flops=200.0)]
+    gen = Generation(tokens=[5] * 6, steps=steps, ttft=0.1, stop_reason="length")
+    spec = {"matmul_params": 10, "n_layers": 0, "d_attn": 0}
+    r = {**metrics.generation_metrics(gen, spec, 1.0), "status": "ok"}
+    assert r["decode_tokens"] == 5 and r["decode_steps"] == 2
+    assert metrics.mean_accepted_tokens([r]) == 2.5
+    assert r["decode_draft_flops"] == 400.0
+    assert metrics.decode_flops_per_step([r]) == (2 * 10 * 6 + 400.0) / 2
+
+
+def test_summaries_break_down_by_category():
+    recs = [{**record("a", 10, 5, 1.0), "category": "writing"}, {**record("b", 30, 10, 2.0), "category": "math"},
+            {**record("c", 20, 10, 1.0), "category": "math"}]
+    whole = metrics.summarize(recs)
+    assert len(whole) == 1 and whole.iloc[0]["records"] == 3
+    by = metrics.summarize(recs, by_category=True).set_index("category")
+    assert by.loc["math", "records"] == 2 and by.loc["math", "tokens_per_step"] == 50 / 20
+    assert by.loc["writing", "records"] == 1

@@ -83,10 +83,27 @@ def test_lossless_check_reports_first_divergence_and_logit_gap(lm):
     record = run_unit(lm, FlipToken(at=4), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
     assert record["lossless"] is False and record["first_divergence"] == 4
     ids = CharTokenizer()("hello world")["input_ids"]
-    reference = autoregressive_decode(lm, ids, 12, Sampling(), set(), record_logit_gaps=True)
-    assert record["divergence_logit_gap"] == pytest.approx(reference.logit_gaps[4])
+    reference = autoregressive_decode(lm, ids, 12, Sampling(), set())
+    top2 = lm.forward(ids + reference.tokens[:4], lm.new_cache())[-1].float().topk(2).values
+    assert record["divergence_logit_gap"] == pytest.approx(float(top2[0] - top2[1]), rel=1e-4)
     assert record["divergence_logit_gap"] > 0
     assert record["reference"]["new_tokens"] == 12
+
+
+def test_lossless_reference_is_timed_without_the_gap_bookkeeping(lm, monkeypatch):
+    """The reference's latency is the speedup's denominator: the logit-gap forward runs after the clock."""
+    import time
+
+    import bench.runner
+
+    def slow_gap(*args):
+        time.sleep(0.5)
+        return 0.0
+
+    monkeypatch.setattr(bench.runner, "logit_gap", slow_gap)
+    record = run_unit(lm, FlipToken(at=4), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    assert record["divergence_logit_gap"] == 0.0
+    assert record["reference"]["latency_s"] < 0.5
 
 
 def test_identical_output_is_lossless(lm):
