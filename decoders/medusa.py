@@ -16,6 +16,7 @@ min(posterior_threshold, posterior_alpha * exp(-entropy)); lossy, and flagged so
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +129,11 @@ class Medusa:
         if self.choices in ("auto", "prior"):
             measured = heads.accuracy() if self.choices == "auto" else None
             accuracy = measured or prior_accuracy(heads.k, self.top_k)
-            return best_paths(accuracy, self.tree_size, self.top_k), "measured" if measured else "prior"
+            paths = best_paths(accuracy, self.tree_size, self.top_k)
+            # The forecast to set beside the measured mean_accepted_tokens: 1 (the bonus) + each path's
+            # chance of acceptance (ranks of one head are exclusive events, heads taken as independent).
+            self._expected = 1.0 + sum(math.prod(accuracy[i][r] for i, r in enumerate(p)) for p in paths)
+            return paths, "measured" if measured else "prior"
         paths = [tuple(int(r) for r in p) for p in self.choices]
         if max(map(len, paths)) > heads.k:
             raise ValueError(f"decoder.choices: a path of depth {max(map(len, paths))} needs that many heads; "
@@ -143,6 +148,8 @@ class Medusa:
             self._shape = (heads, parents, slots)
             self.tuning = {"tree_size": len(slots), "depth": max((len(p) for p in paths), default=0),
                            "choices": self.choices if isinstance(self.choices, str) else "list", "source": source}
+            if self.choices in ("auto", "prior"):
+                self.tuning["expected_tokens"] = self._expected
         return self._shape
 
     def setting(self) -> dict:

@@ -20,7 +20,7 @@ TINY = ["model=tiny-random", "gen.max_new_tokens=10", "leaderboard.limit=2", "dr
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
 LABELS = ["autoregressive", "hf_generate", "hf_pld", "hf_assisted", "jacobi", "lookahead", "lookahead-auto",
-          "spec_chain", "specinfer", "sequoia", "medusa", "bpd", "bpd-ngram"]
+          "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
            "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "lossless",
            "quality_metric", "quality"]
@@ -71,7 +71,7 @@ def test_results_break_down_by_category(board):
     assert by.groupby("decoder")["prompts"].sum().eq(2).all()
 
 
-@pytest.mark.parametrize("label", ["hf_assisted", "spec_chain", "specinfer", "sequoia"])
+@pytest.mark.parametrize("label", ["hf_assisted", "spec_chain", "specinfer", "sequoia", "sequoia-auto"])
 def test_draft_flops_count_and_the_drafts_prompt_pass_is_its_prefill(board, label):
     """hf_assisted reported zero draft FLOPs; decode FLOPs counted the draft's pass over the prompt."""
     out, _ = board
