@@ -101,15 +101,30 @@ def precheck(argv: list[str]) -> None:
             combos = BasicSweeper.split_arguments([o for o in grid + parsed if not _is_hydra(o)], None)[0]
         except Exception as e:
             fail(_reason(e))
-        for combo in combos[:MAX_CHECKED_COMBINATIONS]:
-            _check_job(hydra_overrides, combo)
+        for i, combo in enumerate(combos[:MAX_CHECKED_COMBINATIONS]):
+            _check_job(hydra_overrides, combo, output=args.multirun if i == 0 else None)
 
 
 def _is_hydra(override) -> bool:
     return override.get_key_element().lstrip("+~").startswith("hydra")
 
 
-def _check_job(hydra_overrides: list[str], overrides: list[str]) -> None:
+def _check_writable(key: str, path: str) -> None:
+    """Where Hydra will write (its run or sweep directory) must take files: else one line now,
+    not Hydra's traceback after it has made half a directory."""
+    import tempfile
+
+    target = Path(path).expanduser().absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "a file stands in the path")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        fail(f"{key}={path}: cannot write under {existing} ({e.strerror or e}); choose a writable directory")
+
+
+def _check_job(hydra_overrides: list[str], overrides: list[str], output: bool | None = None) -> None:
     from hydra import compose
 
     from .errors import BenchError
@@ -124,6 +139,13 @@ def _check_job(hydra_overrides: list[str], overrides: list[str]) -> None:
         check_config(cfg)
     except BenchError as e:
         fail(e)
+    if output is not None:  # the first job: is its output directory writable?
+        from hydra.types import RunMode
+
+        if output or cfg.hydra.mode == RunMode.MULTIRUN:
+            _check_writable("hydra.sweep.dir", cfg.hydra.sweep.dir)
+        else:
+            _check_writable("hydra.run.dir", cfg.hydra.run.dir)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -143,8 +165,23 @@ def app(cfg: DictConfig) -> None:
             logger.finish()
     except BenchError as e:
         fail(e)
+    except KeyboardInterrupt:  # finished records are on disk: say how to go on, no traceback
+        print(f"\ninterrupted: the finished records are in {run_dir}; continue with\n  {resume_command(run_dir)}",
+              file=sys.stderr)
+        sys.exit(130)
     print(to_markdown(summary))
     print(f"\nrun directory: {run_dir}")
+
+
+def resume_command(run_dir: Path) -> str:
+    """This command line again, resuming into the same run (or sweep) directory."""
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
+    kept = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir=", "hydra.sweep.dir="))]
+    where = f"hydra.sweep.dir={hc.sweep.dir}" if sweep else f"hydra.run.dir={run_dir}"
+    return " ".join(["python -m bench", *kept, "resume=true", where])
 
 
 def main() -> None:

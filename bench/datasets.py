@@ -28,15 +28,28 @@ class Prompt:
 
 
 def iter_jsonl(path: Path):
-    """(line number, object) for each non-blank line."""
+    """(line number, object) for each non-blank line; a line that is not UTF-8 text holding one
+    JSON object fails in one line naming the file and line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise BenchError(f"{path}:{lineno} is not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise BenchError(f"{path}:{lineno} is a JSON {type(row).__name__}, not an object; one object per line")
+            try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode
+                json.dumps(row, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise BenchError(f"{path}:{lineno} holds a lone surrogate escape (\\ud800-\\udfff alone), which is not text") from None
+            yield lineno, row
 
 
 def read_jsonl(path: Path) -> list[dict]:

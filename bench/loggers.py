@@ -1,9 +1,16 @@
 """Optional experiment logging (logger=wandb). Default logger=none logs nothing."""
 from __future__ import annotations
 
+import netrc
+import os
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
+
+from .errors import BenchError
+
+MODES = ("offline", "online", "disabled")
 
 # Per-record numbers worth a wandb chart.
 _NUMERIC = ["new_tokens", "steps", "tokens_per_step", "latency_s", "ttft_s", "tokens_per_s", "acceptance_rate",
@@ -39,12 +46,23 @@ class WandbLogger:
     tags: list = field(default_factory=list)
     _run: object = field(default=None, init=False, repr=False)
 
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"logger.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
     def start(self, cfg, run_dir) -> None:
         import wandb
 
-        self._run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(run_dir),
-                               tags=list(self.tags), config=OmegaConf.to_container(cfg, resolve=True),
-                               name=f"{cfg.decoder.name}-{cfg.model.name}-{cfg.dataset.name}")
+        if self.mode == "online" and not _logged_in():  # else wandb.init would prompt, or fail with a traceback
+            raise BenchError("logger.mode=online needs a wandb login (`wandb login`, or WANDB_API_KEY); "
+                             "use logger.mode=offline and `wandb sync` the run directory later")
+        try:
+            self._run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(run_dir),
+                                   tags=list(self.tags), config=OmegaConf.to_container(cfg, resolve=True),
+                                   name=f"{cfg.decoder.name}-{cfg.model.name}-{cfg.dataset.name}")
+        except Exception as e:  # wandb's own errors (network, a rejected key): one line, nothing run yet
+            raise BenchError(f"logger=wandb (mode {self.mode}) could not start: {' '.join(str(e).split())[:300]}; "
+                             "logger=none runs without it") from None
 
     def log_record(self, record: dict) -> None:
         if record.get("status") == "ok":
@@ -60,3 +78,14 @@ class WandbLogger:
     def finish(self) -> None:
         if self._run is not None:
             self._run.finish()
+
+
+def _logged_in() -> bool:
+    """A wandb API key in the environment, or in ~/.netrc for the wandb host (what `wandb login` writes)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False

@@ -165,7 +165,9 @@ SUMMARY_KEYS = ["decoder", "model", "dataset"]
 def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
     """One row per (decoder, model, dataset) from per-prompt records; by_category: one per
     (decoder, model, dataset, category) too, where records carry a category."""
-    df = pd.DataFrame(records)
+    df = pd.DataFrame([r for r in records if r is not None])
+    if df.empty:
+        return pd.DataFrame(columns=SUMMARY_KEYS)
     keys = SUMMARY_KEYS + ["category"] if by_category and "category" in df and df["category"].notna().any() else SUMMARY_KEYS
     rows = []
     for key, group in df.groupby(keys, sort=False, dropna=False):

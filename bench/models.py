@@ -99,14 +99,20 @@ class PretrainedModel:
         if not local.is_dir() and self.path.startswith((".", "/", "~")):
             raise BenchError(f"model {self.name}: no directory at model.path={self.path}; give an existing HF-format directory or a hub id")
         source = str(local) if local.is_dir() else self.path
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise BenchError(f"model {self.name}: model.path={self.path} is not a model directory (no config.json); give "
+                             "a directory written by save_pretrained, or a hub id")
         kwargs = dict(dtype=dtype, attn_implementation=self.attn_implementation, revision=self.revision)
         if self.device_map is not None:
             kwargs["device_map"] = self.device_map
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-        except OSError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        except Exception as e:  # a missing hub id, or a damaged local file (truncated weights, bad JSON)
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            if local.is_dir():
+                raise BenchError(f"model {self.name}: could not load model.path={self.path} ({first}); its files "
+                                 "are damaged or incomplete: write the directory again with save_pretrained") from None
             raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); without hub access, download it elsewhere "
                              f"and pass model.path=/local/dir") from None
         if self.device_map is None:

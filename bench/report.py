@@ -17,6 +17,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from . import metrics
+from .records import read_records
 
 
 def _natural(path: Path) -> list:
@@ -44,7 +45,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def load_run(run: Path, by_category: bool = False) -> tuple[pd.DataFrame, dict]:
-    records = [json.loads(line) for line in run.joinpath("records.jsonl").read_text().splitlines() if line.strip()]
+    records = read_records(run / "records.jsonl")  # damaged lines and second copies of a key skipped, with a warning
     config = run / "config.yaml"
     params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.exists() else {}
     return metrics.summarize(records, by_category=by_category), params
@@ -54,13 +55,19 @@ def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, l
     runs = find_runs(paths)
     if not runs:
         raise SystemExit(f"error: no run directories (with records.jsonl) under {' '.join(paths)}")
-    loaded = [load_run(r, by_category) for r in runs]
+    loaded = [(run, *load_run(run, by_category)) for run in runs]
+    empty = [str(run) for run, summary, _ in loaded if summary.empty]
+    if empty:  # a run that failed or was killed before its first record
+        print(f"warning: no finished records in {', '.join(empty)}: left out", file=sys.stderr)
+    loaded = [x for x in loaded if not x[1].empty]
+    if not loaded:
+        raise SystemExit(f"error: no finished records under {' '.join(paths)}")
     # Config keys that vary across runs are the sweep's parameters: show them.
-    keys = sorted({k for _, p in loaded for k in p})
-    varying = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for _, p in loaded}) > 1
+    keys = sorted({k for _, _, p in loaded for k in p})
+    varying = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for _, _, p in loaded}) > 1
                and not k.startswith(("data_dir", "cache_dir", "resume", "progress"))]
     tables = []
-    for run, (summary, params) in zip(runs, loaded):
+    for run, summary, params in loaded:
         summary = summary.copy()
         for k in varying:
             summary[k] = json.dumps(params.get(k)) if isinstance(params.get(k), (list, dict)) else params.get(k)

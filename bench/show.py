@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from .errors import BenchError
+from .records import read_records
 
 # tokens committed by one pass -> (HTML background, ANSI 256-colour background)
 COLOURS = {1: ("#eeeeee", None), 2: ("#c6e9ff", 153), 3: ("#9fd99f", 114), 4: ("#ffd27f", 222)}
@@ -34,7 +34,7 @@ def load_record(run_dir: Path, prompt_id: str, turn: int) -> dict:
     path = run_dir / "records.jsonl"
     if not path.is_file():
         raise BenchError(f"{run_dir} holds no records.jsonl: give a run directory written by python -m bench")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_records(path)  # a torn or damaged line is skipped with a warning
     for r in records:
         if r.get("prompt_id") == prompt_id and r.get("turn") == turn:
             if r.get("status") != "ok":

@@ -91,7 +91,10 @@ class TreeShape:
 
 
 def check_acceptance(acceptance: Sequence[float]) -> list[float]:
-    p = [float(x) for x in acceptance]
+    try:
+        p = [float(x) for x in acceptance]
+    except (TypeError, ValueError):
+        raise ValueError(f"the acceptance vector must be a list of numbers p_1..p_K, got {acceptance!r}"[:300]) from None
     if not p:
         raise ValueError("the acceptance vector is empty: it needs p_1..p_K, K >= 1")
     if any(not (0.0 <= x <= 1.0) for x in p):
@@ -214,8 +217,12 @@ def load_acceptance(path: str | os.PathLike) -> list[float]:
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"no acceptance vector at {path}; measure one with scripts/measure_acceptance.py")
-    body = json.loads(path.read_text())
-    if not isinstance(body, dict) or body.get("format") != ACCEPTANCE_FORMAT:
+    try:
+        body = json.loads(path.read_bytes())
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path} is not an acceptance vector: not JSON ({str(e).split(':')[0]}); measure one with "
+                         "scripts/measure_acceptance.py") from None
+    if not isinstance(body, dict) or body.get("format") != ACCEPTANCE_FORMAT or "acceptance" not in body:
         raise ValueError(f"{path} is not an acceptance vector (format {ACCEPTANCE_FORMAT!r} expected)")
     return check_acceptance(body["acceptance"])
 

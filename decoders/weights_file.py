@@ -22,9 +22,13 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
 
     if not path.is_file():
         raise FileNotFoundError(f"{key}: no {kind} at {path}; {hint}")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors' own error: empty, truncated, or another format
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"{key}: {path} is not a readable safetensors file ({reason}); {hint}") from None
     if meta.get("format") != fmt:
         article = "an" if kind[0] in "aeiou" else "a"
         raise ValueError(f"{key}: {path} is not {article} {kind} (format {meta.get('format')!r})")

@@ -49,3 +49,114 @@ def test_a_record_cannot_be_written_twice(tmp_path):
     log.append({"key": "a#0"})
     with pytest.raises(RuntimeError, match="twice"):
         log.append({"key": "a#0"})
+
+
+# ---- faults (issue 16, items 5 and 8): every valid record survives, nothing is duplicated ----
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from bench.records import read_records
+
+
+def line(key, **extra) -> str:
+    return json.dumps({"key": key, **extra}) + "\n"
+
+
+@pytest.mark.parametrize("damage,why", [
+    (b'{"key": "b#0", "tex\n', "not JSON"),
+    (b'{"key": "b#0", "text": "caf\xe9"}\n', "not JSON"),  # latin-1 byte: not UTF-8
+    (b'["not", "an", "object"]\n', "not a record"),
+    (b'{"no_key": 1}\n', "not a record"),
+    (line("a#0", again=True).encode(), "a second record of a#0"),
+])
+def test_resume_keeps_every_valid_record_around_a_damaged_middle_line(tmp_path, capsys, damage, why):
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(line("a#0").encode() + damage + line("c#0").encode() + line("d#0").encode())
+    log = RecordLog(path, resume=True)
+    assert [k for k in ("a#0", "c#0", "d#0") if k in log] == ["a#0", "c#0", "d#0"]
+    assert log.get("a#0") == {"key": "a#0"}  # the first record of a key wins
+    log.append({"key": "e#0"})
+    log.close()
+    assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["a#0", "c#0", "d#0", "e#0"]
+    assert (tmp_path / "records.rejected.jsonl").read_bytes() == damage  # moved aside byte for byte
+    warning = capsys.readouterr().err
+    assert "line 2" in warning and why in warning and "kept its 3 valid records" in warning
+
+
+def test_a_torn_last_line_is_moved_aside_not_deleted(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text(line("a#0") + '{"key": "b#0", "st')
+    RecordLog(path, resume=True).close()
+    assert path.read_text() == line("a#0")
+    assert (tmp_path / "records.rejected.jsonl").read_text() == '{"key": "b#0", "st\n'
+
+
+def test_a_second_writer_fails_naming_the_holder(tmp_path):
+    path = tmp_path / "records.jsonl"
+    first = RecordLog(path, resume=False)
+    first.append({"key": "a#0"})
+    with pytest.raises(BenchError, match=rf"is being written by pid {os.getpid()} on .* one writer per run directory"):
+        RecordLog(path, resume=True)
+    first.close()
+    again = RecordLog(path, resume=True)  # released on close
+    assert "a#0" in again
+    again.close()
+
+
+def test_the_lock_dies_with_its_holder(tmp_path):
+    """A holder killed with SIGKILL (no cleanup) leaves no stale lock: the OS drops an flock."""
+    path = tmp_path / "records.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from bench.records import RecordLog
+log = RecordLog({str(path)!r}, resume=False)
+print("locked", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(BenchError, match=f"pid {holder.pid} "):
+        RecordLog(path, resume=True)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    RecordLog(path, resume=True).close()
+
+
+def test_a_full_disk_leaves_no_torn_line(tmp_path, monkeypatch):
+    path = tmp_path / "records.jsonl"
+    log = RecordLog(path, resume=False)
+    log.append({"key": "a#0", "text": "x" * 100})
+    real_write = os.write
+
+    def full(fd, data):  # the disk fills halfway through the line
+        real_write(fd, data[:len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("bench.records.os.write", full)
+    with pytest.raises(BenchError, match="No space left on device.*1 finished records are intact.*resume=true"):
+        log.append({"key": "b#0", "text": "y" * 100})
+    monkeypatch.undo()
+    log.close()
+    assert path.read_text() == line("a#0", text="x" * 100)
+    resumed = RecordLog(path, resume=True)
+    resumed.append({"key": "b#0"})
+    resumed.close()
+    assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["a#0", "b#0"]
+
+
+def test_an_unwritable_directory_is_one_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(BenchError, match="cannot write records to .*give a writable directory"):
+        RecordLog(blocker / "run" / "records.jsonl", resume=False)
+
+
+def test_readers_skip_damaged_lines_with_a_warning(tmp_path, capsys):
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(line("a#0").encode() + b"\xff\xfe\n" + line("a#0").encode() + line("b#0").encode() + b'{"key"')
+    assert [r["key"] for r in read_records(path)] == ["a#0", "b#0"]
+    assert "3 damaged line(s)" in capsys.readouterr().err
+    assert path.read_bytes().endswith(b'{"key"')  # readers never rewrite
