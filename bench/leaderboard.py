@@ -19,7 +19,8 @@ The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
   (under sampling the column is identical_to_ar: equal outputs then need equal random streams,
   so it is no test of losslessness),
 - quality: the dataset's metric (HumanEval pass@1, GSM8K accuracy; MT-Bench has none).
-Where prompts carry a category (MT-Bench), leaderboard_by_category.csv/.md break it down.
+Where prompts carry a category (MT-Bench), leaderboard_by_category.csv/.md break it down;
+tuning.csv sets each auto-tuner's forecast beside what it measured.
 """
 from __future__ import annotations
 
@@ -210,6 +211,24 @@ def category_table(records: dict, datasets: list[str], labels: list[str]) -> pd.
     return pd.DataFrame(rows)
 
 
+def tuning_table(df: pd.DataFrame, records: dict) -> pd.DataFrame:
+    """Per self-tuning entry and dataset: what it chose, what it forecast (predicted_speedup,
+    expected_tokens) and what was measured (speedup, mean_accepted_tokens) on the scored prompts."""
+    rows = []
+    for (ds, label), recs in records.items():
+        tuned = next((r["tuned"] for r in recs if r.get("tuned")), None)
+        if not tuned:
+            continue
+        measured = df[(df["decoder"] == label) & (df["dataset"] == ds)].iloc[0]
+        choice = {k: v for k, v in tuned.items() if k not in ("predicted_speedup", "predicted_tokens_per_s",
+                                                               "expected_tokens", "latency_profile", "acceptance")}
+        rows.append({"decoder": label, "dataset": ds, "choice": json.dumps(choice),
+                     "predicted_speedup": tuned.get("predicted_speedup", math.nan), "speedup": measured["speedup"],
+                     "expected_tokens": tuned.get("expected_tokens", math.nan),
+                     "mean_accepted_tokens": measured["mean_accepted_tokens"]})
+    return pd.DataFrame(rows)
+
+
 def write_summaries(out_dir: Path, records: dict) -> None:
     for (ds, label), recs in records.items():
         if recs:
@@ -234,7 +253,13 @@ def main(argv: list[str] | None = None) -> None:
         base, labels, runs = compose_all(overrides)
         board = base.leaderboard
         out_dir = Path(board.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / ".write-test").touch()
+            (out_dir / ".write-test").unlink()
+        except OSError as e:
+            raise BenchError(f"leaderboard.out_dir={board.out_dir}: cannot write there ({e.strerror or e}); "
+                             "choose a writable directory") from None
         if base.threads:
             torch.set_num_threads(base.threads)
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
@@ -249,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         if not greedy:  # equal tokens under sampling need equal random streams: not a losslessness test
             df, by_category = (d.rename(columns={"lossless": "identical_to_ar"}) for d in (df, by_category))
         df.to_csv(out_dir / "leaderboard.csv", index=False)
+        tuning_table(df, records).to_csv(out_dir / "tuning.csv", index=False)  # auto-tuners: forecast vs measured
         if len(by_category):
             by_category.to_csv(out_dir / "leaderboard_by_category.csv", index=False)
             (out_dir / "leaderboard_by_category.md").write_text(
@@ -267,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
     except BenchError as e:
         print(f"error: {' '.join(_reason(e).split())}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # every finished record is on disk; the same command resumes
+        print("\ninterrupted: the finished records are kept; rerun the same command to go on", file=sys.stderr)
+        sys.exit(130)
 
 
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",

@@ -248,8 +248,10 @@ def _prepare(lm, decoder, dataset, scored: list, rendering, cfg) -> dict | None:
             ids.append(prompt.id)
         if len(prompts) == wanted:
             break
-    decoder.prepare(lm, prompts, lm.stop_ids)
-    return {"prompt_ids": ids, "overlaps_scored": overlaps}
+    sampling = sampling_from(cfg)  # calibrate at the run's own settings: acceptance at T > 0 is not greedy's
+    decoder.prepare(lm, prompts, lm.stop_ids, sampling)
+    return {"prompt_ids": ids, "overlaps_scored": overlaps,
+            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}}
 
 
 def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, logger) -> None:

@@ -89,10 +89,10 @@ class NeuralScorer:
 class BPD:
     heads: str | None = None  # a heads file (scripts/train_heads.py); null = untrained heads
     num_heads: int = 4  # heads to build when heads=null
-    seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
+    heads_seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
     block: int | None = None  # drafted tokens after the next one; null = one per head
     rescore: str = "none"  # none | ngram | neural
-    top_k: int = 4  # lattice width per position
+    ranks_per_head: int = 4  # lattice width: each head's top ranks considered per position
     paths: int = 1  # best paths verified together
     weight: float = 1.0  # LM log-score weight against the heads'
     ngram: str | None = None  # n-gram LM file (scripts/train_ngram.py), for rescore=ngram
@@ -103,7 +103,7 @@ class BPD:
     _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
 
     def __post_init__(self):
-        check_hyper("decoder", num_heads=self.num_heads, top_k=self.top_k, paths=self.paths)
+        check_hyper("decoder", num_heads=self.num_heads, ranks_per_head=self.ranks_per_head, paths=self.paths)
         if self.block is not None:
             check_hyper("decoder", block=self.block)
         if self.rescore not in ("none", "ngram", "neural"):
@@ -120,7 +120,7 @@ class BPD:
 
     def load_draft(self, lm: LM):
         """Heads (and the rescoring LM) are built before timing; bad files fail in one line."""
-        heads = self._heads.get(lm, self.heads, self.num_heads, self.seed)
+        heads = self._heads.get(lm, self.heads, self.num_heads, self.heads_seed)
         if self.block is not None and self.block > heads.k:
             raise ValueError(f"decoder.block={self.block} needs as many heads; these heads have {heads.k}")
         if self.rescore == "ngram" and self._ngram is None:
@@ -130,7 +130,7 @@ class BPD:
         return heads
 
     def setting(self) -> dict:
-        return {"rescore": self.rescore, "paths": self.paths, "top_k": self.top_k}
+        return {"rescore": self.rescore, "paths": self.paths, "ranks_per_head": self.ranks_per_head}
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         heads = self.load_draft(lm)
@@ -159,7 +159,7 @@ class BPD:
                         logp, f = neural.step(beams)
                         flops[0] += f
                     return torch.gather(logp, 1, cands)
-            beams = lattice_beam_search(head_logp, self.top_k, self.paths, self.weight, score_next)
+            beams = lattice_beam_search(head_logp, self.ranks_per_head, self.paths, self.weight, score_next)
             if neural is not None:
                 neural.finish()
             tree = TokenTree.from_sequences(int(sequence[-1]), beams)

@@ -169,14 +169,15 @@ class Lookahead:
         auto = AUTO in (self.window, self.ngram, self.guess_set_size)
         return self.auto_prompts if auto and self.tuning is None else 0
 
-    def prepare(self, lm: LM, prompts: list[list[int]], stop_ids) -> None:
-        """Resolve "auto" settings on this device and model, from these calibration prompts."""
+    def prepare(self, lm: LM, prompts: list[list[int]], stop_ids, sampling: Sampling | None = None) -> None:
+        """Resolve "auto" settings on this device and model, from these calibration prompts, at
+        the run's sampling settings."""
         if not self.calibration_prompts:
             return
         self.tuning = tune(lm, [list(p) for p in prompts[:self.auto_prompts]], stop_ids, self.window, self.ngram,
                            self.guess_set_size, self.auto_windows, self.auto_ngrams, self.auto_tokens, self.cache_dir,
-                           pool_from_prompt=self.pool_from_prompt, pool_from_output=self.pool_from_output,
-                           init=self.init)
+                           sampling=sampling, pool_from_prompt=self.pool_from_prompt,
+                           pool_from_output=self.pool_from_output, init=self.init)
 
     def setting(self) -> tuple[int, int, int]:
         if self.tuning is not None:
@@ -185,7 +186,7 @@ class Lookahead:
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         if self.calibration_prompts:  # used without the runner: calibrate on this prompt
-            self.prepare(lm, [list(prompt_ids)], stop_ids)
+            self.prepare(lm, [list(prompt_ids)], stop_ids, sampling)
         window, ngram, guess_set_size = self.setting()
         return lookahead_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, window, ngram, guess_set_size,
                                 self.pool_from_prompt, self.pool_from_output, self.init)

@@ -20,16 +20,22 @@ AUTO = "auto"
 
 
 def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_size, windows, ngrams,
-         tokens: int, cache_dir=None, profile_tokens: int = 64, **decode_kwargs) -> dict:
+         tokens: int, cache_dir=None, profile_tokens: int = 64, sampling: Sampling | None = None,
+         **decode_kwargs) -> dict:
     """The grid point maximising predicted tokens/s, with the whole table. Parameters given
-    as "auto" range over `windows` / `ngrams`; guess_set_size "auto" follows W (the paper's G = W)."""
+    as "auto" range over `windows` / `ngrams`; guess_set_size "auto" follows W (the paper's G = W).
+    Compression is measured at `sampling`, the run's own settings (default greedy)."""
+    sampling = sampling or Sampling()
     from .lookahead import lookahead_decode  # lookahead imports this module
 
     profile = forward_latency(lm, cache_dir, max_tokens=profile_tokens)
     grid = [(w, n, w if guess_set_size == AUTO else guess_set_size)
             for w in (windows if window == AUTO else [window])
             for n in (ngrams if ngram == AUTO else [ngram])]
-    key = json.dumps([profile["key"], prompts, grid, tokens, sorted(stop_ids), decode_kwargs], sort_keys=True)
+    settings = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                "seed": None if sampling.greedy else sampling.seed}
+    key = json.dumps([profile["key"], prompts, grid, tokens, sorted(stop_ids), decode_kwargs]
+                     + ([settings] if not sampling.greedy else []), sort_keys=True)  # greedy keys stay as before
     path = None
     if cache_dir:
         path = Path(cache_dir).expanduser() / "tuning" / f"lookahead-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
@@ -40,7 +46,7 @@ def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_si
     for w, n, g in grid:
         committed = steps = fed = 0
         for ids in prompts:
-            gen = lookahead_decode(lm, ids, tokens, Sampling(), stop_ids, w, n, g, **decode_kwargs)
+            gen = lookahead_decode(lm, ids, tokens, sampling, stop_ids, w, n, g, **decode_kwargs)
             decode = gen.steps[1:]  # the prefill step costs the same for every method
             committed += sum(s.accepted for s in decode)
             steps += len(decode)

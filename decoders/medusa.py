@@ -89,20 +89,20 @@ def typical_accept(tree: TokenTree, logits: torch.Tensor, sampling: Sampling, th
 class Medusa:
     heads: str | None = None  # a heads file (scripts/train_heads.py); null = untrained heads
     num_heads: int = 4  # heads to build when heads=null
-    seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
+    heads_seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
     choices: Any = "auto"  # auto | chain | prior | a list of rank paths
     tree_size: int = 32  # candidate nodes for auto / prior
-    top_k: int = 10  # ranks per head that auto / prior may use
-    acceptance: str = "exact"  # exact | typical (lossy)
+    ranks_per_head: int = 10  # ranks per head that auto / prior may use
+    accept_rule: str = "exact"  # exact | typical (lossy)
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     name: str = "medusa"
     _heads: HeadsCache = field(default_factory=HeadsCache, repr=False, compare=False)
 
     def __post_init__(self):
-        check_hyper("decoder", num_heads=self.num_heads, tree_size=self.tree_size, top_k=self.top_k)
-        if self.acceptance not in ("exact", "typical"):
-            raise ValueError(f"decoder.acceptance must be exact or typical, got {self.acceptance!r}")
+        check_hyper("decoder", num_heads=self.num_heads, tree_size=self.tree_size, ranks_per_head=self.ranks_per_head)
+        if self.accept_rule not in ("exact", "typical"):
+            raise ValueError(f"decoder.accept_rule must be exact or typical, got {self.accept_rule!r}")
         if not (0 < self.posterior_threshold <= 1 and 0 < self.posterior_alpha <= 1):
             raise ValueError(f"decoder.posterior_threshold and posterior_alpha must be in (0, 1], got "
                              f"{self.posterior_threshold} and {self.posterior_alpha}")
@@ -114,12 +114,12 @@ class Medusa:
             if not paths or any(not p or min(p) < 0 for p in paths):
                 raise ValueError("decoder.choices: a list of non-empty rank paths of integers >= 0, e.g. [[0], [1], [0, 0]]")
             tree_shape(paths)  # prefix-closed, or a clear error now
-        self.lossless = self.acceptance == "exact"
+        self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}
         self._shape = None
 
     def load_heads(self, lm: LM):
-        return self._heads.get(lm, self.heads, self.num_heads, self.seed)
+        return self._heads.get(lm, self.heads, self.num_heads, self.heads_seed)
 
     load_draft = load_heads  # the runner builds drafts (and heads) before timing, with one-line errors
 
@@ -128,8 +128,8 @@ class Medusa:
             return [(0,) * d for d in range(1, heads.k + 1)], "chain"
         if self.choices in ("auto", "prior"):
             measured = heads.accuracy() if self.choices == "auto" else None
-            accuracy = measured or prior_accuracy(heads.k, self.top_k)
-            paths = best_paths(accuracy, self.tree_size, self.top_k)
+            accuracy = measured or prior_accuracy(heads.k, self.ranks_per_head)
+            paths = best_paths(accuracy, self.tree_size, self.ranks_per_head)
             # The forecast to set beside the measured mean_accepted_tokens: 1 (the bonus) + each path's
             # chance of acceptance (ranks of one head are exclusive events, heads taken as independent).
             self._expected = 1.0 + sum(math.prod(accuracy[i][r] for i, r in enumerate(p)) for p in paths)
@@ -165,7 +165,7 @@ class Medusa:
             return TokenTree(tokens, list(parents)), 0.0, {}
 
         accept = None
-        if self.acceptance == "typical":
+        if self.accept_rule == "typical":
             warpers = sampling.warpers()
 
             def accept(tree, logits, generator):

@@ -41,7 +41,7 @@ class Sequoia:
     budget: int = 16  # draft nodes per step (the target verifies budget + 1 tokens)
     depth: int = 6  # deepest draft level
     tree: str = "fixed"  # fixed: (budget, depth) as given; auto: chosen for this device
-    acceptance: str | None = None  # a measured acceptance-vector JSON; null = measure on calibration prompts
+    acceptance_file: str | None = None  # a measured acceptance-vector JSON; null = measure on calibration prompts
     K: int = 8  # children per node measured (and allowed)
     auto_budgets: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     auto_depths: list = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])
@@ -64,27 +64,33 @@ class Sequoia:
                 raise ValueError(f"decoder.{key} must be a non-empty list of integers >= 1, got {getattr(self, key)!r}")
         if self.draft is None:
             raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
-        if self.acceptance is not None and not Path(self.acceptance).expanduser().is_file():
-            raise ValueError(f"decoder.acceptance: no acceptance vector at {self.acceptance}; measure one with "
+        if self.acceptance_file is not None and not Path(self.acceptance_file).expanduser().is_file():
+            raise ValueError(f"decoder.acceptance_file: no acceptance vector at {self.acceptance_file}; measure one with "
                              f"scripts/measure_acceptance.py or leave it null to measure on calibration prompts")
+        if self.acceptance_file is not None:  # a damaged file fails here, before any model loads
+            try:
+                load_acceptance(self.acceptance_file)
+            except ValueError as e:
+                raise ValueError(f"decoder.acceptance_file: {e}") from None
         self._shape = None
         self.tuning: dict = {}
 
     @property
     def calibration_prompts(self) -> int:
         """Prompts prepare() wants: to measure acceptance (no file given) and/or choose the tree."""
-        return self.auto_prompts if (self.acceptance is None or self.tree == "auto") else 0
+        return self.auto_prompts if (self.acceptance_file is None or self.tree == "auto") else 0
 
     def load_draft(self, lm: LM) -> LM:
         return self._drafts.get(self.draft, lm)
 
-    def prepare(self, lm: LM, prompts, stop_ids) -> None:
+    def prepare(self, lm: LM, prompts, stop_ids, sampling: Sampling | None = None) -> None:
         """Acceptance vector (file, or measured greedily on `prompts` and cached), then the tree."""
         draft = self.load_draft(lm)
-        if self.acceptance is not None:
-            acceptance = load_acceptance(self.acceptance)
+        if self.acceptance_file is not None:
+            acceptance = load_acceptance(self.acceptance_file)
         else:
-            acceptance = cached_acceptance(lm, draft, prompts[:self.auto_prompts], self.K, Sampling(),
+            # at the run's sampling settings: acceptance at T > 0 is not greedy acceptance
+            acceptance = cached_acceptance(lm, draft, prompts[:self.auto_prompts], self.K, sampling or Sampling(),
                                            self.auto_tokens, self.cache_dir)
         acceptance = list(acceptance)[:self.K]
         if self.tree == "auto":
@@ -105,8 +111,8 @@ class Sequoia:
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         if self._shape is None:
             if self.calibration_prompts:
-                self.prepare(lm, [list(prompt_ids)], stop_ids)  # outside the harness: calibrate on this prompt
+                self.prepare(lm, [list(prompt_ids)], stop_ids, sampling)  # outside the harness: this prompt
             else:
-                self.prepare(lm, [], stop_ids)
+                self.prepare(lm, [], stop_ids, sampling)
         return sequoia_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
                               self._shape.parents)

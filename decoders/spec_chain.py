@@ -102,17 +102,17 @@ def spec_chain_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_toke
 
 @dataclass
 class SpecChain:
-    """decoder=spec_chain: draft k tokens with `draft`, verify them in one target pass."""
+    """decoder=spec_chain: draft `depth` tokens with `draft`, verify them in one target pass."""
 
     draft: Any = None  # draft=self (decoders.draft.SelfDraft) or a model config
-    k: int = 4
+    depth: int = 4  # draft tokens per step: the chain's depth
     name: str = "spec_chain"
     lossless: bool = True
     _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
 
     def __post_init__(self):
-        if not (isinstance(self.k, int) and self.k >= 1):
-            raise ValueError(f"decoder.k (draft tokens per step) must be an integer >= 1, got {self.k!r}")
+        if not (isinstance(self.depth, int) and self.depth >= 1):
+            raise ValueError(f"decoder.depth (draft tokens per step) must be an integer >= 1, got {self.depth!r}")
         if self.draft is None:
             raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
 
@@ -121,4 +121,4 @@ class SpecChain:
         return self._drafts.get(self.draft, lm)
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return spec_chain_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids, self.k)
+        return spec_chain_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids, self.depth)

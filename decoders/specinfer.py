@@ -74,14 +74,14 @@ def specinfer_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, samplin
 @dataclass
 class SpecInfer:
     draft: Any = None  # draft=self or a model config
-    k: int = 2  # sequences
-    depth: int = 4  # tokens per sequence
+    num_drafts: int = 2  # independent draft sequences per step (SpecInfer's k)
+    depth: int = 4  # draft tokens per sequence
     name: str = "specinfer"
     lossless: bool = True
     _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
 
     def __post_init__(self):
-        for key in ("k", "depth"):
+        for key in ("num_drafts", "depth"):
             value = getattr(self, key)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"decoder.{key} must be an integer >= 1, got {value!r}")
@@ -93,4 +93,4 @@ class SpecInfer:
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return specinfer_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
-                                self.k, self.depth)
+                                self.num_drafts, self.depth)

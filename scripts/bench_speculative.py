@@ -36,8 +36,8 @@ def method_overrides(budget: int) -> dict[str, list[str]]:
     return {
         "autoregressive": ["decoder=autoregressive"],
         "hf_assisted": ["decoder=hf_assisted"],
-        f"spec_chain-{budget}": ["decoder=spec_chain", f"decoder.k={budget}"],
-        f"specinfer-2x{budget // 2}": ["decoder=specinfer", "decoder.k=2", f"decoder.depth={max(1, budget // 2)}"],
+        f"spec_chain-{budget}": ["decoder=spec_chain", f"decoder.depth={budget}"],
+        f"specinfer-2x{budget // 2}": ["decoder=specinfer", "decoder.num_drafts=2", f"decoder.depth={max(1, budget // 2)}"],
         f"sequoia-{budget}": ["decoder=sequoia", f"decoder.budget={budget}", f"decoder.depth={budget}"],
         "sequoia-auto": ["decoder=sequoia", "decoder.tree=auto"],
     }

@@ -3,7 +3,7 @@ conf/sweep/sampling_robustness.yaml):
 
     python scripts/plot_ablation.py SWEEP_DIR... [--out DIR]
 
-1. tokens per step vs tree budget (draft nodes per step: the chain's k, SpecInfer's k x depth,
+1. tokens per step vs tree budget (draft nodes per step: the chain's depth, SpecInfer's num_drafts x depth,
    Sequoia's budget), one line per decoder, log-x: budget_vs_tokens_per_step.png + .csv.
 2. tokens per step vs temperature, one line per decoder and top-p:
    sampling_robustness.png + .csv (only when the runs vary gen.temperature).
@@ -29,8 +29,10 @@ DRAFT_DECODERS = ("spec_chain", "specinfer", "sequoia")
 
 
 def budget(decoder) -> int:
-    """Draft nodes per step: the chain's k, SpecInfer's k x depth (before merging), Sequoia's budget."""
-    return {"spec_chain": lambda d: d.k, "specinfer": lambda d: d.k * d.depth,
+    """Draft nodes per step: the chain's depth, SpecInfer's num_drafts x depth (before merging), Sequoia's
+    budget. Runs made before the keys were renamed say k for the first two."""
+    return {"spec_chain": lambda d: d.get("depth", d.get("k")),
+            "specinfer": lambda d: d.get("num_drafts", d.get("k")) * d.depth,
             "sequoia": lambda d: d.budget}[decoder.name](decoder)
 
 

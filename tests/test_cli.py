@@ -84,7 +84,7 @@ def test_draft_decoders_run_lossless(tmp_path, decoder, draft):
 
 
 def test_typical_acceptance_is_flagged_lossy_in_records(tmp_path):
-    out = run_cli(*TINY, "decoder=medusa", "decoder.heads=null", "decoder.acceptance=typical", "dataset=gsm8k",
+    out = run_cli(*TINY, "decoder=medusa", "decoder.heads=null", "decoder.accept_rule=typical", "dataset=gsm8k",
                   "dataset.limit=1", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stderr
     assert [r["decoder_lossless"] for r in records(tmp_path)] == [False]
@@ -146,12 +146,12 @@ ERRORS = [
     (["decoder=lookahead", "decoder.init=zeros"], "decoder.init must be one of prompt, vocab, repeat"),
     (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[2,0]"], "decoder.auto_windows[] must be"),
     (["decoder=jacobi", "decoder.block_size=0"], "decoder.block_size must be an integer >= 1"),
-    (["decoder=spec_chain", "decoder.k=0"], "decoder.k (draft tokens per step) must be an integer >= 1, got 0"),
+    (["decoder=spec_chain", "decoder.depth=0"], "decoder.depth (draft tokens per step) must be an integer >= 1, got 0"),
     (["decoder=spec_chain", "draft=nope"], "unknown draft 'nope'; choose one of: "),
     (["decoder=spec_chain", "draft.layers=0"], "draft.layers must be an integer >= 1, got 0"),
     (["decoder=specinfer", "decoder.depth=0"], "decoder.depth must be an integer >= 1, got 0"),
     (["decoder=sequoia", "decoder.tree=big"], "decoder.tree must be fixed or auto, got 'big'"),
-    (["decoder=sequoia", "decoder.acceptance=/no/such.json"], "decoder.acceptance: no acceptance vector at /no/such.json"),
+    (["decoder=sequoia", "decoder.acceptance_file=/no/such.json"], "decoder.acceptance_file: no acceptance vector at /no/such.json"),
     (["decoder=hf_assisted", "decoder.num_assistant_tokens=0"], "decoder.num_assistant_tokens must be an integer >= 1"),
     (["decoder=spec_chain", "model.num_layers=3", "draft.layers=2"],
      "smollm2-135m-self4.safetensors was trained for 4 layers and hidden size 576"),
@@ -161,7 +161,7 @@ ERRORS = [
     (["decoder=medusa", "decoder.heads=/no/such.safetensors"], "decoder.heads: no heads file at /no/such.safetensors"),
     (["decoder=medusa", "decoder.choices=wide"], "decoder.choices must be auto, chain, prior or a list of rank paths"),
     (["decoder=medusa", "decoder.choices=[[0],[1,1]]"], "decoder.choices: path [1, 1] has no parent path [1]"),
-    (["decoder=medusa", "decoder.acceptance=loose"], "decoder.acceptance must be exact or typical"),
+    (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be exact or typical"),
     (["decoder=bpd", "decoder.rescore=lm"], "decoder.rescore must be none, ngram or neural, got 'lm'"),
     (["decoder=bpd", "decoder.paths=0"], "decoder.paths must be an integer >= 1, got 0"),
     (["decoder=bpd", "decoder.rescore=ngram", "decoder.ngram=/no/such.json.gz"], "decoder.ngram: no n-gram LM at /no/such.json.gz"),

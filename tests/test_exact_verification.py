@@ -336,7 +336,7 @@ def test_specinfer_passes_draws_in_draw_order_with_duplicates(monkeypatch):
     monkeypatch.setattr(specinfer_module, "draft_tree", recording_draft_tree)
     monkeypatch.setattr(verify_module, "verify_sampling", recording_verify)  # looked up at call time
     lm = tiny_lm(seed=0, layers=3)
-    SpecInfer(draft=SelfDraft(layers=1), k=k, depth=depth).generate(lm, [1, 2, 3, 4], 12,
+    SpecInfer(draft=SelfDraft(layers=1), num_drafts=k, depth=depth).generate(lm, [1, 2, 3, 4], 12,
                                                                    Sampling(temperature=1.0, top_k=2, seed=0), set())
     assert calls and len(calls) == len(dtrees)
     for (tree, draws), dtree in zip(calls, dtrees):

@@ -43,31 +43,31 @@ DECODERS = {
     "lookahead-3-3-3-nopool": Lookahead(window=3, ngram=3, guess_set_size=3, pool_from_prompt=False,
                                         pool_from_output=False, init="repeat"),
     # spec_chain-k, self-draft of the target's first layer (tiny targets have 2 layers)
-    "spec_chain-1": SpecChain(draft=SelfDraft(layers=1), k=1),
-    "spec_chain-4": SpecChain(draft=SelfDraft(layers=1), k=4),
-    "spec_chain-9": SpecChain(draft=SelfDraft(layers=1), k=9),
+    "spec_chain-1": SpecChain(draft=SelfDraft(layers=1), depth=1),
+    "spec_chain-4": SpecChain(draft=SelfDraft(layers=1), depth=4),
+    "spec_chain-9": SpecChain(draft=SelfDraft(layers=1), depth=9),
     "hf_assisted": HFAssisted(draft=SelfDraft(layers=1)),
     # specinfer-k sequences x depth
-    "specinfer-2x3": SpecInfer(draft=SelfDraft(layers=1), k=2, depth=3),
-    "specinfer-4x1": SpecInfer(draft=SelfDraft(layers=1), k=4, depth=1),
-    "specinfer-1x6": SpecInfer(draft=SelfDraft(layers=1), k=1, depth=6),
+    "specinfer-2x3": SpecInfer(draft=SelfDraft(layers=1), num_drafts=2, depth=3),
+    "specinfer-4x1": SpecInfer(draft=SelfDraft(layers=1), num_drafts=4, depth=1),
+    "specinfer-1x6": SpecInfer(draft=SelfDraft(layers=1), num_drafts=1, depth=6),
     # sequoia-budget-depth (acceptance measured on the first prompt it sees)
     "sequoia-8-4": Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16),
     "sequoia-1-1": Sequoia(draft=SelfDraft(layers=1), budget=1, depth=1, auto_tokens=16),
     "sequoia-24-8": Sequoia(draft=SelfDraft(layers=1), budget=24, depth=8, auto_tokens=16),
     # medusa / bpd with untrained heads (they repeat the next-token guess) or random ones (seed)
     "medusa-auto-16": Medusa(tree_size=16),
-    "medusa-chain-seed1": Medusa(choices="chain", seed=1),
-    "medusa-list-seed2": Medusa(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, seed=2),
+    "medusa-chain-seed1": Medusa(choices="chain", heads_seed=1),
+    "medusa-list-seed2": Medusa(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, heads_seed=2),
     "bpd-4": BPD(),
-    "bpd-2-p4-seed3": BPD(block=2, paths=4, top_k=3, seed=3),
+    "bpd-2-p4-seed3": BPD(block=2, paths=4, ranks_per_head=3, heads_seed=3),
     "bpd-neural-p3": BPD(rescore="neural", draft=SelfDraft(layers=1), paths=3, block=3),
 }
 HEADS, NGRAM = "adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"
 # The real model's drafts: its first 4 of 30 layers.
-SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), k=4),
+SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), depth=4),
                     "hf_assisted-self4": HFAssisted(draft=SelfDraft(layers=4)),
-                    "specinfer-2x3-self4": SpecInfer(draft=SelfDraft(layers=4), k=2, depth=3),
+                    "specinfer-2x3-self4": SpecInfer(draft=SelfDraft(layers=4), num_drafts=2, depth=3),
                     "sequoia-8-4-self4": Sequoia(draft=SelfDraft(layers=4), budget=8, depth=4, auto_tokens=16),
                     # the heads and n-gram LM shipped for SmolLM2 (scripts/train_heads.py, train_ngram.py)
                     "medusa-auto-32": Medusa(heads=HEADS, tree_size=32),

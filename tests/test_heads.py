@@ -94,7 +94,7 @@ def make(name: str, ngram: str):
         "medusa-list": lambda: Medusa(choices=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], num_heads=3),
         "bpd": lambda: BPD(num_heads=3),
         "bpd-block2": lambda: BPD(num_heads=3, block=2),
-        "bpd-none-p3": lambda: BPD(num_heads=3, paths=3, top_k=3),
+        "bpd-none-p3": lambda: BPD(num_heads=3, paths=3, ranks_per_head=3),
         "bpd-ngram-p1": lambda: BPD(num_heads=3, rescore="ngram", ngram=ngram),
         "bpd-ngram-p4": lambda: BPD(num_heads=3, rescore="ngram", ngram=ngram, paths=4, weight=0.5),
         "bpd-neural-p2": lambda: BPD(num_heads=3, rescore="neural", draft=SelfDraft(layers=1), paths=2),
@@ -195,7 +195,7 @@ def test_choices_validation():
     with pytest.raises(ValueError, match="tree_size must be an integer >= 1"):
         Medusa(tree_size=0)
     with pytest.raises(ValueError, match="acceptance must be exact or typical"):
-        Medusa(acceptance="loose")
+        Medusa(accept_rule="loose")
     lm = tiny_lm(seed=0)
     with pytest.raises(ValueError, match="depth 3 needs that many heads"):
         Medusa(num_heads=2, choices=[[0], [0, 0], [0, 0, 0]]).generate(lm, [1, 2], 5, GREEDY, set())
@@ -215,7 +215,7 @@ def test_typical_acceptance_is_lossy_and_follows_its_threshold():
     # a higher bar (0.5 here: alpha exp(-entropy)) rejects token 2 (p 0.475) but never the argmax (p >= exp(-H))
     path, _ = typical_accept(tree, logits, GREEDY, threshold=0.9, alpha=1.0, generator=None, warpers=None)
     assert path == [0, 1]
-    assert Medusa(acceptance="typical").lossless is False and Medusa().lossless is True
+    assert Medusa(accept_rule="typical").lossless is False and Medusa().lossless is True
 
 
 # ---- BPD: lattice and rescoring -------------------------------------------------------------
@@ -285,7 +285,7 @@ def test_neural_scorer_matches_a_fresh_forward_and_restores_the_cache():
 # ---- sampling: deterministic-candidate acceptance preserves the target distribution ---------
 @pytest.mark.parametrize("make,kwargs,wrong", [
     (lambda: Medusa(num_heads=2, choices=[[0], [1], [2], [0, 0]]), dict(temperature=0.8), dict(temperature=1.0)),
-    (lambda: BPD(num_heads=2, paths=3, top_k=3), dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
+    (lambda: BPD(num_heads=2, paths=3, ranks_per_head=3), dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
 ], ids=["medusa-t0.8", "bpd-p3-t1.0-topp0.9"])
 def test_sampling_matches_exact_distribution(stat_model, make, kwargs, wrong):  # noqa: F811
     """Untrained heads on a peaked model: their candidates are often accepted, so the
@@ -302,7 +302,7 @@ def test_sampling_matches_exact_distribution(stat_model, make, kwargs, wrong):  
 
 def test_negative_control_typical_acceptance_is_not_the_target_distribution(stat_model):  # noqa: F811
     lm, prompt = stat_model
-    decoder = Medusa(num_heads=2, choices=[[0], [1], [2], [0, 0]], acceptance="typical", posterior_threshold=0.3,
+    decoder = Medusa(num_heads=2, choices=[[0], [1], [2], [0, 0]], accept_rule="typical", posterior_threshold=0.3,
                      posterior_alpha=0.5)
     kwargs = dict(temperature=1.0)
     counts, _ = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_SAMPLES)

@@ -60,6 +60,15 @@ def test_table_has_every_decoder_dataset_and_column(board):
     assert "leaderboard | gsm8k" in result.stderr  # the progress bar
 
 
+def test_auto_tuners_forecast_beside_measurement(board):
+    out, _ = board
+    tuning = pd.read_csv(out / "tuning.csv")
+    assert {"lookahead-auto", "sequoia-auto", "medusa"} <= set(tuning["decoder"])
+    assert tuning[tuning["decoder"] == "lookahead-auto"]["predicted_speedup"].gt(0).all()
+    assert tuning[tuning["decoder"] == "medusa"]["expected_tokens"].ge(1).all()
+    assert tuning["speedup"].gt(0).all() and tuning["mean_accepted_tokens"].ge(1).all()
+
+
 def test_results_break_down_by_category(board):
     """MT-Bench prompts carry a category; every record keeps it and the leaderboard breaks it down."""
     out, _ = board

@@ -103,3 +103,45 @@ def test_auto_through_the_runner_records_choice_and_prediction(tmp_path):
     assert summary.loc[0, "predicted_speedup"] == pytest.approx(tuned["predicted_speedup"])
     assert "speedup" in summary.columns  # measured, beside the prediction
     assert list((tmp_path / "cache" / "latency").glob("*.json")) and list((tmp_path / "cache" / "tuning").glob("*.json"))
+
+
+def test_calibration_runs_at_the_runs_sampling_settings(monkeypatch, tmp_path):
+    """Compression at T > 0 is not greedy compression: the tuner decodes with the run's settings,
+    and caches them apart."""
+    fake_profile(monkeypatch, 0.05)
+    from decoders import lookahead
+
+    seen = []
+    real = lookahead.lookahead_decode
+
+    def spy(lm, ids, tokens, sampling, *args, **kwargs):
+        seen.append(sampling)
+        return real(lm, ids, tokens, sampling, *args, **kwargs)
+
+    monkeypatch.setattr("decoders.lookahead.lookahead_decode", spy)
+    lm = tiny_lm(seed=4)
+    hot = Sampling(temperature=0.8, top_p=0.9, seed=3)
+    decoder = Lookahead(window="auto", ngram=3, guess_set_size="auto", auto_windows=(1, 2), auto_tokens=8,
+                        auto_prompts=1, cache_dir=str(tmp_path))
+    decoder.prepare(lm, PROMPTS, set(), hot)
+    assert seen and all(s == hot for s in seen)
+    seen.clear()
+    Lookahead(window="auto", ngram=3, guess_set_size="auto", auto_windows=(1, 2), auto_tokens=8, auto_prompts=1,
+              cache_dir=str(tmp_path)).prepare(lm, PROMPTS, set(), Sampling())
+    assert seen and all(s.greedy for s in seen)  # not served from the sampled run's cache
+
+
+def test_sequoia_measures_acceptance_at_the_runs_sampling_settings(monkeypatch):
+    from decoders import sequoia
+    from decoders.sequoia import Sequoia
+
+    seen = []
+    monkeypatch.setattr(sequoia, "cached_acceptance", lambda lm, draft, prompts, K, sampling, *a, **k:
+                        seen.append(sampling) or [0.5] + [0.1] * (K - 1))
+    lm = tiny_lm(seed=4)
+    from bench.models import SelfDraft
+
+    decoder = Sequoia(draft=SelfDraft(layers=1), budget=4, depth=2, auto_prompts=1)
+    hot = Sampling(temperature=0.7)
+    decoder.prepare(lm, PROMPTS, set(), hot)
+    assert seen == [hot]

@@ -149,4 +149,6 @@ def test_calibration_prompts_are_never_scored(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [r["prompt_id"] for r in records] == ["p0", "p1"]
-    assert all(r["calibration"] == {"prompt_ids": ["p2", "p3"], "overlaps_scored": False} for r in records)
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    assert all(r["calibration"] == {"prompt_ids": ["p2", "p3"], "overlaps_scored": False, "sampling": greedy}
+               for r in records)

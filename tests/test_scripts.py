@@ -53,7 +53,7 @@ def test_ablation_sweeps_and_plots(tmp_path):
     tiny = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null", "dataset=gsm8k",
             "dataset.limit=1", "gen.max_new_tokens=6", "progress=false", "decoder.auto_tokens=4"]
     sweeps = {"sequoia_budget": ["decoder.budget=1,4"], "specinfer_budget": ["decoder.depth=1,2"],
-              "chain_budget": ["decoder.k=1,4"],
+              "chain_budget": ["decoder.depth=1,4"],
               "sampling_robustness": ["decoder=sequoia", "gen.temperature=0.7,1.0", "gen.top_p=1.0"]}
     for name, grid in sweeps.items():
         extra = [o for o in tiny if not (o.startswith("decoder.auto") and name in ("specinfer_budget", "chain_budget"))]
@@ -131,3 +131,25 @@ def test_bench_linear_kernels_runs(tmp_path):
     out = run_script("bench_linear_kernels.py", "--layers", "1", "--repeats", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "onednn_prepacked" in out.stdout and (tmp_path / "kernels.csv").is_file()
+
+
+def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
+    import json
+
+    import pandas as pd
+
+    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
+    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "gen.max_new_tokens=8",
+                            "leaderboard.limit=2", "leaderboard.datasets=[gsm8k]", "leaderboard.only=[autoregressive,jacobi]",
+                            "leaderboard.verification_tokens=[1,2]", f"leaderboard.out_dir={tmp_path}"],
+                           capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert board.returncode == 0, board.stderr[-2000:]
+    path = tmp_path / "gsm8k" / "jacobi" / "records.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    records[1]["tokens"][3] = (records[1]["tokens"][3] + 1) % 64  # as if it had departed at position 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = run_script("divergence_gaps.py", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    df = pd.read_csv(tmp_path / "divergences.csv")
+    assert len(df) == 1 and df.loc[0, "decoder"] == "jacobi" and df.loc[0, "first_divergence"] == 3
+    assert df.loc[0, "logit_gap"] >= 0 and df.loc[0, "gap_in_ulps"] >= 0 and df.loc[0, "dtype"] == "float32"

@@ -58,7 +58,7 @@ def test_both_caches_hold_only_committed_tokens(monkeypatch, seed, k):
 
 def test_trace_counts_drafts_and_acceptance():
     lm = tiny_lm(seed=1, layers=3)
-    out = SpecChain(draft=SelfDraft(layers=2), k=4).generate(lm, [1, 2, 3], 40, GREEDY, set())
+    out = SpecChain(draft=SelfDraft(layers=2), depth=4).generate(lm, [1, 2, 3], 40, GREEDY, set())
     steps = out.steps
     assert steps[0].draft_tokens == 0 and steps[0].accepted == 1  # the prefill
     for s in steps[1:]:
@@ -81,14 +81,14 @@ def test_a_draft_equal_to_the_target_accepts_everything():
         def build(self, target):
             return target
 
-    out = SpecChain(draft=Same(), k=3).generate(lm, [5, 6], 33, GREEDY, set())
+    out = SpecChain(draft=Same(), depth=3).generate(lm, [5, 6], 33, GREEDY, set())
     assert [s.accepted for s in out.steps] == [1] + [4] * 8
     assert out.tokens == autoregressive_decode(lm, [5, 6], 33, GREEDY, set()).tokens
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="decoder.k"):
-        SpecChain(draft=SelfDraft(), k=0)
+    with pytest.raises(ValueError, match="decoder.depth"):
+        SpecChain(draft=SelfDraft(), depth=0)
     with pytest.raises(ValueError, match="decoder.draft is required"):
         SpecChain(draft=None)
     lm = tiny_lm(seed=0, layers=2)
@@ -109,7 +109,7 @@ SAMPLED_CASES = {
 def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
     lm, prompt = stat_model
     layers, k, kwargs, wrong = SAMPLED_CASES[case]
-    decoder = SpecChain(draft=SelfDraft(layers=layers), k=k)
+    decoder = SpecChain(draft=SelfDraft(layers=layers), depth=k)
     counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_SAMPLES)
     assert hit_share >= 0.1, f"drafts accepted in only {hit_share:.0%} of steps: the test proves little"
     assert_matches_exact(lm, prompt, counts, kwargs, wrong)
@@ -125,6 +125,6 @@ def test_negative_control_a_verifier_that_accepts_every_draft_is_rejected(stat_m
     lm, prompt = stat_model
     monkeypatch.setattr(spec_chain_module, "verify_sampling", _accept_all)
     kwargs = dict(temperature=0.8)
-    decoder = SpecChain(draft=SelfDraft(layers=1), k=2)
+    decoder = SpecChain(draft=SelfDraft(layers=1), depth=2)
     counts, _ = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL)
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA

@@ -72,7 +72,7 @@ def test_sampling_without_replacement_drops_children_it_cannot_draw():
 
 
 DECODERS = {
-    "specinfer-2x3": lambda: SpecInfer(draft=SelfDraft(layers=1), k=2, depth=3),
+    "specinfer-2x3": lambda: SpecInfer(draft=SelfDraft(layers=1), num_drafts=2, depth=3),
     "sequoia-8-3": lambda: Sequoia(draft=SelfDraft(layers=1), budget=8, depth=3, auto_tokens=16),
 }
 
@@ -115,9 +115,9 @@ def test_both_caches_hold_only_committed_tokens(monkeypatch, decoder, seed):
 
 SAMPLED_CASES = {
     # name: (decoder factory, sampling, the wrong sampling of the negative control)
-    "specinfer-2x2-t0.7": (lambda: SpecInfer(draft=SelfDraft(layers=1), k=2, depth=2),
+    "specinfer-2x2-t0.7": (lambda: SpecInfer(draft=SelfDraft(layers=1), num_drafts=2, depth=2),
                            dict(temperature=0.7), dict(temperature=1.0)),
-    "specinfer-3x1-t1.0-topp0.9": (lambda: SpecInfer(draft=SelfDraft(layers=1), k=3, depth=1),
+    "specinfer-3x1-t1.0-topp0.9": (lambda: SpecInfer(draft=SelfDraft(layers=1), num_drafts=3, depth=1),
                                    dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
     "sequoia-4-2-t0.7": (lambda: Sequoia(draft=SelfDraft(layers=1), budget=4, depth=2, auto_tokens=8),
                          dict(temperature=0.7), dict(temperature=1.0)),
