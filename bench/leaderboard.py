@@ -107,6 +107,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     def records() -> dict[str, list[dict]]:  # the logs hold them: no need to read the files again
         return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
 
+    bar = None
     try:
         if not todo:
             return records()
@@ -147,6 +148,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                     bar.update(1)
         bar.close()
     finally:
+        if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
+            bar.close()
         for log in logs.values():
             log.close()
     return records()

@@ -264,28 +264,30 @@ def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, lo
                desc=f"{cfg.decoder.name} | {cfg.dataset.name}")
     tokens = steps = 0
     seconds = 0.0
-    with torch.inference_mode():
-        if cfg.warmup:
-            _warmup(lm, decoder, units, rendering, cfg, sampling)
-        for prompt, turn in units:
-            key = f"{prompt.id}#{turn}"
-            if key in log:
-                continue
-            earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
-            if any(r is None or r["status"] != "ok" for r in earlier):
-                record = _record(cfg, prompt, turn, status="skipped",
-                                 reason="an earlier turn of this conversation was skipped")
-            else:
-                record = run_unit(lm, decoder, dataset, prompt, turn, [r["text"] for r in earlier], rendering, cfg, sampling)
-            if calibration is not None:
-                record["calibration"] = calibration
-            log.append(record)
-            if logger is not None:
-                logger.log_record(record)
-            if record["status"] == "ok":
-                tokens += record["new_tokens"]
-                steps += record["steps"]
-                seconds += record["latency_s"]
-                bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}", refresh=False)
-            bar.update(1)
-    bar.close()
+    try:  # closed before any message after it (Ctrl-C's resume hint must come last)
+        with torch.inference_mode():
+            if cfg.warmup:
+                _warmup(lm, decoder, units, rendering, cfg, sampling)
+            for prompt, turn in units:
+                key = f"{prompt.id}#{turn}"
+                if key in log:
+                    continue
+                earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
+                if any(r is None or r["status"] != "ok" for r in earlier):
+                    record = _record(cfg, prompt, turn, status="skipped",
+                                     reason="an earlier turn of this conversation was skipped")
+                else:
+                    record = run_unit(lm, decoder, dataset, prompt, turn, [r["text"] for r in earlier], rendering, cfg, sampling)
+                if calibration is not None:
+                    record["calibration"] = calibration
+                log.append(record)
+                if logger is not None:
+                    logger.log_record(record)
+                if record["status"] == "ok":
+                    tokens += record["new_tokens"]
+                    steps += record["steps"]
+                    seconds += record["latency_s"]
+                    bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}", refresh=False)
+                bar.update(1)
+    finally:
+        bar.close()
