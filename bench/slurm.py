@@ -1,0 +1,77 @@
+"""A run inside a SLURM task stops promptly when SLURM stops it, and stays resumable.
+
+What SLURM sends a job step's tasks (KillWait is 30 s unless the cluster sets it):
+- scancel: SIGCONT and SIGTERM, then SIGKILL KillWait later;
+- the time limit: SIGUSR2 `hydra.launcher.signal_delay_s` before it (submitit submits with
+  --signal=USR2@<delay>), then at the limit SIGTERM and, KillWait later, SIGKILL.
+submitit, which runs each task of a sweep, logs SIGTERM and ignores it, so a cancelled run went
+on generating until the SIGKILL; on SIGUSR2 it stops the run minutes before its limit to requeue
+it, which a bench run started without resume=true cannot use.
+
+This Hydra callback (hydra.callbacks of conf/hydra/launcher/slurm.yaml) changes both for the
+length of the run: SIGTERM raises `Stopped` wherever generation is, so the task ends in seconds
+with its finished records fsynced and its directory lock released; SIGUSR2 is logged and the run
+goes on until the SIGTERM at the limit, so it generates for the whole timeout_min. Hydra keeps
+the exception in the job's return, which submitit writes as the task's result: the submitting
+command stops waiting at once, even where `sacct` knows nothing, and prints how to resume.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+
+def _say(message: str) -> None:
+    # os.write, not print: the handler may interrupt a write to stderr (the progress bar), and a
+    # buffered write from inside it would fail as a reentrant call.
+    os.write(2, f"\n[bench] {message}\n".encode())
+
+
+class Stopped(Exception):
+    """SLURM stopped the run; the records written so far are kept, resume=true finishes it."""
+
+
+class StopOnSlurmSignal(Callback):
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+        if not job or threading.current_thread() is not threading.main_thread():
+            return  # not a SLURM task (or no signals here): the defaults stay
+        hc = config.hydra
+        run_dir = hc.runtime.output_dir
+        where = (f"hydra.sweep.dir={os.path.abspath(hc.sweep.dir)}" if hc.mode == RunMode.MULTIRUN
+                 else f"hydra.run.dir={run_dir}")
+        resume = (f"the finished records of {run_dir} are kept. Once no task of SLURM job {job} runs "
+                  f"(squeue -j {job} lists none), finish the run with the same command plus resume=true {where}")
+
+        pid = os.getpid()
+
+        def stop(signum: int, frame: Any) -> None:
+            if os.getpid() != pid:  # a forked helper (quality scoring) inherited this handler: it just ends
+                os._exit(128 + signum)
+            for sig in self._previous:  # one stop: SLURM may signal again while this one unwinds
+                signal.signal(sig, signal.SIG_IGN)
+            message = f"stopped by SIGTERM (scancel, or the job's time limit); {resume}"
+            _say(message)
+            raise Stopped(message)
+
+        def near_limit(signum: int, frame: Any) -> None:
+            _say("SIGUSR2: the job's time limit is near; generating on until SLURM's SIGTERM at the limit stops "
+                 "the run (finished records are kept)")
+
+        self._previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, stop),
+                          signal.SIGUSR2: signal.signal(signal.SIGUSR2, near_limit)}
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        # The run is over (finished or stopped): submitit's own handlers again while it writes the result.
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
