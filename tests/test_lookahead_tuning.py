@@ -137,9 +137,9 @@ def test_sequoia_measures_acceptance_at_the_runs_sampling_settings(monkeypatch):
 
     seen = []
     monkeypatch.setattr(sequoia, "cached_acceptance", lambda lm, draft, prompts, K, sampling, *a, **k:
-                        seen.append(sampling) or [0.5] + [0.1] * (K - 1))
+                        seen.append(sampling) or [0.5] + [0.05] * (K - 1))
     lm = tiny_lm(seed=4)
-    from bench.models import SelfDraft
+    from decoders.draft import SelfDraft
 
     decoder = Sequoia(draft=SelfDraft(layers=1), budget=4, depth=2, auto_prompts=1)
     hot = Sampling(temperature=0.7)
