@@ -194,7 +194,7 @@ def test_choices_validation():
         Medusa(choices="wide")
     with pytest.raises(ValueError, match="tree_size must be an integer >= 1"):
         Medusa(tree_size=0)
-    with pytest.raises(ValueError, match="acceptance must be exact or typical"):
+    with pytest.raises(ValueError, match="accept_rule must be exact or typical"):
         Medusa(accept_rule="loose")
     lm = tiny_lm(seed=0)
     with pytest.raises(ValueError, match="depth 3 needs that many heads"):
