@@ -37,11 +37,11 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import metrics
-from .__main__ import CONF_DIR, _reason
+from .__main__ import CONF_DIR, _check_writable, _reason
 from .errors import BenchError
 from .prompts import rendering_for
 from .records import RecordLog
-from .runner import _prepare, _warmup, build, check_config, config_difference, run_unit
+from .runner import _prepare, _warmup, build, check_config, config_difference, run_unit, sampling_from
 
 REFERENCE = "autoregressive"
 
@@ -146,7 +146,6 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                         bar.set_postfix(decoder=label, tok_s=f"{t[0] / t[2]:.1f}", tok_per_step=f"{t[0] / t[1]:.2f}",
                                         refresh=False)
                     bar.update(1)
-        bar.close()
     finally:
         if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
             bar.close()
@@ -256,13 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         base, labels, runs = compose_all(overrides)
         board = base.leaderboard
         out_dir = Path(board.out_dir)
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / ".write-test").touch()
-            (out_dir / ".write-test").unlink()
-        except OSError as e:
-            raise BenchError(f"leaderboard.out_dir={board.out_dir}: cannot write there ({e.strerror or e}); "
-                             "choose a writable directory") from None
+        _check_writable("leaderboard.out_dir", board.out_dir)  # one line and exit 2, as for hydra.run.dir
+        out_dir.mkdir(parents=True, exist_ok=True)
         if base.threads:
             torch.set_num_threads(base.threads)
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
@@ -271,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         records = {(ds, label): recs for ds in board.datasets
                    for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache).items()}
         write_summaries(out_dir, records)
-        greedy = check_config(runs[board.datasets[0], REFERENCE])[0].greedy
+        greedy = sampling_from(runs[board.datasets[0], REFERENCE]).greedy
         df = table(records, list(board.datasets), labels)
         by_category = category_table(records, list(board.datasets), labels)
         if not greedy:  # equal tokens under sampling need equal random streams: not a losslessness test

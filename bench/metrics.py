@@ -178,6 +178,7 @@ def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
             tokens, steps, latency = ok["new_tokens"].sum(), ok["steps"].sum(), ok["latency_s"].sum()
             busy = ok["target_time_s"].sum() + ok["draft_time_s"].sum() + ok["overhead_time_s"].sum()
             tps = ok["tokens_per_s"]
+            ok_records = ok.to_dict("records")
             row.update(
                 new_tokens=int(tokens), steps=int(steps),
                 tokens_per_step=_ratio(tokens, steps),
@@ -188,8 +189,8 @@ def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
                 forward_tokens_per_step=_ratio(ok["forward_tokens"].sum(), steps),
                 flops_per_step=_ratio(ok["target_flops"].sum(), steps),
                 # .get: records written before these fields existed (a resumed older run) give NaN.
-                mean_accepted_tokens=_ratio(ok.get("decode_tokens", pd.Series()).sum(), ok.get("decode_steps", pd.Series()).sum()),
-                decode_flops_per_step=decode_flops_per_step(ok.to_dict("records")),
+                mean_accepted_tokens=mean_accepted_tokens(ok_records),
+                decode_flops_per_step=decode_flops_per_step(ok_records),
                 flops_per_token=_ratio(ok["target_flops"].sum(), tokens),
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
                 acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),

@@ -31,12 +31,18 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
         feed = [token]
 
 
-def logit_gap(lm: LM, ids: Sequence[int]) -> float:
-    """The target's top1 - top2 next-token logit gap after `ids` (one fresh forward, untimed).
-    Where an output departs from autoregressive greedy, ~0 (an ulp of the dtype) is a numerical
-    near-tie, a clear gap a decoding error."""
+def top_two_logits(lm: LM, ids: Sequence[int]) -> tuple[float, float]:
+    """The target's two largest next-token logits after `ids` (one fresh forward, untimed)."""
     top2 = torch.topk(lm.forward(list(ids), lm.new_cache(), last_only=True)[-1].float(), 2).values
-    return float(top2[0] - top2[1])
+    return float(top2[0]), float(top2[1])
+
+
+def logit_gap(lm: LM, ids: Sequence[int]) -> float:
+    """The target's top1 - top2 next-token logit gap after `ids`. Where an output departs from
+    autoregressive greedy, ~0 (an ulp of the dtype) is a numerical near-tie, a clear gap a
+    decoding error."""
+    top1, top2 = top_two_logits(lm, ids)
+    return top1 - top2
 
 
 @dataclass

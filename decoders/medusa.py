@@ -123,33 +123,35 @@ class Medusa:
 
     load_draft = load_heads  # the runner builds drafts (and heads) before timing, with one-line errors
 
-    def paths(self, heads) -> tuple[list[tuple[int, ...]], str]:
+    def paths(self, heads) -> tuple[list[tuple[int, ...]], str, float | None]:
+        """The tree's rank paths, where they came from, and (auto / prior) the mean accepted tokens
+        they forecast."""
         if self.choices == "chain":
-            return [(0,) * d for d in range(1, heads.k + 1)], "chain"
+            return [(0,) * d for d in range(1, heads.k + 1)], "chain", None
         if self.choices in ("auto", "prior"):
             measured = heads.accuracy() if self.choices == "auto" else None
             accuracy = measured or prior_accuracy(heads.k, self.ranks_per_head)
             paths = best_paths(accuracy, self.tree_size, self.ranks_per_head)
             # The forecast to set beside the measured mean_accepted_tokens: 1 (the bonus) + each path's
             # chance of acceptance (ranks of one head are exclusive events, heads taken as independent).
-            self._expected = 1.0 + sum(math.prod(accuracy[i][r] for i, r in enumerate(p)) for p in paths)
-            return paths, "measured" if measured else "prior"
+            expected = 1.0 + sum(math.prod(accuracy[i][r] for i, r in enumerate(p)) for p in paths)
+            return paths, "measured" if measured else "prior", expected
         paths = [tuple(int(r) for r in p) for p in self.choices]
         if max(map(len, paths)) > heads.k:
             raise ValueError(f"decoder.choices: a path of depth {max(map(len, paths))} needs that many heads; "
                              f"these heads have {heads.k}")
-        return paths, "given"
+        return paths, "given", None
 
     def shape(self, lm: LM):
         heads = self.load_heads(lm)
         if self._shape is None or self._shape[0] is not heads:
-            paths, source = self.paths(heads)
+            paths, source, expected = self.paths(heads)
             parents, slots = tree_shape(paths)
             self._shape = (heads, parents, slots)
             self.tuning = {"tree_size": len(slots), "depth": max((len(p) for p in paths), default=0),
                            "choices": self.choices if isinstance(self.choices, str) else "list", "source": source}
-            if self.choices in ("auto", "prior"):
-                self.tuning["expected_tokens"] = self._expected
+            if expected is not None:
+                self.tuning["expected_tokens"] = expected
         return self._shape
 
     def setting(self) -> dict:

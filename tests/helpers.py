@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -33,12 +35,31 @@ def smollm2() -> LM:
     return GGUFPackageModel(cache_dir=CACHE_DIR, device="cpu", dtype="float32", fast_path=FAST_PATH).load()
 
 
+def _cli_env() -> dict:
+    return dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR, HYDRA_FULL_ERROR="0",
+                WANDB_SILENT="true")
+
+
 def run_cli(*overrides: str, timeout: int = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m bench ...` in a subprocess, as a user runs it."""
-    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR, HYDRA_FULL_ERROR="0",
-               WANDB_SILENT="true")
     return subprocess.run([sys.executable, "-m", "bench", *overrides], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or REPO, env=env)
+                          timeout=timeout, cwd=cwd or REPO, env=_cli_env())
+
+
+def start_cli(*overrides: str, output: bool = False) -> subprocess.Popen:
+    """`python -m bench ...` started in the background, to be killed or interrupted mid-run
+    (output=True: stdout and stderr piped, as text). SIGINT is restored in the child: a shell
+    that starts the suite in the background ignores it for its children."""
+    pipe = subprocess.PIPE if output else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-m", "bench", *overrides], cwd=REPO, env=_cli_env(), stdout=pipe,
+                            stderr=pipe, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def wait_for_records(path: Path, count: int, timeout: float = 240) -> None:
+    """Until records.jsonl at `path` holds `count` lines (or the timeout passes)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < count):
+        time.sleep(0.02)
 
 
 def chi2_pvalue(counts, expected, min_expected: float = 5.0) -> float:

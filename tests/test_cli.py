@@ -4,12 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
 
-from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli
+from helpers import CACHE_DIR, REPO, run_cli, start_cli, wait_for_records
 
 TINY = ["model=tiny-random", "gen.max_new_tokens=8"]
 
@@ -202,13 +201,9 @@ def test_existing_run_needs_resume_and_resume_needs_same_config(tmp_path):
 
 def test_sigkill_then_resume_gives_every_record_exactly_once(tmp_path):
     args = ["model=tiny-random", "gen.max_new_tokens=48", "dataset.limit=14", f"hydra.run.dir={tmp_path}"]
-    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_cli(*args)
     path = tmp_path / "records.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < 3):
-        time.sleep(0.02)
+    wait_for_records(path, 3)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done_at_kill = path.read_text().count("\n")

@@ -7,13 +7,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli
+from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli, start_cli, wait_for_records
 
 TINY = ["model=tiny-random", "gen.max_new_tokens=8"]
 HEADS = REPO / "adapters" / "smollm2-135m-heads4.safetensors"
@@ -104,6 +103,11 @@ def test_unwritable_output_directory(tmp_path):
     one_line_error(out, f"hydra.run.dir={blocker / 'run'}: cannot write under {blocker}")
     sweep = run_cli("-m", *TINY, "decoder=autoregressive,hf_pld", f"hydra.sweep.dir={blocker / 'sweep'}")
     one_line_error(sweep, f"hydra.sweep.dir={blocker / 'sweep'}: cannot write under {blocker}")
+    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
+    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random",
+                            f"leaderboard.out_dir={blocker / 'board'}"], capture_output=True, text=True, cwd=REPO,
+                           env=env, timeout=300)
+    one_line_error(board, f"leaderboard.out_dir={blocker / 'board'}: cannot write under {blocker}")
 
 
 def test_read_only_filesystem(tmp_path):
@@ -132,13 +136,9 @@ def test_a_second_writer_into_one_run_directory_fails_naming_the_holder(tmp_path
     tasks) duplicated records and exited 0: now the second writer fails in one line."""
     run = tmp_path / "run"
     args = ["model=tiny-random", "gen.max_new_tokens=64", "dataset.limit=100", f"hydra.run.dir={run}"]
-    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    first = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = start_cli(*args)
     records = run / "records.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (records.exists() and records.read_text().count("\n") >= 1):
-        time.sleep(0.02)
+    wait_for_records(records, 1)
     try:
         second = run_cli(*args, "resume=true")
         assert first.poll() is None, "the first run must still be writing for this test to mean anything"
@@ -153,15 +153,9 @@ def test_a_second_writer_into_one_run_directory_fails_naming_the_holder(tmp_path
 def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path):
     run = tmp_path / "run"
     args = ["model=tiny-random", "gen.max_new_tokens=64", "dataset.limit=100", f"hydra.run.dir={run}"]
-    env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    # A shell that starts the suite in the background ignores SIGINT for its children: restore it.
-    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = start_cli(*args, output=True)
     path = run / "records.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < 2):
-        time.sleep(0.02)
+    wait_for_records(path, 2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
