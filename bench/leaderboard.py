@@ -1,18 +1,36 @@
-"""`python -m bench.leaderboard [overrides]`: every decoder on the same prompts of every dataset,
-side by side, into one Spec-Bench-style table (conf/leaderboard.yaml).
+"""`python -m bench.leaderboard [+preset=NAME] [overrides]`: every decoder on the same prompts of
+every dataset, side by side, into one Spec-Bench-style table (conf/leaderboard.yaml).
 
 Per dataset the model is loaded once and every decoder built once; each prompt is then run by
-every decoder in a rotating order (no method always runs first), so ratios compare runs made in
-the same process under the same conditions. Each (dataset, decoder) is an ordinary run
-directory (out_dir/<dataset>/<label>/: config.yaml, records.jsonl, summary.csv), so
-`python -m bench.show` and `python -m bench.report` read them, and a rerun with the same out_dir
-resumes: finished records are skipped, none is duplicated.
+every decoder in a rotating order (no method always runs first), `leaderboard.repeats` times
+(default 1), so ratios compare runs made in the same process under the same conditions. Each
+(dataset, decoder) is an ordinary run directory (out_dir/<dataset>/<label>/: config.yaml,
+records.jsonl, summary.csv), so `python -m bench.show` and `python -m bench.report` read them,
+and a rerun with the same out_dir resumes: finished records are skipped, none is duplicated.
+
+Presets (conf/preset/<name>.yaml, `+preset=<name>`) are focused comparisons: each adds its
+labelled entries to leaderboard.decoders, selects them with leaderboard.only (autoregressive,
+the reference, always among them) and sets datasets, limit (4), repeats and out_dir:
+- speculative: spec_chain-8, specinfer-2x4, sequoia-8 (the same 8 draft nodes per step),
+  sequoia-auto and hf_assisted, all with the same draft (the `draft` group),
+- lookahead: lookahead (N,W,G = 4,5,5), lookahead-w15n7, lookahead-auto, jacobi, hf_pld (2 repeats),
+- heads: medusa-auto-32/-64, medusa-chain, bpd-p1/-p4 and their n-gram rescored bpd-ngram-p1/-p4
+  (bpd-neural-p4 is defined; add it to leaderboard.only),
+- baselines: autoregressive against transformers' generate() (3 repeats; decode_overhead_frac).
+A preset writes results/<preset>/ (not under version control). The checked-in tables the README
+quotes live in results/reference/<topic>/ and are remade from a clean tree with
+leaderboard.out_dir=results/reference/<topic>: a preset never writes there by default, since a
+rerun into an existing out_dir resumes and would add records of another commit to a reference.
 
 The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
+- runs: timed runs (prompts x leaderboard.repeats),
 - tokens_per_step: new tokens / target forward passes, prefill included,
 - mean_accepted_tokens: Spec-Bench's (prefill excluded, bonus token included),
-- tokens_per_s: new tokens / seconds, summed over prompts,
-- speedup (Spec-Bench's), speedup_geomean, speedup_pooled: bench/metrics.py defines them,
+- tokens_per_s: new tokens / seconds, summed over timed runs,
+- speedup (Spec-Bench's), speedup_geomean, speedup_pooled: bench/metrics.py defines them, over
+  every timed run, each repeat against the reference's same repeat,
+- speedup_per_run_median / _p25 / _p75: the spread of the per-run ratio (bench/metrics.py),
+- decode_overhead_frac: share of decoding-step time outside the target and draft forwards,
 - acceptance_rate: accepted / proposed draft tokens,
 - flops_per_token_vs_ar: (target + draft FLOPs) per token, relative to autoregressive's,
 - lossless: the share of prompts whose greedy output equals autoregressive's token for token
@@ -20,7 +38,10 @@ The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
   so it is no test of losslessness),
 - quality: the dataset's metric (HumanEval pass@1, GSM8K accuracy; MT-Bench has none).
 Where prompts carry a category (MT-Bench), leaderboard_by_category.csv/.md break it down;
-tuning.csv sets each auto-tuner's forecast beside what it measured.
+tuning.csv sets each auto-tuner's forecast beside what it measured. provenance.json (commit,
+clean tree, versions, device, threads, dtype, fast path, and the command line's overrides) and
+leaderboard.yaml (the composed config) say what the table was made from. Where an output departs
+from autoregressive's, scripts/divergence_gaps.py OUT_DIR measures how close the call was.
 """
 from __future__ import annotations
 
@@ -56,11 +77,13 @@ def compose_all(overrides: list[str]):
             unknown = [x for x in board.only if x not in labels]
             if unknown:
                 raise BenchError(f"leaderboard.only: unknown label(s) {unknown}; choose from {', '.join(labels)}")
-            labels = [x for x in labels if x in board.only]
+            labels = list(dict.fromkeys(board.only))  # in the order given (a preset's order)
         if REFERENCE not in labels:
             raise BenchError(f"the leaderboard needs the {REFERENCE} entry: every ratio is against it")
         if not (isinstance(board.limit, int) and board.limit >= 1):
             raise BenchError(f"leaderboard.limit must be an integer >= 1, got {board.limit!r}")
+        if isinstance(board.repeats, bool) or not (isinstance(board.repeats, int) and board.repeats >= 1):
+            raise BenchError(f"leaderboard.repeats must be an integer >= 1, got {board.repeats!r}")
         runs = {}
         for ds in board.datasets:
             for label in labels:
@@ -85,9 +108,13 @@ def check_resume(run_dir: Path, cfg) -> None:
                              "settings to resume, or choose a new leaderboard.out_dir")
 
 
-def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict) -> dict[str, list[dict]]:
+def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict,
+                repeats: int = 1) -> dict[str, list[dict]]:
     """Runs what is missing of one dataset; returns per label the records of this run's prompts, in
-    prompt order (a directory may hold more, from an earlier run with a larger limit)."""
+    prompt order (a directory may hold more, from an earlier run with a larger limit). With
+    repeats > 1 each prompt runs `repeats` times per label, the order rotating per run; a label's
+    record (that of its first run) is written after its last, with every run's latency in
+    repeat_latency_s."""
     cfgs = {label: runs[ds, label] for label in labels}
     first = cfgs[REFERENCE]
     decoders = {}
@@ -123,29 +150,39 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                 calibration[label] = _prepare(lm, dec, dataset, prompts, rendering, cfgs[label])
                 if first.warmup:
                     _warmup(lm, dec, units, rendering, cfgs[label], sampling)
-        bar = tqdm(total=len(prompts) * len(labels), initial=len(prompts) * len(labels) - len(todo), unit="run",
-                   desc=f"leaderboard | {ds}", dynamic_ncols=True, disable=not first.progress)
+        total = len(prompts) * len(labels) * repeats
+        bar = tqdm(total=total, initial=total - len(todo) * repeats, unit="run", desc=f"leaderboard | {ds}",
+                   dynamic_ncols=True, disable=not first.progress)
         totals = {label: [0, 0, 0.0] for label in labels}
         with torch.inference_mode():
             for i, prompt in enumerate(prompts):
-                shift = i % len(labels)
-                for label in labels[shift:] + labels[:shift]:
-                    key = f"{prompt.id}#0"
-                    if key in logs[label]:
-                        continue
-                    record = run_unit(lm, decoders[label], dataset, prompt, 0, [], rendering, cfgs[label], sampling)
-                    record["label"] = label
-                    if calibration[label] is not None:
-                        record["calibration"] = calibration[label]
-                    logs[label].append(record)
-                    if record["status"] == "ok":
-                        t = totals[label]
-                        t[0] += record["new_tokens"]
-                        t[1] += record["steps"]
-                        t[2] += record["latency_s"]
-                        bar.set_postfix(decoder=label, tok_s=f"{t[0] / t[2]:.1f}", tok_per_step=f"{t[0] / t[1]:.2f}",
-                                        refresh=False)
-                    bar.update(1)
+                key = f"{prompt.id}#0"
+                first_run: dict[str, dict] = {}
+                latencies: dict[str, list[float]] = {}
+                for rep in range(repeats):
+                    shift = (i * repeats + rep) % len(labels)  # no method always runs first
+                    for label in labels[shift:] + labels[:shift]:
+                        if key in logs[label]:
+                            continue
+                        record = run_unit(lm, decoders[label], dataset, prompt, 0, [], rendering, cfgs[label], sampling)
+                        first_run.setdefault(label, record)
+                        if record["status"] == "ok":
+                            latencies.setdefault(label, []).append(record["latency_s"])
+                            t = totals[label]
+                            t[0] += record["new_tokens"]
+                            t[1] += record["steps"]
+                            t[2] += record["latency_s"]
+                            bar.set_postfix(decoder=label, tok_s=f"{t[0] / t[2]:.1f}",
+                                            tok_per_step=f"{t[0] / t[1]:.2f}", refresh=False)
+                        bar.update(1)
+                        if rep == repeats - 1:  # the label's last run of this prompt: its record is complete
+                            record = first_run[label]
+                            record["label"] = label
+                            if record["status"] == "ok":
+                                record["repeat_latency_s"] = latencies[label]
+                            if calibration[label] is not None:
+                                record["calibration"] = calibration[label]
+                            logs[label].append(record)
     finally:
         if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
             bar.close()
@@ -154,12 +191,27 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     return records()
 
 
+def timed_runs(record: dict) -> list[float]:
+    """Every timed run's latency of a record's prompt (leaderboard.repeats; one without repeats)."""
+    return record.get("repeat_latency_s") or [record["latency_s"]]
+
+
+def run_pairs(pairs: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
+    """(decoder's, reference's) per-prompt records -> one {new_tokens, latency_s} pair per timed run,
+    each repeat against the reference's same repeat."""
+    return [({"new_tokens": a["new_tokens"], "latency_s": x}, {"new_tokens": b["new_tokens"], "latency_s": y})
+            for a, b in pairs for x, y in zip(timed_runs(a), timed_runs(b))]
+
+
 def board_row(records: list[dict], reference: list[dict]) -> dict:
     ok = [r for r in records if r["status"] == "ok"]
     ref = {r["key"]: r for r in reference if r["status"] == "ok"}
     pairs = [(r, ref[r["key"]]) for r in ok if r["key"] in ref]
-    tokens, steps = sum(r["new_tokens"] for r in ok), sum(r["steps"] for r in ok)
-    seconds = sum(r["latency_s"] for r in ok)
+    per_run = run_pairs(pairs)
+    steps = sum(r["steps"] for r in ok)
+    tokens = sum(r["new_tokens"] for r in ok)
+    run_tokens = sum(r["new_tokens"] * len(timed_runs(r)) for r in ok)  # every timed run's tokens and seconds
+    seconds = sum(sum(timed_runs(r)) for r in ok)
     flops = sum(r["target_flops"] + r["draft_flops"] for r in ok)
     ref_flops = sum(b["target_flops"] + b["draft_flops"] for _, b in pairs)
     ref_tokens = sum(b["new_tokens"] for _, b in pairs)
@@ -168,10 +220,13 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
     metric = next((r["quality_metric"] for r in ok if r.get("quality_metric")), None)
     return {
         "prompts": len(ok),
+        "runs": sum(len(timed_runs(r)) for r in ok),
         "tokens_per_step": tokens / steps if steps else math.nan,
         "mean_accepted_tokens": metrics.mean_accepted_tokens(ok),
-        "tokens_per_s": tokens / seconds if seconds else math.nan,
-        **metrics.speedups(pairs),
+        "tokens_per_s": run_tokens / seconds if seconds else math.nan,
+        **metrics.speedups(per_run),
+        **metrics.speedup_per_run(per_run),
+        "decode_overhead_frac": metrics.decode_overhead_frac(ok),
         "acceptance_rate": sum(r["accepted_draft_tokens"] for r in ok) / proposed if proposed else math.nan,
         "flops_per_token_vs_ar": (flops / tokens) / (ref_flops / ref_tokens) if pairs and tokens else math.nan,
         "lossless": float(np.mean([a["tokens"] == b["tokens"] for a, b in pairs])) if pairs else math.nan,
@@ -263,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             check_resume(out_dir / ds / label, cfg)
         lm_cache: dict = {}
         records = {(ds, label): recs for ds in board.datasets
-                   for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache).items()}
+                   for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache, board.repeats).items()}
         write_summaries(out_dir, records)
         greedy = sampling_from(runs[board.datasets[0], REFERENCE]).greedy
         df = table(records, list(board.datasets), labels)
@@ -283,7 +338,12 @@ def main(argv: list[str] | None = None) -> None:
         cost.to_csv(out_dir / "verification_cost.csv", index=False)
         plot_all(out_dir, list(board.datasets), labels, df, list(board.sweeps), records)
         from . import provenance
-        (out_dir / "provenance.json").write_text(json.dumps(provenance.collect(lm), indent=2))
+        info = provenance.collect(lm)
+        # how the table was asked for: the command line (a preset: +preset=<name>) and the entries it ran
+        info["leaderboard"] = {"overrides": overrides, "labels": labels, "datasets": list(board.datasets),
+                               "limit": board.limit, "repeats": board.repeats}
+        (out_dir / "provenance.json").write_text(json.dumps(info, indent=2))
+        (out_dir / "leaderboard.yaml").write_text(OmegaConf.to_yaml(base, resolve=True))
         md = markdown(df, cost, base, lm)
         (out_dir / "leaderboard.md").write_text(md)
         print(md)
@@ -295,9 +355,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
-COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
-           "speedup_geomean", "acceptance_rate", "flops_per_token_vs_ar", "lossless", "identical_to_ar",
-           "quality_metric", "quality"]
+COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
+           "speedup", "speedup_per_run_p25", "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
+           "flops_per_token_vs_ar", "decode_overhead_frac", "lossless", "identical_to_ar", "quality_metric", "quality"]
 CATEGORY_COLUMNS = COLUMNS[:2] + ["category"] + COLUMNS[2:]
 
 
@@ -313,18 +373,22 @@ def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
     setup = (f"model {base.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
              f"fast path {getattr(lm, 'fast_path', 'none')} | threads {torch.get_num_threads()} | "
              f"{decoding_mode(base.gen)} | {base.gen.max_new_tokens} new tokens | "
-             f"{base.leaderboard.limit} prompts per dataset (MT-Bench: first turns)")
+             f"{base.leaderboard.limit} prompts per dataset (MT-Bench: first turns)"
+             + (f" x {base.leaderboard.repeats} runs each" if base.leaderboard.repeats > 1 else ""))
     costs = ", ".join(f"{k} tokens {v:.2f}x" for k, v in zip(cost["tokens"], cost["vs_one_token"]))
     return (f"{setup}\n\nverification cost on this device (one forward of k tokens vs 1): {costs}\n\n"
             + shown.to_markdown(index=False, floatfmt=".3g")
-            + "\n\nspeedup (Spec-Bench's): mean over prompts of tokens/s / autoregressive's mean over the same "
-              "prompts, both run in this process; speedup_geomean: geometric mean over prompts of autoregressive's "
-              "latency / the decoder's; mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill "
-              "excluded, bonus token included; "
+            + "\n\nruns: timed runs, prompts x repeats; speedup (Spec-Bench's): mean over runs of tokens/s / "
+              "autoregressive's mean over the same prompts and repeats, both run in this process; "
+              "speedup_per_run_p25/p75: quartiles over runs of tokens/s / autoregressive's on the same prompt and "
+              "repeat; speedup_geomean: geometric mean over runs of autoregressive's latency / the decoder's; "
+              "mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill excluded, bonus token "
+              "included; "
             + ("lossless: share of prompts identical to autoregressive's greedy output; " if "lossless" in df else
                "identical_to_ar: share of prompts identical to autoregressive's sampled output (with the same "
                "seeds; not a test of losslessness under sampling); ")
-            + "flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive.\n")
+            + "flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive; decode_overhead_frac: share "
+              "of decoding-step time (prefill left out) outside the target and draft forwards.\n")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,13 @@
   - speedup_geomean: the geometric mean over prompts of reference latency / decoder latency
     (every prompt weighs the same, whatever its length);
   - speedup_pooled: summed tokens / summed seconds, divided by the reference's.
-  Repeated side-by-side runs (scripts/side_by_side.py) report `speedup` per repeat, then its
-  median and quartiles over repeats.
+- speedup_per_run_median / _p25 / _p75: the spread behind `speedup`: per timed run (a prompt,
+  and a repeat of it where the leaderboard repeats prompts: leaderboard.repeats), the run's
+  tokens/s over the reference's on the same prompt and repeat, its median and quartiles
+  (`speedup_per_run`).
+- decode_overhead_frac: the share of decoding-step time (the prefill step left out) spent
+  outside the target and draft forwards: sampling, verification, bookkeeping, the loop itself
+  (`decode_overhead_frac`; summaries' overhead_frac keeps the prefill in).
 - category: where prompts carry one (MT-Bench's eight, a jsonl's `category` field), every
   record keeps it and tables can be broken down by it (`summarize(by_category=True)`).
 """
@@ -131,6 +136,32 @@ def speedups(pairs: list[tuple[dict, dict]]) -> dict:
     return {"speedup": _ratio(np.mean(mine[:, 0] / mine[:, 1]), np.mean(ref[:, 0] / ref[:, 1])),
             "speedup_geomean": float(np.exp(np.mean(np.log(ref[:, 1] / mine[:, 1])))),
             "speedup_pooled": _ratio(mine[:, 0].sum() / mine[:, 1].sum(), ref[:, 0].sum() / ref[:, 1].sum())}
+
+
+def speedup_per_run(pairs: list[tuple[dict, dict]]) -> dict:
+    """pairs as for `speedups`, one per timed run (prompt, repeat). Median and quartiles of the
+    per-run ratio: tokens/s / the reference's tokens/s on the same prompt and repeat."""
+    ratios = [(a["new_tokens"] / a["latency_s"]) / (b["new_tokens"] / b["latency_s"]) for a, b in pairs
+              if a["latency_s"] > 0 and b["latency_s"] > 0 and b["new_tokens"] > 0]
+    if not ratios:
+        return {"speedup_per_run_median": math.nan, "speedup_per_run_p25": math.nan, "speedup_per_run_p75": math.nan}
+    p25, median, p75 = np.percentile(ratios, [25, 50, 75])
+    return {"speedup_per_run_median": float(median), "speedup_per_run_p25": float(p25),
+            "speedup_per_run_p75": float(p75)}
+
+
+def decode_overhead_frac(records) -> float:
+    """Share of decoding-step time (prefill step excluded) outside the target and draft forwards,
+    pooled over the records' traces (records without a trace are left out)."""
+    outside = busy = 0.0
+    for r in records:
+        trace = r.get("trace") or {}
+        if "overhead_time" not in trace:
+            continue
+        for o, t, d in zip(trace["overhead_time"][1:], trace["target_time"][1:], trace["draft_time"][1:]):
+            outside += o
+            busy += o + t + d
+    return _ratio(outside, busy)
 
 
 def decode_flops_per_step(records) -> float:

@@ -1,5 +1,6 @@
 """The leaderboard end to end on tiny-random (two prompts per dataset, every decoder), its
-resume, and the step-by-step view."""
+resume, its presets (+preset=speculative / lookahead / heads / baselines), repeats, and the
+step-by-step view."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import sys
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from helpers import CACHE_DIR, DATA_DIR, REPO
 
@@ -198,3 +200,96 @@ def test_leaderboard_errors_are_one_line(tmp_path):
     assert result.returncode == 2 and result.stderr.strip().startswith("error: leaderboard.only: unknown label")
     result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[lookahead]", f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 2 and "needs the autoregressive entry" in result.stderr
+
+
+# Each preset's entries, in its order (conf/preset/<name>.yaml), and its repeats.
+PRESETS = {
+    "speculative": (["autoregressive", "hf_assisted", "spec_chain-8", "specinfer-2x4", "sequoia-8", "sequoia-auto"], 1),
+    "lookahead": (["autoregressive", "hf_pld", "jacobi", "lookahead", "lookahead-w15n7", "lookahead-auto"], 2),
+    "heads": (["autoregressive", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1", "bpd-p4",
+               "bpd-ngram-p4"], 1),
+    "baselines": (["autoregressive", "hf_generate"], 3),
+}
+
+
+def preset_overrides(name: str) -> list[str]:
+    """tiny-random, one dataset, one prompt, 8 tokens; head entries get untrained heads (the shipped
+    ones are SmolLM2's), as the main board's TINY does."""
+    tiny = ["model=tiny-random", "gen.max_new_tokens=8", "leaderboard.limit=1", "leaderboard.datasets=[gsm8k]",
+            "draft.layers=1", "draft.adapter=null", "leaderboard.verification_tokens=[1,2]", "progress=false"]
+    entries = OmegaConf.load(REPO / "conf" / "preset" / f"{name}.yaml").leaderboard.get("decoders", {})
+    for label, overrides in entries.items():
+        if any(o in ("decoder=medusa", "decoder=bpd") for o in overrides):
+            tiny.append(f"leaderboard.decoders.{label}=[{','.join(json.dumps(o) for o in [*overrides, 'decoder.heads=null'])}]")
+    return [f"+preset={name}", *tiny]
+
+
+def test_presets_write_to_their_own_directory_not_the_reference():
+    from bench.leaderboard import compose_all
+
+    for name, (labels, repeats) in PRESETS.items():
+        base, composed, runs = compose_all([f"+preset={name}", "model=tiny-random"])
+        assert composed == labels and base.leaderboard.repeats == repeats
+        assert base.leaderboard.out_dir == f"results/{name}"  # results/reference/<topic> only when asked for
+        assert base.leaderboard.limit == 4 and list(base.leaderboard.datasets) == ["humaneval", "mt_bench", "gsm8k"]
+    # the speculative preset's fixed-size methods get the same draft-node budget
+    _, _, runs = compose_all(["+preset=speculative", "model=tiny-random"])
+    chain, tree, seq = (runs["gsm8k", x].decoder for x in ("spec_chain-8", "specinfer-2x4", "sequoia-8"))
+    assert chain.depth == tree.num_drafts * tree.depth == seq.budget == 8
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_tables_its_entries_with_provenance(name, tmp_path):
+    labels, repeats = PRESETS[name]
+    result = run_module("bench.leaderboard", *preset_overrides(name), f"leaderboard.out_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "leaderboard.csv")
+    rows = df[df["dataset"] == "gsm8k"]
+    assert list(rows["decoder"]) == labels  # the preset's entries, in its order
+    assert (rows["prompts"] == 1).all() and (rows["runs"] == repeats).all()
+    assert (df["lossless"] == 1.0).all(), df[["decoder", "lossless"]]  # fp32 greedy: every entry is lossless
+    for column in ("speedup", "speedup_per_run_median", "speedup_per_run_p25", "speedup_per_run_p75"):
+        assert (df[column] > 0).all(), column
+    assert (df["speedup_per_run_p25"] <= df["speedup_per_run_p75"]).all()
+    assert df["decode_overhead_frac"].between(0, 1).all()
+    record = json.loads((tmp_path / "gsm8k" / labels[-1] / "records.jsonl").read_text().splitlines()[0])
+    assert len(record["repeat_latency_s"]) == repeats and record["repeat_latency_s"][0] == record["latency_s"]
+    info = json.loads((tmp_path / "provenance.json").read_text())
+    assert {"git_commit", "git_dirty", "packages", "device", "dtype", "torch_threads"} <= set(info)
+    assert f"+preset={name}" in info["leaderboard"]["overrides"] and info["leaderboard"]["labels"] == labels
+    assert info["leaderboard"]["repeats"] == repeats
+    assert OmegaConf.load(tmp_path / "leaderboard.yaml").leaderboard.only == labels
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert all(f"| {label} " in md for label in labels) and "speedup_per_run_p25" in md
+    assert (f"x {repeats} runs each" in md) == (repeats > 1)
+
+
+def test_repeats_pair_each_run_with_the_references_same_run():
+    """board_row over repeats: speedup and its per-run spread pair run k with the reference's run k."""
+    from bench.leaderboard import board_row
+
+    def record(key, latencies):
+        return {"key": key, "status": "ok", "new_tokens": 10, "steps": 10, "latency_s": latencies[0],
+                "repeat_latency_s": latencies, "target_flops": 1.0, "draft_flops": 0.0, "draft_tokens": 0,
+                "accepted_draft_tokens": 0, "tokens": [1] * 10, "decode_tokens": 9, "decode_steps": 9,
+                "decode_flops": 1.0, "decode_draft_flops": 0.0,
+                "trace": {"overhead_time": [0.0] + [1.0] * 9, "target_time": [5.0] + [3.0] * 9,
+                          "draft_time": [0.0] * 10}}
+
+    reference = [record("a#0", [1.0, 2.0]), record("b#0", [1.0, 1.0])]
+    mine = [record("a#0", [0.5, 2.0]), record("b#0", [0.5, 0.25])]
+    row = board_row(mine, reference)
+    assert row["runs"] == 4 and row["tokens_per_s"] == pytest.approx(40 / 3.25)
+    # per-run ratios 2, 1, 2, 4; Spec-Bench's speedup: mean tokens/s (20+5+20+40)/4 over (10+5+10+10)/4
+    assert row["speedup"] == pytest.approx(85 / 35)
+    assert row["speedup_per_run_median"] == pytest.approx(2.0)
+    assert (row["speedup_per_run_p25"], row["speedup_per_run_p75"]) == (pytest.approx(1.75), pytest.approx(2.5))
+    assert row["decode_overhead_frac"] == pytest.approx(0.25)  # the prefill step (no overhead) left out
+    # records written before repeats existed: one run each, the same figures as before
+    old = [{k: v for k, v in r.items() if k != "repeat_latency_s"} for r in mine]
+    assert board_row(old, reference)["runs"] == 2
+
+
+def test_repeats_must_be_a_positive_integer(tmp_path):
+    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.repeats=0", f"leaderboard.out_dir={tmp_path}")
+    assert result.returncode == 2 and result.stderr.strip() == "error: leaderboard.repeats must be an integer >= 1, got 0"
