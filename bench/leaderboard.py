@@ -296,8 +296,8 @@ def write_summaries(out_dir: Path, records: dict) -> None:
 
 def verification_cost(lm, tokens: list[int]) -> pd.DataFrame:
     """Latency of one forward of k tokens (tree-style: mask and positions) after a 256-token
-    context, relative to one autoregressive step (decoders/profile.py: fastest of 5 rounds)."""
-    from decoders.profile import measure_forward_latency
+    context, relative to one autoregressive step (decoders/tuning/profile.py: fastest of 5 rounds)."""
+    from decoders.tuning.profile import measure_forward_latency
 
     latency, step = measure_forward_latency(lm, max_tokens=max(tokens))
     return pd.DataFrame({"tokens": tokens, "latency_ms": [latency[k - 1] * 1e3 for k in tokens],

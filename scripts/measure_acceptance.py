@@ -9,7 +9,7 @@ target generates --max-new-tokens tokens; at every position the draft proposes K
 (greedy: its top K in order; sampling: K draws without replacement, verified by Sequoia's
 sequential rejection) and the rank of the accepted one is counted. p_k = share of positions
 where the k-th child was accepted. Writes the vector with its provenance as JSON
-(decoders.sequoia_tree.save_acceptance; default under results/acceptance/) and prints it with
+(decoders.tuning.sequoia_acceptance.save_acceptance; default under results/acceptance/) and prints it with
 the cumulative acceptance and the expected tokens per step of Sequoia's optimal trees.
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ from hydra.utils import instantiate
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.prompts import render, rendering_for  # noqa: E402
-from decoders.draft import build_draft  # noqa: E402
-from decoders.sampling import Sampling  # noqa: E402
-from decoders.sequoia_tree import acceptance_counts, cumulative, optimal_tree, save_acceptance  # noqa: E402
+from decoders.methods.draft_model import build_draft  # noqa: E402
+from decoders.core.sampling import Sampling  # noqa: E402
+from decoders.tuning.sequoia_acceptance import acceptance_counts, save_acceptance  # noqa: E402
+from decoders.tuning.sequoia_tree import cumulative, optimal_tree  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"

@@ -29,8 +29,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import provenance  # noqa: E402
-from decoders.lm import FAST_PATHS  # noqa: E402
-from decoders.profile import forward_latency, profile_key  # noqa: E402
+from decoders.core.lm import FAST_PATHS  # noqa: E402
+from decoders.tuning.profile import forward_latency, profile_key  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 

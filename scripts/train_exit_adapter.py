@@ -4,7 +4,7 @@
         [--generated 16] [--out adapters/smollm2-135m-self4.safetensors] [model=... draft.layers=4]
 
 The draft is the target's first k layers + its final norm and head; the adapter
-(RMSNorm + a d x d residual projection, decoders/draft.py) sits between layer k and the final
+(RMSNorm + a d x d residual projection, decoders/methods/draft_model.py) sits between layer k and the final
 norm. Loss: KL(target's next-token distribution || draft's) at every position. One frozen
 forward of the full model per batch gives both the teacher's logits and layer k's hidden
 state, so only the adapter, the final norm and the head run forward and backward.
@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from decoders.draft import new_exit_adapter, save_adapter  # noqa: E402
+from decoders.methods.draft_model import new_exit_adapter, save_adapter  # noqa: E402
 
 # Instructions for self-distillation: general chat, code and arithmetic requests written for
 # this script (none is taken from MT-Bench, HumanEval or GSM8K).
@@ -83,8 +83,8 @@ def text_chunks(tokenizer, files: list[Path], seq_len: int, limit: int) -> list[
 
 def generated_chunks(lm, n: int, seq_len: int) -> list[list[int]]:
     """The target's own greedy answers, rendered as in a benchmark run (chat template)."""
-    from decoders.autoregressive import autoregressive_decode
-    from decoders.sampling import Sampling
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.core.sampling import Sampling
 
     out = []
     for text in tqdm(INSTRUCTIONS[:n], desc="self-distillation answers", leave=False):

@@ -3,7 +3,7 @@
     python scripts/train_heads.py [--heads 4] [--steps 400] [--seq-len 128] [--batch 4] [--lr 1e-3]
         [--out adapters/smollm2-135m-heads4.safetensors] [model=...]
 
-Head i (decoders/heads.py) reads the hidden state at position t and predicts the token at
+Head i (decoders/methods/heads.py) reads the hidden state at position t and predicts the token at
 t + i + 2. Loss: KL(target's distribution for that token || head's), where the target's
 distribution is its own next-token prediction at position t + i + 1 (so the heads learn what
 the model would say, which is what verification accepts), weighted 0.8^i as in Medusa. One
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoders.heads import new_heads, save_heads  # noqa: E402
+from decoders.methods.heads import new_heads, save_heads  # noqa: E402
 from training_corpus import corpus, fixed_chunks  # noqa: E402
 
 RANKS = 10  # top-r accuracy recorded per head

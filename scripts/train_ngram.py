@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decoders.ngram_lm import NgramLM  # noqa: E402
+from decoders.methods.ngram_lm import NgramLM  # noqa: E402
 from training_corpus import corpus  # noqa: E402
 
 

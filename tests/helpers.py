@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from bench.models import GGUFPackageModel, TinyRandomModel
-from decoders.lm import LM
+from decoders.core.lm import LM
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("BENCH_DATA_DIR") or REPO.parent / "shared" / "data")

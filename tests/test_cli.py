@@ -145,11 +145,11 @@ ERRORS = [
     (["decoder=lookahead", "decoder.init=zeros"], "decoder.init must be one of prompt, vocab, repeat"),
     (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[2,0]"], "decoder.auto_windows[] must be"),
     (["decoder=jacobi", "decoder.block_size=0"], "decoder.block_size must be an integer >= 1"),
-    (["decoder=spec_chain", "decoder.depth=0"], "decoder.depth (draft tokens per step) must be an integer >= 1, got 0"),
+    (["decoder=spec_chain", "decoder.depth=0"], "decoder.depth must be an integer >= 1, got 0"),
     (["decoder=spec_chain", "draft=nope"], "unknown draft 'nope'; choose one of: "),
     (["decoder=spec_chain", "draft.layers=0"], "draft.layers must be an integer >= 1, got 0"),
     (["decoder=specinfer", "decoder.depth=0"], "decoder.depth must be an integer >= 1, got 0"),
-    (["decoder=sequoia", "decoder.tree=big"], "decoder.tree must be fixed or auto, got 'big'"),
+    (["decoder=sequoia", "decoder.tree=big"], "decoder.tree must be one of fixed, auto, got 'big'"),
     (["decoder=sequoia", "decoder.acceptance_file=/no/such.json"], "decoder.acceptance_file: no acceptance vector at /no/such.json"),
     (["decoder=hf_assisted", "decoder.num_assistant_tokens=0"], "decoder.num_assistant_tokens must be an integer >= 1"),
     (["decoder=spec_chain", "model.num_layers=3", "draft.layers=2"],
@@ -160,8 +160,8 @@ ERRORS = [
     (["decoder=medusa", "decoder.heads=/no/such.safetensors"], "decoder.heads: no heads file at /no/such.safetensors"),
     (["decoder=medusa", "decoder.choices=wide"], "decoder.choices must be auto, chain, prior or a list of rank paths"),
     (["decoder=medusa", "decoder.choices=[[0],[1,1]]"], "decoder.choices: path [1, 1] has no parent path [1]"),
-    (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be exact or typical"),
-    (["decoder=bpd", "decoder.rescore=lm"], "decoder.rescore must be none, ngram or neural, got 'lm'"),
+    (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be one of exact, typical"),
+    (["decoder=bpd", "decoder.rescore=lm"], "decoder.rescore must be one of none, ngram, neural, got 'lm'"),
     (["decoder=bpd", "decoder.paths=0"], "decoder.paths must be an integer >= 1, got 0"),
     (["decoder=bpd", "decoder.rescore=ngram", "decoder.ngram=/no/such.json.gz"], "decoder.ngram: no n-gram LM at /no/such.json.gz"),
     (["decoder=bpd", "decoder.heads=null", "decoder.block=9"], "decoder.block=9 needs as many heads; these heads have 4"),
@@ -242,6 +242,6 @@ def test_wandb_offline_logging(tmp_path):
 def test_hydra_flags_pass_through():
     shown = run_cli("--cfg", "job", "model=tiny-random", "decoder=hf_pld")
     assert shown.returncode == 0, shown.stderr
-    assert "_target_: decoders.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
+    assert "_target_: decoders.methods.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
     helped = run_cli("--help")
     assert helped.returncode == 0 and "decoder: autoregressive, bpd, hf_assisted, hf_generate, hf_pld" in helped.stdout

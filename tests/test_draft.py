@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from bench.models import TinyRandomModel
-from decoders.autoregressive import autoregressive_decode
-from decoders.draft import (SelfDraft, build_draft, check_same_vocabulary, load_adapter, new_exit_adapter,
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.draft_model import (SelfDraft, build_draft, check_same_vocabulary, load_adapter, new_exit_adapter,
                             save_adapter)
-from decoders.hf_peers import HFAssisted
-from decoders.lm import LM
-from decoders.sampling import Sampling
+from decoders.methods.hf_peers import HFAssisted
+from decoders.core.lm import LM
+from decoders.core.sampling import Sampling
 from helpers import tiny_lm
 
 GREEDY = Sampling()

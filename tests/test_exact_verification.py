@@ -1,7 +1,7 @@
 """verify_sampling is lossless, checked EXACTLY: the output distribution of the real code,
 computed by enumerating every branch of its randomness, equals the target's within 1e-9.
 
-How: decoders.verify's `torch` is swapped for a proxy whose `rand` returns a symbolic uniform
+How: decoders.core.verify's `torch` is swapped for a proxy whose `rand` returns a symbolic uniform
 u, so the production comparison `u * q[x] < p[x]` becomes a branch taken with probability
 min(1, p[x] / q[x]), and whose `multinomial` branches over the support of its argument. An
 Oracle replays a script of branch choices and logs each branch's probabilities; a depth-first
@@ -9,7 +9,7 @@ search over scripts visits every outcome once, weighted by the product of its br
 draft's own draws (with replacement for chains and SpecInfer, without for Sequoia) go through
 the same Oracle, and so does the next step's target sample when a step commits one token.
 
-Cases: spec chain, SpecInfer's merged trie (k = 2, 3, via decoders.specinfer.merge_chains),
+Cases: spec chain, SpecInfer's merged trie (k = 2, 3, via decoders.methods.specinfer.merge_chains),
 Sequoia (siblings without replacement), deterministic candidates (point-mass drafts with
 duplicate tokens). Negative controls, caught by the same check: SpecInfer's duplicates merged
 (one try per distinct child: the bug this file was written for), wrong residuals, and Sequoia's
@@ -25,14 +25,15 @@ from collections import defaultdict
 import pytest
 import torch
 
-import decoders.specinfer as specinfer_module
-import decoders.verify as verify_module
-from decoders.draft import SelfDraft
-from decoders.sampling import Sampling
-from decoders.specinfer import SpecInfer, chains, merge_chains
-from decoders.tree import TokenTree
-from decoders.tree_draft import DraftTree
-from decoders.verify import verify_sampling
+import decoders.methods.specinfer as specinfer_module
+import decoders.core.loop as loop_module
+import decoders.core.verify as verify_module
+from decoders.methods.draft_model import SelfDraft
+from decoders.core.sampling import Sampling
+from decoders.methods.specinfer import SpecInfer, chains, merge_chains
+from decoders.core.tree import TokenTree
+from decoders.methods.draft_tree import DraftTree
+from decoders.core.verify import verify_sampling
 from helpers import tiny_lm
 
 EXACT = 1e-9  # correct verification: max L1 error (float64 rounding only)
@@ -71,7 +72,7 @@ class _Uniform:
 
 
 class _ScriptedTorch:
-    """torch as decoders.verify sees it, with its two random draws answered by the oracle."""
+    """torch as decoders.core.verify sees it, with its two random draws answered by the oracle."""
 
     def __init__(self, oracle: Oracle):
         self.oracle = oracle
@@ -90,7 +91,7 @@ class _ScriptedTorch:
 
 def exact_distribution(run) -> dict:
     """{outcome: probability} of `run(oracle)` over every branch of the oracle's choices,
-    with decoders.verify's randomness answered by the same oracle."""
+    with decoders.core.verify's randomness answered by the same oracle."""
     out: dict = defaultdict(float)
     stack: list[tuple[int, ...]] = [()]
     real = verify_module.torch
@@ -184,7 +185,7 @@ def draw_without_replacement(oracle: Oracle, q: torch.Tensor, n: int) -> list[in
 
 # ---- the cases: run(oracle, tables) -> the committed tokens ------------------------------------
 def spec_chain(depth: int, n: int, residual_ok=True):
-    """One draft per level (decoders.spec_chain): x_i ~ q(.|x_<i), a chain tree."""
+    """One draft per level (decoders.methods.spec_chain): x_i ~ q(.|x_<i), a chain tree."""
     def run(oracle, t):
         drafts = []
         for _ in range(depth):
@@ -294,7 +295,7 @@ def _unnormalised_residual(p, q):
 
 
 WRONG = {
-    # name: (run, committed tokens, vocabulary, seeds, residual replacing decoders.verify.residual)
+    # name: (run, committed tokens, vocabulary, seeds, residual replacing decoders.core.verify.residual)
     "specinfer-k2-merged-duplicates": (specinfer(2, 1, 1, keep_draws=False), 1, 4, range(40), None),
     "specinfer-k3-merged-duplicates": (specinfer(3, 1, 1, keep_draws=False), 1, 4, range(20), None),
     "specinfer-k2-d2-merged-duplicates": (specinfer(2, 2, 2, keep_draws=False), 2, 4, range(3), None),
@@ -323,7 +324,7 @@ def test_specinfer_passes_draws_in_draw_order_with_duplicates(monkeypatch):
     order, each naming the trie child that holds the chain's next token."""
     k, depth = 4, 2
     dtrees, calls = [], []
-    real_draft_tree, real_verify = specinfer_module.draft_tree, verify_module.verify_sampling
+    real_draft_tree, real_verify = specinfer_module.draft_tree, loop_module.verify_sampling
 
     def recording_draft_tree(*args, **kwargs):
         dtrees.append(real_draft_tree(*args, **kwargs))
@@ -334,10 +335,11 @@ def test_specinfer_passes_draws_in_draw_order_with_duplicates(monkeypatch):
         return real_verify(tree, *args, draws=draws, **kwargs)
 
     monkeypatch.setattr(specinfer_module, "draft_tree", recording_draft_tree)
-    monkeypatch.setattr(verify_module, "verify_sampling", recording_verify)  # looked up at call time
+    monkeypatch.setattr(loop_module, "verify_sampling", recording_verify)
     lm = tiny_lm(seed=0, layers=3)
     SpecInfer(draft=SelfDraft(layers=1), num_drafts=k, depth=depth).generate(lm, [1, 2, 3, 4], 12,
                                                                    Sampling(temperature=1.0, top_k=2, seed=0), set())
+    calls = calls[1:]  # the first step is the prefill: the root alone, one target token
     assert calls and len(calls) == len(dtrees)
     for (tree, draws), dtree in zip(calls, dtrees):
         assert draws is not None and len(draws) == len(tree)

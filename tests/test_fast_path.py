@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import decoders.lm as lm_module
+import decoders.core.lm as lm_module
 from bench.errors import BenchError
 from bench.models import TinyRandomModel
 from bench.provenance import collect
-from decoders.draft import SelfDraft
-from decoders.lm import LM, PrepackedLinear
-from decoders.profile import choose_fast_path, profile_key
+from decoders.methods.draft_model import SelfDraft
+from decoders.core.lm import LM, PrepackedLinear
+from decoders.tuning.profile import choose_fast_path, profile_key
 from helpers import tiny_lm
 
 
@@ -95,7 +95,7 @@ def test_self_draft_shares_the_targets_path_and_packs_its_adapter():
     draft = SelfDraft(layers=1).build(target)
     assert draft.fast_path == "prepacked" and draft.fast_path_bytes == 0  # shared layers: no new copies
     assert target.fast_path == "prepacked" and all(type(m) is PrepackedLinear for m in _linears(target))
-    from decoders.draft import new_exit_adapter, self_draft_model
+    from decoders.methods.draft_model import new_exit_adapter, self_draft_model
     with_adapter = LM(self_draft_model(target.model, 1, new_exit_adapter(target.model)), fast_path=target.fast_path)
     assert type(with_adapter.model.base_model.norm[0].proj) is PrepackedLinear and with_adapter.fast_path_bytes > 0
 

@@ -7,18 +7,19 @@ import pytest
 import torch
 
 from bench.prompts import render
-from decoders.autoregressive import Autoregressive, autoregressive_decode
-from decoders.draft import SelfDraft
-from decoders.hf_peers import HFAssisted, HFGenerate, HFPromptLookup
-from decoders.jacobi import Jacobi
-from decoders.lookahead import Lookahead
-from decoders.bpd import BPD
-from decoders.medusa import Medusa
-from decoders.sampling import Sampling
-from decoders.sequoia import Sequoia
-from decoders.spec_chain import SpecChain
-from decoders.specinfer import SpecInfer
-from decoders.trace import check_generation
+from decoders.methods.autoregressive import Autoregressive, autoregressive_decode
+from decoders.methods.draft_model import SelfDraft
+from decoders.methods.hf_peers import HFAssisted, HFGenerate, HFPromptLookup
+from decoders.methods.jacobi import Jacobi
+from decoders.methods.lookahead import Lookahead
+from decoders.methods.bpd import BPD
+from decoders.methods.medusa import Medusa
+from decoders.methods.prompt_lookup import PromptLookupDecoding
+from decoders.core.sampling import Sampling
+from decoders.methods.sequoia import Sequoia
+from decoders.methods.spec_chain import SpecChain
+from decoders.methods.specinfer import SpecInfer
+from decoders.core.trace import check_generation
 from helpers import tiny_lm
 
 GREEDY = Sampling()
@@ -29,6 +30,9 @@ DECODERS = {
     "hf_pld-10-2": HFPromptLookup(num_tokens=10, max_ngram=2),
     "hf_pld-3-1": HFPromptLookup(num_tokens=3, max_ngram=1),
     "hf_pld-1-3": HFPromptLookup(num_tokens=1, max_ngram=3),
+    "prompt_lookup-10-2": PromptLookupDecoding(num_tokens=10, max_ngram=2),
+    "prompt_lookup-3-1": PromptLookupDecoding(num_tokens=3, max_ngram=1),
+    "prompt_lookup-1-4": PromptLookupDecoding(num_tokens=1, max_ngram=4),
     "jacobi-1": Jacobi(block_size=1),
     "jacobi-4": Jacobi(block_size=4),
     "jacobi-16-vocab": Jacobi(block_size=16, init="vocab"),

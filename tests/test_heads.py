@@ -14,15 +14,15 @@ import sys
 import pytest
 import torch
 
-from decoders.autoregressive import autoregressive_decode
-from decoders.bpd import BPD, NeuralScorer, lattice_beam_search
-from decoders.draft import SelfDraft
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.bpd import BPD, NeuralScorer, lattice_beam_search
+from decoders.methods.draft_model import SelfDraft
 from bench.prompts import render
-from decoders.heads import Heads, load_heads, new_heads, save_heads
-from decoders.medusa import Medusa, best_paths, prior_accuracy, tree_shape, typical_accept
-from decoders.ngram_lm import NgramLM
-from decoders.sampling import Sampling
-from decoders.tree import TokenTree
+from decoders.methods.heads import Heads, load_heads, new_heads, save_heads
+from decoders.methods.medusa import Medusa, best_paths, prior_accuracy, tree_shape, typical_accept
+from decoders.methods.ngram_lm import NgramLM
+from decoders.core.sampling import Sampler, Sampling
+from decoders.core.tree import TokenTree
 from helpers import REPO, chi2_pvalue, tiny_lm
 from test_greedy_equality import check_trace
 from test_lookahead import ALPHA, LENGTH, N_SAMPLES, exact_joint, sample_counts, stat_model  # noqa: F401
@@ -194,7 +194,7 @@ def test_choices_validation():
         Medusa(choices="wide")
     with pytest.raises(ValueError, match="tree_size must be an integer >= 1"):
         Medusa(tree_size=0)
-    with pytest.raises(ValueError, match="accept_rule must be exact or typical"):
+    with pytest.raises(ValueError, match="accept_rule must be one of exact, typical"):
         Medusa(accept_rule="loose")
     lm = tiny_lm(seed=0)
     with pytest.raises(ValueError, match="depth 3 needs that many heads"):
@@ -210,10 +210,10 @@ def test_typical_acceptance_is_lossy_and_follows_its_threshold():
     logits[0, 1], logits[0, 2] = 2.0, 1.9  # tokens 1 and 2 nearly tied after the root; 6 implausible
     logits[2, 3] = 5.0  # after 2, token 3 is nearly certain
     logits[3, 7] = 3.0
-    path, bonus = typical_accept(tree, logits, GREEDY, threshold=0.09, alpha=0.3, generator=None, warpers=None)
+    path, bonus = typical_accept(tree, logits, Sampler(GREEDY, "cpu"), threshold=0.09, alpha=0.3)
     assert path == [0, 2, 3] and bonus == 7  # token 2 is not the argmax: greedy would stop at [0, 1]
     # a higher bar (0.5 here: alpha exp(-entropy)) rejects token 2 (p 0.475) but never the argmax (p >= exp(-H))
-    path, _ = typical_accept(tree, logits, GREEDY, threshold=0.9, alpha=1.0, generator=None, warpers=None)
+    path, _ = typical_accept(tree, logits, Sampler(GREEDY, "cpu"), threshold=0.9, alpha=1.0)
     assert path == [0, 1]
     assert Medusa(accept_rule="typical").lossless is False and Medusa().lossless is True
 
@@ -256,12 +256,12 @@ def test_ngram_lm_stupid_backoff_and_file(tmp_path):
         BPD(rescore="ngram")
     with pytest.raises(ValueError, match="no n-gram LM at"):
         BPD(rescore="ngram", ngram=str(tmp_path / "none.json.gz"))
-    with pytest.raises(ValueError, match="rescore must be none, ngram or neural"):
+    with pytest.raises(ValueError, match="rescore must be one of none, ngram, neural"):
         BPD(rescore="lm")
     with pytest.raises(ValueError, match="paths must be an integer >= 1"):
         BPD(paths=0)
     with pytest.raises(ValueError, match="block=5 needs as many heads"):
-        BPD(block=5).load_draft(tiny_lm(seed=0))
+        BPD(block=5).load_addons(tiny_lm(seed=0))
 
 
 def test_neural_scorer_matches_a_fresh_forward_and_restores_the_cache():

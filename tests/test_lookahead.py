@@ -1,7 +1,7 @@
-"""Lookahead decoding (decoders/lookahead.py) and Jacobi decoding (decoders/jacobi.py) beyond greedy
+"""Lookahead decoding (decoders/methods/lookahead.py) and Jacobi decoding (decoders/methods/jacobi.py) beyond greedy
 equality (tests/test_greedy_equality.py covers that):
 
-- the fused pass's attention layout (window_mask, step_inputs) against a brute-force definition,
+- the fused pass's attention layout (window_mask, decoders.core.loop.layout) against a brute-force definition,
   and against plain causal forwards of each fed token's history on a real (tiny) model;
 - KV-cache hygiene: after every step the cache holds exactly the committed tokens' entries;
 - the per-step trace (forward tokens, context, drafts, pool info) against what the algorithm implies;
@@ -18,18 +18,27 @@ import random
 import pytest
 import torch
 
-import decoders.lookahead as lookahead_module
-from decoders.autoregressive import autoregressive_decode
-from decoders.jacobi import Jacobi, jacobi_decode
-from decoders.lookahead import Lookahead, lookahead_decode, step_inputs, window_mask
-from decoders.ngram_pool import NGramPool
-from decoders.sampling import Sampling, probs
-from decoders.trace import check_generation
-from decoders.tree import TokenTree
+import decoders.core.loop as loop_module  # the loop verifies; negative controls patch it there
+import decoders.methods.lookahead as lookahead_module
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.jacobi import Jacobi, jacobi_decode
+from decoders.core.loop import SideBranch, layout
+from decoders.methods.prompt_lookup import PromptLookupDecoding
+from decoders.methods.lookahead import Lookahead, lookahead_decode, window_mask, window_offsets
+from decoders.methods.ngram_pool import NGramPool
+from decoders.core.sampling import Sampling, probs
+from decoders.core.trace import check_generation
+from decoders.core.tree import TokenTree
 from helpers import chi2_pvalue, tiny_lm
 
 ALPHA = 1e-3
 GREEDY = Sampling()
+
+
+def step_inputs(c, u, levels, width, tree, branch_mask):
+    """The loop's layout of one lookahead step: u committed tokens, the window, the trie."""
+    side = SideBranch(tokens=[0] * (levels * width), mask=branch_mask, offsets=window_offsets(levels, width), rows=[])
+    return layout(c, u, tree, side)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -543,6 +552,9 @@ SAMPLED_CASES = {
     "lookahead-2-3-unbounded-t0.8-topp0.9": (Lookahead(window=2, ngram=3, guess_set_size=-1),
                                              dict(temperature=0.8, top_p=0.9), dict(temperature=0.8)),
     "jacobi-3-t0.8": (Jacobi(block_size=3), dict(temperature=0.8), dict(temperature=1.0)),
+    # prompt lookup: deterministic candidates copied from the text, the same verification
+    "prompt_lookup-3-2-t0.8": (PromptLookupDecoding(num_tokens=3, max_ngram=2), dict(temperature=0.8),
+                               dict(temperature=1.0)),
     "jacobi-2-t0.8-topp0.9": (Jacobi(block_size=2), dict(temperature=0.8, top_p=0.9), dict(temperature=0.8)),
 }
 
@@ -557,7 +569,7 @@ def test_sampling_matches_exact_distribution(stat_model, case):
     assert_matches_exact(lm, prompt, counts, sampling_kwargs, wrong_kwargs)
 
 
-def _verify_without_residual(tree, target_probs, draft_probs, generator, without_replacement=False):
+def _verify_without_residual(tree, target_probs, draft_probs, generator, without_replacement=False, draws=None):
     """WRONG: after a deterministic candidate is rejected, the next token is drawn from the target
     p itself instead of p with the candidate zeroed: candidates are over-represented."""
     node, path = 0, [0]
@@ -575,7 +587,7 @@ def _verify_without_residual(tree, target_probs, draft_probs, generator, without
 def test_negative_control_lookahead_with_a_wrong_verifier_is_rejected(stat_model, monkeypatch):
     """The same test, on lookahead whose verifier forgets the residual, rejects its samples."""
     lm, prompt = stat_model
-    monkeypatch.setattr(lookahead_module, "verify_sampling", _verify_without_residual)
+    monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)
     kwargs = dict(temperature=0.8)
     counts, hit_share = sample_counts(lambda s: lookahead_decode(lm, prompt, LENGTH, s, set(), 3, 2, 3), kwargs,
                                       N_CONTROL)

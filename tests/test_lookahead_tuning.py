@@ -5,11 +5,11 @@ import json
 import pandas as pd
 import pytest
 
-import decoders.lookahead_tuning as tuning
-from decoders.autoregressive import autoregressive_decode
-from decoders.lookahead import Lookahead
-from decoders.profile import forward_latency, profile_key, step_cost
-from decoders.sampling import Sampling
+import decoders.tuning.lookahead_tuning as tuning
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.lookahead import Lookahead, lookahead_decode
+from decoders.tuning.profile import forward_latency, profile_key, step_cost
+from decoders.core.sampling import Sampling
 from helpers import run_cli, tiny_lm
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 1, 2, 9, 1]]
@@ -28,7 +28,7 @@ def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
     first = forward_latency(lm, tmp_path, max_tokens=6, context=16, repeats=2)
     assert len(first["latency_s"]) == 6 and all(t > 0 for t in first["latency_s"]) and first["autoregressive_s"] > 0
     assert (tmp_path / "latency" / f"{profile_key(lm)}.json").is_file()
-    monkeypatch.setattr("decoders.profile.measure_forward_latency", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr("decoders.tuning.profile.measure_forward_latency", lambda *a, **k: pytest.fail("measured again"))
     assert forward_latency(lm, tmp_path, max_tokens=6, context=16) == first
     assert forward_latency(lm, tmp_path, max_tokens=4, context=16) == first  # a longer profile serves shorter asks
 
@@ -37,6 +37,11 @@ def test_profile_key_separates_models_and_threads():
     a, b = tiny_lm(seed=0), tiny_lm(seed=0, layers=3)
     assert profile_key(a) != profile_key(b)
     assert "threads" in profile_key(a)
+
+
+def runner(lm):
+    """What Lookahead.prepare hands tune(): lookahead with one grid point's W, N, G."""
+    return lambda ids, tokens, sampling, w, n, g: lookahead_decode(lm, ids, tokens, sampling, set(), w, n, g)
 
 
 def fake_profile(monkeypatch, per_token: float):
@@ -50,7 +55,8 @@ def fake_profile(monkeypatch, per_token: float):
 def test_choice_maximises_compression_over_step_cost(monkeypatch, tmp_path, per_token):
     fake_profile(monkeypatch, per_token)
     lm = tiny_lm(seed=2)
-    out = tuning.tune(lm, PROMPTS, set(), "auto", "auto", "auto", (1, 3, 5), (2, 3, 4), tokens=24, cache_dir=tmp_path)
+    out = tuning.tune(lm, PROMPTS, set(), "auto", "auto", "auto", (1, 3, 5), (2, 3, 4), tokens=24, run=runner(lm),
+                      cache_dir=tmp_path)
     table = pd.DataFrame(out["table"])
     assert len(table) == 9 and (table["guess_set_size"] == table["window"]).all()  # G follows W
     expected_cost = 1 + per_token * (table["forward_tokens"] - 1)
@@ -67,11 +73,11 @@ def test_choice_maximises_compression_over_step_cost(monkeypatch, tmp_path, per_
 def test_compression_table_is_cached_and_fixed_parameters_are_kept(monkeypatch, tmp_path):
     fake_profile(monkeypatch, 0.05)
     lm = tiny_lm(seed=3)
-    first = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16, cache_dir=tmp_path)
+    first = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16, run=runner(lm), cache_dir=tmp_path)
     assert {(r["ngram"], r["guess_set_size"]) for r in first["table"]} == {(3, 2)}  # only W searched
     assert [r["window"] for r in first["table"]] == [1, 2, 4]
-    monkeypatch.setattr("decoders.lookahead.lookahead_decode", lambda *a, **k: pytest.fail("calibrated again"))
-    again = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16, cache_dir=tmp_path)
+    again = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16,
+                        run=lambda *a: pytest.fail("calibrated again"), cache_dir=tmp_path)
     assert again["window"] == first["window"] and again["table"] == first["table"]
 
 
@@ -82,7 +88,8 @@ def test_auto_decoder_is_exact_and_reports_its_choice(monkeypatch):
                         auto_tokens=12, auto_prompts=2)
     assert decoder.calibration_prompts == 2
     decoder.prepare(lm, PROMPTS, set())
-    assert decoder.calibration_prompts == 0 and decoder.setting() in {(w, n, w) for w in (2, 4) for n in (2, 3)}
+    assert decoder.calibration_prompts == 0 and (
+        decoder.tuning["window"], decoder.tuning["ngram"], decoder.tuning["guess_set_size"]) in {(w, n, w) for w in (2, 4) for n in (2, 3)}
     for prompt in PROMPTS:
         out = decoder.generate(lm, prompt, 30, Sampling(), set())
         assert out.tokens == autoregressive_decode(lm, prompt, 30, Sampling(), set()).tokens
@@ -109,7 +116,7 @@ def test_calibration_runs_at_the_runs_sampling_settings(monkeypatch, tmp_path):
     """Compression at T > 0 is not greedy compression: the tuner decodes with the run's settings,
     and caches them apart."""
     fake_profile(monkeypatch, 0.05)
-    from decoders import lookahead
+    from decoders.methods import lookahead
 
     seen = []
     real = lookahead.lookahead_decode
@@ -118,7 +125,7 @@ def test_calibration_runs_at_the_runs_sampling_settings(monkeypatch, tmp_path):
         seen.append(sampling)
         return real(lm, ids, tokens, sampling, *args, **kwargs)
 
-    monkeypatch.setattr("decoders.lookahead.lookahead_decode", spy)
+    monkeypatch.setattr("decoders.methods.lookahead.lookahead_decode", spy)
     lm = tiny_lm(seed=4)
     hot = Sampling(temperature=0.8, top_p=0.9, seed=3)
     decoder = Lookahead(window="auto", ngram=3, guess_set_size="auto", auto_windows=(1, 2), auto_tokens=8,
@@ -132,14 +139,14 @@ def test_calibration_runs_at_the_runs_sampling_settings(monkeypatch, tmp_path):
 
 
 def test_sequoia_measures_acceptance_at_the_runs_sampling_settings(monkeypatch):
-    from decoders import sequoia
-    from decoders.sequoia import Sequoia
+    from decoders.methods import sequoia
+    from decoders.methods.sequoia import Sequoia
 
     seen = []
     monkeypatch.setattr(sequoia, "cached_acceptance", lambda lm, draft, prompts, K, sampling, *a, **k:
                         seen.append(sampling) or [0.5] + [0.05] * (K - 1))
     lm = tiny_lm(seed=4)
-    from decoders.draft import SelfDraft
+    from decoders.methods.draft_model import SelfDraft
 
     decoder = Sequoia(draft=SelfDraft(layers=1), budget=4, depth=2, auto_prompts=1)
     hot = Sampling(temperature=0.7)

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from bench import metrics
-from decoders.trace import Generation, Step
+from decoders.core.trace import Generation, Step
 
 SPEC = {"matmul_params": 1000, "n_layers": 2, "d_attn": 8}
 
@@ -115,7 +115,7 @@ def test_one_definition_per_speedup_name():
 def test_mean_accepted_tokens_and_decode_flops_leave_both_prefills_out():
     """Spec-Bench's mean accepted tokens: prefill step excluded, bonus token included; decode FLOPs
     drop the target's prefill and the draft's pass over the prompt."""
-    from decoders.trace import Generation, Step
+    from decoders.core.trace import Generation, Step
 
     steps = [Step(accepted=1, forward_tokens=20, context_tokens=0),
              Step(accepted=3, forward_tokens=3, context_tokens=20, draft_flops=700.0, draft_prefill_flops=500.0),

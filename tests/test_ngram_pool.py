@@ -1,4 +1,4 @@
-"""NGramPool (decoders/ngram_pool.py): the (N-1)-grams lookahead decoding verifies, per key token.
+"""NGramPool (decoders/methods/ngram_pool.py): the (N-1)-grams lookahead decoding verifies, per key token.
 
 Checked against a brute-force reference pool (a plain list per key, least recently used first)
 on random operation sequences, plus hand-made cases with a known answer: the per-key cap with
@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from decoders.ngram_pool import NGramPool
+from decoders.methods.ngram_pool import NGramPool
 
 
 class ReferencePool:

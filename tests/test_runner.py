@@ -6,9 +6,9 @@ from omegaconf import OmegaConf
 
 from bench.datasets import Prompt
 from bench.runner import run_unit
-from decoders.autoregressive import autoregressive_decode
-from decoders.sampling import Sampling
-from decoders.trace import Generation, Step
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.core.sampling import Sampling
+from decoders.core.trace import Generation, Step
 from helpers import tiny_lm
 
 
@@ -30,6 +30,7 @@ class FlipToken:
 
     at: int
     name: str = "flip"
+    lossless: bool = True  # it claims to be: the check must catch it
 
     def generate(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids):
         gen = autoregressive_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids)
@@ -43,6 +44,7 @@ class Broken:
 
     how: str
     name: str = "broken"
+    lossless: bool = True
 
     def generate(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids):
         tokens = [5] * (max_new_tokens + 1 if self.how == "too_long" else 3)
@@ -109,7 +111,7 @@ def test_lossless_reference_is_timed_without_the_gap_bookkeeping(lm, monkeypatch
 def test_identical_output_is_lossless(lm):
     record = run_unit(lm, FlipToken(at=-1), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
     assert record["lossless"] is False and record["first_divergence"] == 11
-    from decoders.autoregressive import Autoregressive
+    from decoders.methods.autoregressive import Autoregressive
 
     record = run_unit(lm, Autoregressive(), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
     assert record["lossless"] is True and record["first_divergence"] is None

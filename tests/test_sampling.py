@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from decoders.autoregressive import autoregressive_decode
-from decoders.sampling import Sampling, next_token, probs
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.core.sampling import Sampling, next_token, probs
 from helpers import chi2_pvalue, tiny_lm
 
 ALPHA = 1e-3

@@ -48,11 +48,11 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path):
     assert "head 1 (token t+3)" in out.stdout and (tmp_path / "heads.png").is_file()
     out = run_script("train_ngram.py", "--order", "3", "--out", str(tmp_path / "ngram.json.gz"), *common, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    from decoders.autoregressive import autoregressive_decode
-    from decoders.bpd import BPD
-    from decoders.heads import load_heads
-    from decoders.ngram_lm import NgramLM
-    from decoders.sampling import Sampling
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.methods.bpd import BPD
+    from decoders.methods.heads import load_heads
+    from decoders.methods.ngram_lm import NgramLM
+    from decoders.core.sampling import Sampling
     from helpers import tiny_lm
 
     lm = tiny_lm(seed=0, vocab=49152)

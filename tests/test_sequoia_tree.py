@@ -10,16 +10,16 @@ import time
 import pytest
 import torch
 
-from decoders.autoregressive import autoregressive_decode
-from decoders.draft import new_exit_adapter, self_draft_model
-from decoders.lm import LM
-from decoders.sampling import Sampling
-from decoders.sequoia_tree import (
-    TreeShape, _sampled_rank, _tables, acceptance_counts, cached_acceptance, choose_tree, device_latency, expected_tokens,
-    load_acceptance, measure_acceptance, model_fingerprint, optimal_tree, predicted_time_per_token, profile_latency,
-    save_acceptance,
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.draft_model import new_exit_adapter, self_draft_model
+from decoders.core.lm import LM
+from decoders.core.sampling import Sampling
+from decoders.tuning.sequoia_acceptance import (
+    _sampled_rank, acceptance_counts, cached_acceptance, device_latency, load_acceptance, measure_acceptance,
+    model_fingerprint, profile_latency, save_acceptance,
 )
-from decoders.tree import TokenTree
+from decoders.tuning.sequoia_tree import TreeShape, _tables, choose_tree, expected_tokens, optimal_tree, predicted_time_per_token
+from decoders.core.tree import TokenTree
 from helpers import chi2_pvalue, tiny_lm
 from test_scripts import run_script
 
@@ -339,7 +339,7 @@ def test_cached_acceptance_measures_once_per_key(tmp_path, monkeypatch):
     first = cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, tmp_path, info={"dataset": "toy"})
     files = list((tmp_path / "acceptance").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["info"]["dataset"] == "toy"
-    monkeypatch.setattr("decoders.sequoia_tree.acceptance_counts", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr("decoders.tuning.sequoia_acceptance.acceptance_counts", lambda *a, **k: pytest.fail("measured again"))
     assert cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, tmp_path) == first
     # every part of the key separates entries
     for args in [(PROMPTS[:2], 3, Sampling(), 8), (PROMPTS, 4, Sampling(), 8), (PROMPTS, 3, Sampling(temperature=0.5), 8),

@@ -4,11 +4,12 @@ with a negative control). Greedy equality is in test_greedy_equality.py."""
 import pytest
 import torch
 
-import decoders.spec_chain as spec_chain_module
-from decoders.autoregressive import autoregressive_decode
-from decoders.draft import SelfDraft
-from decoders.sampling import Sampling
-from decoders.spec_chain import SpecChain, spec_chain_decode
+import decoders.core.loop as loop_module  # the loop verifies; negative controls patch it there
+import decoders.methods.spec_chain as spec_chain_module
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.draft_model import SelfDraft
+from decoders.core.sampling import Sampling
+from decoders.methods.spec_chain import SpecChain, spec_chain_decode
 from helpers import chi2_pvalue, tiny_lm
 from test_lookahead import ALPHA, LENGTH, N_CONTROL, N_SAMPLES, assert_matches_exact, exact_joint, sample_counts
 from test_lookahead import stat_model  # noqa: F401  (fixture)
@@ -115,7 +116,7 @@ def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
     assert_matches_exact(lm, prompt, counts, kwargs, wrong)
 
 
-def _accept_all(tree, target_probs, draft_probs, generator, without_replacement=False):
+def _accept_all(tree, target_probs, draft_probs, generator, without_replacement=False, draws=None):
     """WRONG: accepts every draft token (the draft's distribution leaks into the output)."""
     path = list(range(len(tree)))
     return path, int(torch.multinomial(target_probs[path[-1]], 1, generator=generator))
@@ -123,7 +124,7 @@ def _accept_all(tree, target_probs, draft_probs, generator, without_replacement=
 
 def test_negative_control_a_verifier_that_accepts_every_draft_is_rejected(stat_model, monkeypatch):  # noqa: F811
     lm, prompt = stat_model
-    monkeypatch.setattr(spec_chain_module, "verify_sampling", _accept_all)
+    monkeypatch.setattr(loop_module, "verify_sampling", _accept_all)
     kwargs = dict(temperature=0.8)
     decoder = SpecChain(draft=SelfDraft(layers=1), depth=2)
     counts, _ = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL)

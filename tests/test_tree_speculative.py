@@ -5,14 +5,14 @@ test_greedy_equality.py."""
 import pytest
 import torch
 
-import decoders.tree_draft as tree_draft_module
-from decoders.autoregressive import autoregressive_decode
-from decoders.draft import SelfDraft
-from decoders.sampling import Sampling
-from decoders.sequoia import Sequoia
-from decoders.sequoia_tree import optimal_tree
-from decoders.specinfer import SpecInfer, chains
-from decoders.tree_draft import draft_tree, rollback
+import decoders.methods.draft_tree as tree_draft_module
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.draft_model import SelfDraft
+from decoders.core.sampling import Sampling
+from decoders.methods.sequoia import Sequoia
+from decoders.tuning.sequoia_tree import optimal_tree
+from decoders.methods.specinfer import SpecInfer, chains
+from decoders.methods.draft_tree import draft_tree, rollback
 from helpers import chi2_pvalue, tiny_lm
 from test_lookahead import ALPHA, LENGTH, N_CONTROL, N_SAMPLES, assert_matches_exact, exact_joint, sample_counts
 from test_lookahead import stat_model  # noqa: F401  (fixture)
@@ -99,8 +99,8 @@ def test_both_caches_hold_only_committed_tokens(monkeypatch, decoder, seed):
         checked.append(len(sequence))
         return real(draft_lm, cache, sequence, *args, **kwargs)
 
-    import decoders.sequoia as sequoia_module
-    import decoders.specinfer as specinfer_module
+    import decoders.methods.sequoia as sequoia_module
+    import decoders.methods.specinfer as specinfer_module
     monkeypatch.setattr(sequoia_module, "draft_tree", checking_draft_tree)
     monkeypatch.setattr(specinfer_module, "draft_tree", checking_draft_tree)
     out = dec.generate(lm, prompt, 30, GREEDY, set())
@@ -142,9 +142,9 @@ def test_negative_control_sequoia_verified_as_if_with_replacement_is_rejected(st
     """WRONG: Sequoia's siblings verified as if drawn with replacement (the draft's distribution
     not updated after a rejection): the test must reject its samples."""
     lm, prompt = stat_model
-    import decoders.verify as verify_module  # tree_speculative_decode looks it up at call time
-    real = verify_module.verify_sampling
-    monkeypatch.setattr(verify_module, "verify_sampling",
+    import decoders.core.loop as loop_module  # the loop looks it up at call time
+    real = loop_module.verify_sampling
+    monkeypatch.setattr(loop_module, "verify_sampling",
                         lambda tree, p, q, g, without_replacement=False, draws=None: real(tree, p, q, g, draws=draws))
     kwargs = dict(temperature=1.0)
     decoder = Sequoia(draft=SelfDraft(layers=1), budget=6, depth=1, auto_tokens=8)
@@ -171,7 +171,7 @@ def test_sequoia_expected_tokens_per_step_match_the_measured_mean(smollm, data_d
     the same prompts) agrees with Sequoia's measured decode tokens per step within 10%."""
     from bench.datasets import GSM8K, HumanEval
     from bench.prompts import render
-    from decoders.sequoia_tree import measure_acceptance
+    from decoders.tuning.sequoia_acceptance import measure_acceptance
 
     loaders = [HumanEval(limit=2), GSM8K(limit=2, data_dir=str(data_dir))]
     prompts = [render(smollm.tokenizer, p, 0, [], "chat")[1] for loader in loaders for p in loader.load()]

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from decoders.tree import TokenTree
-from decoders.verify import verify_greedy, verify_sampling
+from decoders.core.tree import TokenTree
+from decoders.core.verify import verify_greedy, verify_sampling
 from helpers import chi2_pvalue
 
 ALPHA = 1e-3

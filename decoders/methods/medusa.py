@@ -15,6 +15,7 @@ min(posterior_threshold, posterior_alpha * exp(-entropy)); lossy, and flagged so
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -22,11 +23,12 @@ from typing import Any
 
 import torch
 
-from .heads import HeadsCache, check_hyper, heads_decode
-from .lm import LM
-from .sampling import Sampling, next_token
-from .trace import Generation
-from .tree import TokenTree
+from ..core.contract import check
+from .heads import HeadsCache, heads_decode
+from ..core.lm import LM
+from ..core.sampling import Sampler, Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree
 
 
 def best_paths(accuracy: list[list[float]], size: int, top_k: int) -> list[tuple[int, ...]]:
@@ -63,11 +65,10 @@ def tree_shape(paths: list[tuple[int, ...]]) -> tuple[list[int], list[tuple[int,
     return parents, slots
 
 
-def typical_accept(tree: TokenTree, logits: torch.Tensor, sampling: Sampling, threshold: float, alpha: float,
-                   generator, warpers):
+def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, threshold: float, alpha: float):
     """Medusa's typical acceptance: the longest path whose tokens each clear the posterior
     threshold at their parent; the next token from the last node as the sampler would draw it."""
-    temperature = sampling.temperature if not sampling.greedy else 1.0
+    temperature = sampler.sampling.temperature if not sampler.greedy else 1.0
     p = torch.softmax(logits.float() / temperature, dim=-1)
     entropy = -(p * torch.log(p.clamp_min(1e-20))).sum(-1)
     bar = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))
@@ -82,7 +83,7 @@ def typical_accept(tree: TokenTree, logits: torch.Tensor, sampling: Sampling, th
         return best
 
     path = [0] + longest(0)
-    return path, next_token(logits[path[-1]], sampling, generator, warpers)
+    return path, sampler.next_token(logits[path[-1]])
 
 
 @dataclass
@@ -100,9 +101,9 @@ class Medusa:
     _heads: HeadsCache = field(default_factory=HeadsCache, repr=False, compare=False)
 
     def __post_init__(self):
-        check_hyper("decoder", num_heads=self.num_heads, tree_size=self.tree_size, ranks_per_head=self.ranks_per_head)
-        if self.accept_rule not in ("exact", "typical"):
-            raise ValueError(f"decoder.accept_rule must be exact or typical, got {self.accept_rule!r}")
+        for key in ("num_heads", "tree_size", "ranks_per_head"):
+            check(key, getattr(self, key), at_least=1)
+        check("accept_rule", self.accept_rule, one_of=("exact", "typical"))
         if not (0 < self.posterior_threshold <= 1 and 0 < self.posterior_alpha <= 1):
             raise ValueError(f"decoder.posterior_threshold and posterior_alpha must be in (0, 1], got "
                              f"{self.posterior_threshold} and {self.posterior_alpha}")
@@ -118,10 +119,9 @@ class Medusa:
         self.tuning: dict = {}
         self._shape = None
 
-    def load_heads(self, lm: LM):
+    def load_addons(self, lm: LM):
+        """The heads, built before any timing (a bad heads file fails in one line)."""
         return self._heads.get(lm, self.heads, self.num_heads, self.heads_seed)
-
-    load_draft = load_heads  # the runner builds drafts (and heads) before timing, with one-line errors
 
     def paths(self, heads) -> tuple[list[tuple[int, ...]], str, float | None]:
         """The tree's rank paths, where they came from, and (auto / prior) the mean accepted tokens
@@ -143,7 +143,7 @@ class Medusa:
         return paths, "given", None
 
     def shape(self, lm: LM):
-        heads = self.load_heads(lm)
+        heads = self.load_addons(lm)
         if self._shape is None or self._shape[0] is not heads:
             paths, source, expected = self.paths(heads)
             parents, slots = tree_shape(paths)
@@ -154,24 +154,16 @@ class Medusa:
                 self.tuning["expected_tokens"] = expected
         return self._shape
 
-    def setting(self) -> dict:
-        return dict(self.tuning)
-
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         heads, parents, slots = self.shape(lm)
         max_rank = max((r for _, r in slots), default=0) + 1
 
-        def propose(sequence, head_logits):
+        def build(sequence, head_logits):
             top = torch.topk(head_logits, min(max_rank, head_logits.shape[-1]), dim=-1).indices.tolist()
             tokens = [int(sequence[-1])] + [top[h][r] for h, r in slots]
             return TokenTree(tokens, list(parents)), 0.0, {}
 
-        accept = None
+        accept = None  # exact verification
         if self.accept_rule == "typical":
-            warpers = sampling.warpers()
-
-            def accept(tree, logits, generator):
-                return typical_accept(tree, logits, sampling, self.posterior_threshold, self.posterior_alpha,
-                                      generator, warpers)
-        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, propose, accept)
-
+            accept = functools.partial(typical_accept, threshold=self.posterior_threshold, alpha=self.posterior_alpha)
+        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, build, accept)

@@ -12,14 +12,16 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from .lm import LM
-from .weights_file import load_weights, save_weights
+from ..core.lm import LM
+from ..core.weights_file import load_weights, save_weights
 
 ADAPTER_FORMAT = "exit-adapter-v1"
+DRAFT_REQUIRED = "draft=self (the target's first layers) or draft=<model>"
 
 
 class ExitAdapter(nn.Module):
@@ -146,14 +148,28 @@ def check_same_vocabulary(target: LM, draft: LM) -> None:
         raise ValueError(f"draft {draft.name}'s head covers {draft.vocab_size} ids, fewer than the tokenizer's {len(t)}")
 
 
+@runtime_checkable
+class ModelSpec(Protocol):
+    """A model config (e.g. bench.models.PretrainedModel): a separate draft model."""
+
+    def load(self) -> LM: ...
+
+
+@runtime_checkable
+class DraftSpec(Protocol):
+    """A draft built from the target itself (SelfDraft)."""
+
+    def build(self, target: LM) -> LM: ...
+
+
 def build_draft(spec, target: LM) -> LM:
-    """decoder.draft -> an LM: a SelfDraft (or anything with build(target)), or a model config
-    (anything with load(), e.g. bench.models.PretrainedModel), checked against the target's vocabulary."""
-    if hasattr(spec, "load"):  # a model config (checked first: some also have a build())
+    """decoder.draft -> an LM: a model config, checked against the target's vocabulary, or a
+    draft built from the target (draft=self)."""
+    if isinstance(spec, ModelSpec):  # checked first: some model configs also have a build()
         draft = spec.load()
         check_same_vocabulary(target, draft)
         return draft
-    if hasattr(spec, "build"):
+    if isinstance(spec, DraftSpec):
         return spec.build(target)
     raise ValueError(f"decoder.draft must be draft=self or a model config, got {type(spec).__name__}")
 

@@ -17,13 +17,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .draft import DraftCache
-from .heads import HeadsCache, check_hyper, heads_decode, resolve
-from .lm import LM, KVCache, forward_flops
+from ..core.contract import check
+from .draft_model import DRAFT_REQUIRED, DraftCache
+from .heads import HeadsCache, heads_decode, resolve
+from ..core.lm import LM, KVCache, forward_flops
 from .ngram_lm import NgramLM
-from .sampling import Sampling
-from .trace import Generation
-from .tree import TokenTree
+from ..core.sampling import Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree
 
 # scorer(sequence, beams) -> (log-scores (len(beams), V) of each beam's next token, FLOPs spent)
 Scorer = Callable[[Sequence[int], list[tuple[int, ...]]], tuple[torch.Tensor, float]]
@@ -103,22 +104,21 @@ class BPD:
     _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
 
     def __post_init__(self):
-        check_hyper("decoder", num_heads=self.num_heads, ranks_per_head=self.ranks_per_head, paths=self.paths)
-        if self.block is not None:
-            check_hyper("decoder", block=self.block)
-        if self.rescore not in ("none", "ngram", "neural"):
-            raise ValueError(f"decoder.rescore must be none, ngram or neural, got {self.rescore!r}")
+        for key in ("num_heads", "ranks_per_head", "paths"):
+            check(key, getattr(self, key), at_least=1)
+        check("block", self.block, at_least=1, also=(None,))
+        check("rescore", self.rescore, one_of=("none", "ngram", "neural"))
         if not self.weight >= 0:
             raise ValueError(f"decoder.weight must be >= 0, got {self.weight}")
         if self.rescore == "ngram" and not self.ngram:
             raise ValueError("decoder.rescore=ngram needs decoder.ngram=FILE (scripts/train_ngram.py)")
         if self.rescore == "ngram" and not resolve(self.ngram).is_file():
             raise ValueError(f"decoder.ngram: no n-gram LM at {resolve(self.ngram)}; train one with scripts/train_ngram.py")
-        if self.rescore == "neural" and self.draft is None:
-            raise ValueError("decoder.rescore=neural needs a draft LM: draft=self or draft=<model>")
+        if self.rescore == "neural":
+            check("draft", self.draft, required=f"rescore=neural rescores with it: {DRAFT_REQUIRED}")
         self._ngram: NgramLM | None = None
 
-    def load_draft(self, lm: LM):
+    def load_addons(self, lm: LM):
         """Heads (and the rescoring LM) are built before timing; bad files fail in one line."""
         heads = self._heads.get(lm, self.heads, self.num_heads, self.heads_seed)
         if self.block is not None and self.block > heads.k:
@@ -129,16 +129,13 @@ class BPD:
             self._drafts.get(self.draft, lm)
         return heads
 
-    def setting(self) -> dict:
-        return {"rescore": self.rescore, "paths": self.paths, "ranks_per_head": self.ranks_per_head}
-
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        heads = self.load_draft(lm)
+        heads = self.load_addons(lm)
         block = self.block or heads.k
         ngram = self._ngram
         neural = NeuralScorer(self._drafts.get(self.draft, lm)) if self.rescore == "neural" else None
 
-        def propose(sequence, head_logits):
+        def build(sequence, head_logits):
             head_logp = torch.log_softmax(head_logits[:block], dim=-1)
             flops = [0.0]
             score_next = None
@@ -165,5 +162,5 @@ class BPD:
             tree = TokenTree.from_sequences(int(sequence[-1]), beams)
             return tree, flops[0], {}
 
-        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, propose)
+        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, build)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .draft import DraftCache
-from .lm import LM
-from .sampling import Sampling
-from .trace import Generation
+from ..core.contract import check
+from .draft_model import DRAFT_REQUIRED, DraftCache
+from ..core.lm import LM
+from ..core.sampling import Sampling
+from ..core.trace import Generation
 
 
 @dataclass
@@ -32,10 +33,8 @@ class HFPromptLookup:
     max_ngram: int = 2  # max_matching_ngram_size
 
     def __post_init__(self):
-        if not (isinstance(self.num_tokens, int) and self.num_tokens >= 1):
-            raise ValueError(f"decoder.num_tokens must be an integer >= 1, got {self.num_tokens}")
-        if not (isinstance(self.max_ngram, int) and self.max_ngram >= 1):
-            raise ValueError(f"decoder.max_ngram must be an integer >= 1, got {self.max_ngram}")
+        check("num_tokens", self.num_tokens, at_least=1)
+        check("max_ngram", self.max_ngram, at_least=1)
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids,
@@ -54,15 +53,12 @@ class HFAssisted:
     _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.draft is None:
-            raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
-        if self.num_assistant_tokens is not None and not (
-                isinstance(self.num_assistant_tokens, int) and self.num_assistant_tokens >= 1):
-            raise ValueError(f"decoder.num_assistant_tokens must be an integer >= 1 or null, got {self.num_assistant_tokens!r}")
+        check("draft", self.draft, required=DRAFT_REQUIRED)
+        check("num_assistant_tokens", self.num_assistant_tokens, at_least=1, also=(None,))
 
-    def load_draft(self, lm: LM) -> LM:
+    def load_addons(self, lm: LM) -> LM:
         return self._drafts.get(self.draft, lm)
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         extra = {} if self.num_assistant_tokens is None else {"num_assistant_tokens": self.num_assistant_tokens}
-        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids, assistant=self.load_draft(lm), **extra)
+        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids, assistant=self.load_addons(lm), **extra)

@@ -1,5 +1,5 @@
 """Extra prediction heads on the target's last hidden state (Medusa; blockwise parallel decoding),
-their file format, and the decode loop both methods share.
+their file format, and the proposer both methods share.
 
 Head i maps the hidden state at position t to a distribution over the token at t + i + 2 (the
 model's own head predicts t + 1). Each head is Medusa's residual block, h + SiLU(W h + b) with
@@ -17,12 +17,12 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .lm import LM
-from .sampling import Sampling, next_token, probs
-from .trace import Generation, Tracer, truncate_at_stop
-from .tree import TokenTree
-from .verify import verify_greedy, verify_sampling
-from .weights_file import load_weights, save_weights
+from ..core.lm import LM
+from ..core.loop import Accept, Proposal, Scores, speculative_decode
+from ..core.sampling import Sampler, Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree
+from ..core.weights_file import load_weights, save_weights
 
 HEADS_FORMAT = "medusa-heads-v1"
 REPO = Path(__file__).resolve().parent.parent
@@ -121,62 +121,44 @@ class HeadsCache:
         return self._heads
 
 
-# A proposer turns the committed sequence (its last token is the root, not yet in the target's
-# cache) and the heads' logits (K, V) into a tree to verify, plus drafting FLOPs beyond the
-# heads (rescoring) and step info.
-Proposer = Callable[[Sequence[int], torch.Tensor], tuple[TokenTree, float, dict]]
+# build(committed sequence, heads' logits (K, V)) -> (the tree to verify, drafting FLOPs beyond the
+# heads (rescoring), step info)
+Build = Callable[[Sequence[int], torch.Tensor], tuple[TokenTree, float, dict]]
+
+
+class HeadsProposer:
+    """The proposer Medusa and BPD share. Every target pass returns the hidden state of each tree
+    node; the heads read the last accepted node's, whose logits gave the bonus token, and `build`
+    turns their logits into the next tree. Candidates are deterministic (top-k of the heads), so
+    greedy verification is exact and sampling uses deterministic-candidate acceptance. The
+    first step (the prefill) has no hidden state to read: it drafts nothing."""
+
+    def __init__(self, heads: Heads, build: Build):
+        self.heads, self.build = heads, build
+        self.head_flops = heads.flops()
+        self.state: torch.Tensor | None = None
+
+    def propose(self, sequence: Sequence[int], room: int) -> Proposal:
+        if self.state is None:
+            return Proposal(TokenTree.chain(sequence[-1], []), hidden=True)
+        with torch.inference_mode():
+            head_logits = self.heads(self.state).float()
+            tree, self.rescore_flops, self.info = self.build(sequence, head_logits)
+        return Proposal(tree, hidden=True, draft_forward_tokens=1, draft_flops=self.head_flops + self.rescore_flops)
+
+    def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
+        first = self.state is None
+        self.state = scores.hidden[path[-1]]
+        if first:
+            return {}
+        tree = proposal.tree
+        return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree),
+                "paths": len(tree.leaves()), "head_flops": self.head_flops, "rescore_flops": self.rescore_flops,
+                **self.info}
 
 
 def heads_decode(lm: LM, heads: Heads, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling, stop_ids,
-                 propose: Proposer, accept: Callable | None = None) -> Generation:
-    """The loop Medusa and BPD share. Each target pass feeds the root (last committed token)
-    and the proposed tree, and returns logits and hidden states for every node; the heads then
-    run on the hidden state of the last accepted node, whose logits give the bonus token.
-
-    Candidates are deterministic (top-k of the heads), so greedy verification is exact and
-    sampling uses deterministic-candidate acceptance (exact in distribution). `accept`
-    replaces verification (typical acceptance, lossy)."""
-    tracer = Tracer(lm.sync)
-    cache = lm.new_cache()
-    warpers = sampling.warpers()
-    generator = sampling.generator(lm.device)
-    prompt = list(prompt_ids)
-    head_flops = heads.flops()
-    with tracer.target():  # the prefill commits the first token
-        logits, hidden = lm.forward(prompt, cache, last_only=True, hidden=True)
-    tokens = [next_token(logits[-1], sampling, generator, warpers)]
-    state = hidden[-1]
-    tracer.end_step(accepted=1, forward_tokens=len(prompt), context_tokens=0)
-    while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
-        sequence = prompt + tokens
-        context = len(cache)
-        with tracer.draft(), torch.inference_mode():
-            head_logits = heads(state).float()
-            tree, rescore_flops, info = propose(sequence, head_logits)
-        with tracer.target():
-            logits, hidden = lm.forward(tree.tokens, cache, position_ids=tree.position_ids(context),
-                                        mask=tree.attention_mask(context), hidden=True)
-        if accept is not None:
-            path, bonus = accept(tree, logits, generator)
-        elif sampling.greedy:
-            path, bonus = verify_greedy(tree, logits)
-        else:
-            path, bonus = verify_sampling(tree, probs(logits, sampling, warpers), None, generator)
-        new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
-        tokens += new
-        cache.keep(list(range(context)) + [context + i for i in path])
-        state = hidden[path[-1]]
-        tracer.end_step(accepted=len(new), forward_tokens=len(tree), context_tokens=context,
-                        draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
-                        draft_forward_tokens=1, draft_flops=head_flops + rescore_flops,
-                        info={"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree),
-                              "paths": len(tree.leaves()), "head_flops": head_flops, "rescore_flops": rescore_flops,
-                              **info})
-    return tracer.finish(tokens, stop_ids)
-
-
-def check_hyper(owner: str, **values) -> None:
-    for key, value in values.items():
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ValueError(f"{owner}.{key} must be an integer >= 1, got {value!r}")
-
+                 build: Build, accept: Accept | None = None) -> Generation:
+    """`accept(tree, logits, sampler)` replaces exact verification (typical acceptance, lossy)."""
+    return speculative_decode(lm, HeadsProposer(heads, build), prompt_ids, max_new_tokens, Sampler(sampling, lm.device),
+                              stop_ids, accept)

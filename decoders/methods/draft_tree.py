@@ -8,12 +8,14 @@ draft forwards whatever its width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from .lm import LM, KVCache, forward_flops
-from .sampling import Sampling, probs
+from ..core.lm import LM, KVCache, forward_flops
+from ..core.loop import Proposal, Scores
+from ..core.sampling import Sampling, probs
+from ..core.tree import TokenTree
 
 
 @dataclass
@@ -120,49 +122,38 @@ def rollback(cache: KVCache, committed_len: int, tree: DraftTree, path_nodes: Se
     cache.keep(list(range(committed_len)) + fed_path)
 
 
-def tree_speculative_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                            stop_ids, propose, without_replacement: bool):
-    """The loop every draft-tree method shares. `propose(draft, cache, sequence, generator,
-    warpers)` returns (TokenTree for the target, draft_probs rows per target node or None,
-    target node -> draft node, DraftTree, draws for verify_sampling or None: each node's
-    children once). One target pass per step verifies the whole tree."""
-    from .sampling import next_token
-    from .trace import Tracer, truncate_at_stop
-    from .verify import verify_greedy, verify_sampling
+# grow(draft, draft cache, committed sequence) -> (the tree the target verifies, draft_probs rows per
+# tree node or None, tree node -> draft node, the DraftTree, draws for verify_sampling or None)
+Grow = Callable[[LM, KVCache, Sequence[int]], tuple[TokenTree, "torch.Tensor | None", list[int], DraftTree, "list | None"]]
 
-    tracer = Tracer(lm.sync)
-    cache, draft_cache = lm.new_cache(), draft.new_cache()
-    warpers = sampling.warpers()
-    generator = sampling.generator(lm.device)
-    prompt = list(prompt_ids)
-    with tracer.target():  # the prefill commits the first token
-        logits = lm.forward(prompt, cache, last_only=True)[-1]
-    tokens = [next_token(logits, sampling, generator, warpers)]
-    tracer.end_step(accepted=1, forward_tokens=len(prompt), context_tokens=0)
-    while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
-        sequence = prompt + tokens
-        context = len(cache)
-        first = not len(draft_cache)  # the draft's first catch-up reads the prompt: its prefill
-        with tracer.draft():
-            tree, draft_probs, to_draft, dtree, draws = propose(draft, draft_cache, sequence, generator, warpers)
-        with tracer.target():
-            logits = lm.forward(tree.tokens, cache, position_ids=tree.position_ids(context),
-                                mask=tree.attention_mask(context))
-        if sampling.greedy:
-            path, bonus = verify_greedy(tree, logits)
-        else:
-            path, bonus = verify_sampling(tree, probs(logits, sampling, warpers), draft_probs, generator,
-                                          without_replacement=without_replacement, draws=draws)
-        new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
-        tokens += new
-        cache.keep(list(range(context)) + [context + i for i in path])  # the root and the accepted path
-        rollback(draft_cache, len(sequence), dtree, [to_draft[i] for i in path])
-        tracer.end_step(accepted=len(new), forward_tokens=len(tree), context_tokens=context,
-                        draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
-                        draft_forward_tokens=dtree.fed, draft_flops=dtree.flops,
-                        draft_prefill_flops=forward_flops(draft.flops_spec(), len(prompt), 0) if first and dtree.fed else 0.0,
-                        info={"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)})
-    return tracer.finish(tokens, stop_ids)
+
+class DraftTreeProposer:
+    """The proposer SpecInfer and Sequoia share: `grow` drafts a tree with the draft model, whose
+    cache then keeps the committed tokens and the accepted path's fed nodes. The first step
+    (the prefill) drafts nothing."""
+
+    def __init__(self, draft: LM, prompt_len: int, grow: Grow, without_replacement: bool):
+        self.draft, self.prompt_len, self.grow, self.without_replacement = draft, prompt_len, grow, without_replacement
+        self.cache = draft.new_cache()
+        self.started = False
+
+    def propose(self, sequence: Sequence[int], room: int) -> Proposal:
+        if not self.started:  # the target's prefill commits the first token
+            return Proposal(TokenTree.chain(sequence[-1], []))
+        first = not len(self.cache)  # the draft's first catch-up reads the prompt: its prefill
+        tree, draft_probs, self.to_draft, self.dtree, draws = self.grow(self.draft, self.cache, sequence)
+        self.committed = len(sequence)
+        prefill = forward_flops(self.draft.flops_spec(), self.prompt_len, 0) if first and self.dtree.fed else 0.0
+        return Proposal(tree, draft_probs=draft_probs, draws=draws, without_replacement=self.without_replacement,
+                        draft_forward_tokens=self.dtree.fed, draft_flops=self.dtree.flops, draft_prefill_flops=prefill)
+
+    def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
+        if not self.started:
+            self.started = True
+            return {}
+        rollback(self.cache, self.committed, self.dtree, [self.to_draft[i] for i in path])
+        tree = proposal.tree
+        return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}
 
 
 def stacked_dists(dists: Sequence[torch.Tensor | None]) -> torch.Tensor | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .lm import FAST_PATHS, LM
+from ..core.lm import FAST_PATHS, LM
 
 
 def device_name(device: torch.device) -> str:

@@ -63,6 +63,10 @@ class TokenTree:
             node = self.parents[node]
         return out[::-1]
 
+    def is_chain(self) -> bool:
+        """Every node the child of the one before it (the root alone included): fed causally, no mask."""
+        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+
     def leaves(self) -> list[int]:
         return [i for i, kids in enumerate(self.children) if not kids]
 

@@ -11,22 +11,29 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Callable
 
-from .lm import LM
+from ..core.lm import LM
 from .profile import forward_latency, step_cost
-from .sampling import Sampling
+from ..core.sampling import Sampling
+from ..core.trace import Generation
 
 AUTO = "auto"
 
 
+# run(prompt_ids, max_new_tokens, sampling, window, ngram, guess_set_size) -> Generation
+Run = Callable[[list[int], int, Sampling, int, int, int], Generation]
+
+
 def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_size, windows, ngrams,
-         tokens: int, cache_dir=None, profile_tokens: int = 64, sampling: Sampling | None = None,
-         **decode_kwargs) -> dict:
+         tokens: int, run: Run, cache_dir=None, profile_tokens: int = 64, sampling: Sampling | None = None,
+         settings_key: dict | None = None) -> dict:
     """The grid point maximising predicted tokens/s, with the whole table. Parameters given
     as "auto" range over `windows` / `ngrams`; guess_set_size "auto" follows W (the paper's G = W).
-    Compression is measured at `sampling`, the run's own settings (default greedy)."""
+    Compression is measured by `run` (lookahead with the other settings fixed, which
+    `settings_key` names for the cache) at `sampling`, the run's own settings (default greedy)."""
     sampling = sampling or Sampling()
-    from .lookahead import lookahead_decode  # lookahead imports this module
+    decode_kwargs = settings_key or {}
 
     profile = forward_latency(lm, cache_dir, max_tokens=profile_tokens)
     grid = [(w, n, w if guess_set_size == AUTO else guess_set_size)
@@ -46,7 +53,7 @@ def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_si
     for w, n, g in grid:
         committed = steps = fed = 0
         for ids in prompts:
-            gen = lookahead_decode(lm, ids, tokens, sampling, stop_ids, w, n, g, **decode_kwargs)
+            gen = run(ids, tokens, sampling, w, n, g)
             decode = gen.steps[1:]  # the prefill step costs the same for every method
             committed += sum(s.accepted for s in decode)
             steps += len(decode)

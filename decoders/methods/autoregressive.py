@@ -6,9 +6,9 @@ from typing import Sequence
 
 import torch
 
-from .lm import LM
-from .sampling import Sampling, next_token
-from .trace import Generation, Tracer
+from ..core.lm import LM
+from ..core.sampling import Sampling, next_token
+from ..core.trace import Generation, Tracer
 
 
 def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,

@@ -71,3 +71,20 @@ def next_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Ge
         return int(torch.argmax(logits_row))
     p = probs(logits_row[None], sampling, warpers)[0]
     return int(torch.multinomial(p, 1, generator=generator))
+
+
+class Sampler:
+    """One generation's draws: its settings, their warpers, and the one seeded generator that every
+    draw takes from (drafts and verification alike, in the order they happen)."""
+
+    def __init__(self, sampling: Sampling, device):
+        self.sampling = sampling
+        self.greedy = sampling.greedy
+        self.warpers = sampling.warpers()
+        self.generator = sampling.generator(device)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return probs(logits, self.sampling, self.warpers)
+
+    def next_token(self, logits_row: torch.Tensor) -> int:
+        return next_token(logits_row, self.sampling, self.generator, self.warpers)

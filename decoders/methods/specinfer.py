@@ -12,12 +12,14 @@ from typing import Any
 
 import torch
 
-from .draft import DraftCache
-from .lm import LM
-from .sampling import Sampling
-from .trace import Generation
-from .tree import TokenTree
-from .tree_draft import DraftTree, _children, draft_tree, stacked_dists, tree_speculative_decode
+from ..core.contract import check
+from ..core.lm import LM
+from ..core.loop import speculative_decode
+from ..core.sampling import Sampler, Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree
+from .draft_model import DRAFT_REQUIRED, DraftCache
+from .draft_tree import DraftTree, DraftTreeProposer, _children, draft_tree, stacked_dists
 
 
 def chains(k: int, depth: int) -> tuple[int, ...]:
@@ -59,16 +61,18 @@ def merge_chains(dtree: DraftTree) -> tuple[TokenTree, torch.Tensor | None, list
 
 
 def specinfer_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
-                     k: int, depth: int) -> Generation:
-    parents = chains(k, depth)
+                     num_drafts: int, depth: int) -> Generation:
+    parents = chains(num_drafts, depth)
+    sampler = Sampler(sampling, lm.device)
 
-    def propose(draft_lm, cache, sequence, generator, warpers):
-        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, generator, warpers, replacement=True)
+    def grow(draft_lm, cache, sequence):
+        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, sampler.generator, sampler.warpers,
+                           replacement=True)
         tree, dists, to_draft, draws = merge_chains(dtree)
         return tree, dists, to_draft, dtree, draws
 
-    return tree_speculative_decode(lm, draft, prompt_ids, max_new_tokens, sampling, stop_ids, propose,
-                                   without_replacement=False)
+    proposer = DraftTreeProposer(draft, len(prompt_ids), grow, without_replacement=False)
+    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids)
 
 
 @dataclass
@@ -81,16 +85,13 @@ class SpecInfer:
     _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
 
     def __post_init__(self):
-        for key in ("num_drafts", "depth"):
-            value = getattr(self, key)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"decoder.{key} must be an integer >= 1, got {value!r}")
-        if self.draft is None:
-            raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
+        check("num_drafts", self.num_drafts, at_least=1)
+        check("depth", self.depth, at_least=1)
+        check("draft", self.draft, required=DRAFT_REQUIRED)
 
-    def load_draft(self, lm: LM) -> LM:
+    def load_addons(self, lm: LM) -> LM:
         return self._drafts.get(self.draft, lm)
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return specinfer_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
+        return specinfer_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
                                 self.num_drafts, self.depth)

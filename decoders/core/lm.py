@@ -38,6 +38,9 @@ class KVCache:
     @torch.inference_mode()
     def crop(self, length: int) -> None:
         """Keep the first `length` positions."""
+        self._crop(length)
+
+    def _crop(self, length: int) -> None:
         remove = len(self) - length
         if remove < 0:
             raise ValueError(f"cannot crop a cache of {len(self)} positions to {length}")
@@ -52,6 +55,8 @@ class KVCache:
         # Positions already in place need no copy: find the first one that moves.
         moved = torch.nonzero(idx != torch.arange(n), as_tuple=False)
         start = int(moved[0]) if len(moved) else n
+        if start == n:  # a prefix (a chain's accepted path): crop, which every cache layer type supports
+            return self._crop(n)
         for layer in self.hf.layers:
             if type(layer) is not DynamicLayer:
                 raise NotImplementedError(f"KVCache.keep supports full-attention DynamicLayer only, not {type(layer).__name__}")

@@ -1,7 +1,7 @@
 """Sequoia (Chen et al. 2024): a DP-optimal token tree drafted without replacement,
 verified in one target pass with Sequoia's sampling-without-replacement rule.
 
-The tree's shape comes from decoders/sequoia_tree.py: the tree of `budget` draft nodes and
+The tree's shape comes from decoders/tuning/sequoia_tree.py: the tree of `budget` draft nodes and
 depth <= `depth` that maximises expected tokens per step under the measured acceptance vector
 (p_k: probability that the k-th drafted child is the accepted one). `tree=auto` also picks
 (budget, depth) for this device: the least predicted time per token given the measured
@@ -15,24 +15,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .draft import DraftCache
-from .lm import LM
-from .sampling import Sampling
-from .sequoia_tree import cached_acceptance, choose_tree, device_latency, load_acceptance, optimal_tree
-from .trace import Generation
-from .tree import TokenTree
-from .tree_draft import draft_tree, stacked_dists, tree_speculative_decode
+from ..core.contract import check
+from ..core.lm import LM
+from ..core.loop import speculative_decode
+from ..core.sampling import Sampler, Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree
+from ..tuning.sequoia_acceptance import cached_acceptance, device_latency, load_acceptance
+from ..tuning.sequoia_tree import choose_tree, optimal_tree
+from .draft_model import DRAFT_REQUIRED, DraftCache
+from .draft_tree import DraftTreeProposer, draft_tree, stacked_dists
 
 
 def sequoia_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
                    parents: tuple[int, ...]) -> Generation:
-    def propose(draft_lm, cache, sequence, generator, warpers):
-        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, generator, warpers, replacement=False)
+    sampler = Sampler(sampling, lm.device)
+
+    def grow(draft_lm, cache, sequence):
+        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, sampler.generator, sampler.warpers,
+                           replacement=False)
         tree = TokenTree(dtree.tokens, dtree.parents)
         return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree, None
 
-    return tree_speculative_decode(lm, draft, prompt_ids, max_new_tokens, sampling, stop_ids, propose,
-                                   without_replacement=True)
+    proposer = DraftTreeProposer(draft, len(prompt_ids), grow, without_replacement=True)
+    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids)
 
 
 @dataclass
@@ -54,16 +60,14 @@ class Sequoia:
 
     def __post_init__(self):
         for key in ("budget", "depth", "K", "auto_prompts", "auto_tokens"):
-            value = getattr(self, key)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"decoder.{key} must be an integer >= 1, got {value!r}")
-        if self.tree not in ("fixed", "auto"):
-            raise ValueError(f"decoder.tree must be fixed or auto, got {self.tree!r}")
+            check(key, getattr(self, key), at_least=1)
+        check("tree", self.tree, one_of=("fixed", "auto"))
         for key in ("auto_budgets", "auto_depths"):
-            if not getattr(self, key) or not all(isinstance(v, int) and v >= 1 for v in getattr(self, key)):
+            if not getattr(self, key):
                 raise ValueError(f"decoder.{key} must be a non-empty list of integers >= 1, got {getattr(self, key)!r}")
-        if self.draft is None:
-            raise ValueError("decoder.draft is required: draft=self (the target's first layers) or draft=<model>")
+            for value in getattr(self, key):
+                check(f"{key}[]", value, at_least=1)
+        check("draft", self.draft, required=DRAFT_REQUIRED)
         if self.acceptance_file is not None and not Path(self.acceptance_file).expanduser().is_file():
             raise ValueError(f"decoder.acceptance_file: no acceptance vector at {self.acceptance_file}; measure one with "
                              f"scripts/measure_acceptance.py or leave it null to measure on calibration prompts")
@@ -80,12 +84,12 @@ class Sequoia:
         """Prompts prepare() wants: to measure acceptance (no file given) and/or choose the tree."""
         return self.auto_prompts if (self.acceptance_file is None or self.tree == "auto") else 0
 
-    def load_draft(self, lm: LM) -> LM:
+    def load_addons(self, lm: LM) -> LM:
         return self._drafts.get(self.draft, lm)
 
     def prepare(self, lm: LM, prompts, stop_ids, sampling: Sampling | None = None) -> None:
         """Acceptance vector (file, or measured greedily on `prompts` and cached), then the tree."""
-        draft = self.load_draft(lm)
+        draft = self.load_addons(lm)
         if self.acceptance_file is not None:
             acceptance = load_acceptance(self.acceptance_file)
         else:
@@ -105,14 +109,11 @@ class Sequoia:
                        "acceptance": [round(a, 4) for a in acceptance]}
         self.tuning.setdefault("predicted_speedup", float("nan"))
 
-    def setting(self) -> dict:
-        return dict(self.tuning)
-
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         if self._shape is None:
             if self.calibration_prompts:
                 self.prepare(lm, [list(prompt_ids)], stop_ids, sampling)  # outside the harness: this prompt
             else:
                 self.prepare(lm, [], stop_ids, sampling)
-        return sequoia_decode(lm, self.load_draft(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
+        return sequoia_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
                               self._shape.parents)

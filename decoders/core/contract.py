@@ -1,0 +1,65 @@
+"""What a decoder is, what it may optionally do, and how its settings are checked.
+
+The runner needs only `Decoder`. The optional capabilities are declared here once and looked
+up with isinstance, so a new method opts in by having the members, with no base class.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from .lm import LM
+from .sampling import Sampling
+from .trace import Generation
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    name: str
+    lossless: bool  # False for explicitly lossy variants (Medusa's typical acceptance); records say so
+
+    def generate(self, lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                 stop_ids) -> Generation: ...
+
+
+@runtime_checkable
+class LoadsAddOns(Protocol):
+    """Runs something beside the target (a draft model, heads, an n-gram LM): built by the runner
+    before any timing, so that a bad file fails in one line and loading is never timed."""
+
+    def load_addons(self, lm: LM) -> Any: ...
+
+
+@runtime_checkable
+class SelfTuning(Protocol):
+    """Tunes itself to this device and model (lookahead's auto W/N/G, Sequoia's acceptance and tree)
+    on `calibration_prompts` prompts that the runner takes from past the scored ones."""
+
+    calibration_prompts: int  # 0: nothing left to tune
+
+    def prepare(self, lm: LM, prompts: list[list[int]], stop_ids, sampling: Sampling) -> None: ...
+
+
+@runtime_checkable
+class ReportsTuning(Protocol):
+    """`tuning`: what an automatic setting resolved to and what it forecast; records keep it."""
+
+    tuning: dict | None
+
+
+
+def check(key: str, value: Any, *, at_least: int | None = None, one_of: Sequence = (), also: Sequence = (),
+          required: str | None = None) -> None:
+    """Raise one ValueError naming decoder.<key> and what is allowed. The value must be an integer
+    >= at_least, or one of `one_of`; values in `also` (e.g. "auto", -1) pass as they are;
+    `required` words the error for a missing (None) value. Lists: check each item as key[]."""
+    if value is None and required is not None:
+        raise ValueError(f"decoder.{key} is required: {required}")
+    if any(value == a and type(value) is type(a) for a in also):
+        return
+    if one_of:
+        if value not in one_of:
+            raise ValueError(f"decoder.{key} must be one of {', '.join(map(str, one_of))}, got {value!r}")
+        return
+    if at_least is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= at_least):
+        extra = "".join(f" or {a}" for a in also)
+        raise ValueError(f"decoder.{key} must be an integer >= {at_least}{extra}, got {value!r}")

@@ -1,0 +1,72 @@
+"""Jacobi decoding (Santilli et al. 2023): guess a block of m future tokens, run them through
+the target in one pass, keep the prefix that equals the target's own predictions, and feed
+the predictions back as the next guesses until the block converges.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..core.contract import check
+from ..core.lm import LM
+from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.sampling import Sampler, Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree
+
+GUESS_INITS = ("prompt", "vocab", "repeat")
+
+
+def initial_guesses(init: str, count: int, context: Sequence[int], vocab_size: int, rng: random.Random) -> list[int]:
+    """Tokens for positions nothing has predicted yet.
+
+    prompt: drawn from the context so far (lade's choice: likely tokens, no vocabulary-sized noise);
+    vocab: uniform over the vocabulary; repeat: the last context token.
+    """
+    if init == "prompt":
+        return [context[rng.randrange(len(context))] for _ in range(count)]
+    if init == "vocab":
+        return [rng.randrange(vocab_size) for _ in range(count)]
+    return [context[-1]] * count
+
+
+class JacobiWindow:
+    """The proposer: a chain of `block_size` guesses after the root, from the first step (the
+    prompt is fed with them). The target's predictions past the accepted prefix become the next
+    guesses; positions nothing predicted yet are guessed afresh."""
+
+    def __init__(self, block_size: int, init: str, prompt: Sequence[int], vocab_size: int, seed: int):
+        self.block_size, self.init, self.vocab_size = block_size, init, vocab_size
+        self.rng = random.Random(seed)
+        self.guesses = initial_guesses(init, block_size, list(prompt), vocab_size, self.rng)
+
+    def propose(self, sequence: Sequence[int], room: int) -> Proposal:
+        return Proposal(TokenTree.chain(sequence[-1], self.guesses))
+
+    def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
+        following = scores.logits[len(path):].argmax(dim=-1).tolist()
+        fresh = initial_guesses(self.init, self.block_size, list(sequence), self.vocab_size, self.rng)
+        self.guesses = (following + fresh)[:self.block_size]
+        return {}
+
+
+def jacobi_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling, stop_ids,
+                  block_size: int, init: str = "prompt") -> Generation:
+    window = JacobiWindow(block_size, init, prompt_ids, lm.vocab_size, sampling.seed)
+    return speculative_decode(lm, window, prompt_ids, max_new_tokens, Sampler(sampling, lm.device), stop_ids)
+
+
+@dataclass
+class Jacobi:
+    name: str = "jacobi"
+    lossless: bool = True
+    block_size: int = 8  # m: future positions guessed and refined per pass
+    init: str = "prompt"  # how fresh positions are guessed: prompt | vocab | repeat
+
+    def __post_init__(self):
+        check("block_size", self.block_size, at_least=1)
+        check("init", self.init, one_of=GUESS_INITS)
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return jacobi_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, self.block_size, self.init)

@@ -1,0 +1,120 @@
+"""Speculative decoding with a draft model, chain of k (Leviathan et al. 2023; Chen et al. 2023).
+
+Each step: the draft proposes k tokens one at a time (its own KV cache), the target scores
+the last committed token plus the k drafts in one forward pass, and verification keeps the
+longest accepted prefix plus one token of the target's own (greedy: argmax match; sampling:
+accept x with min(1, p(x)/q(x)), else sample the residual norm(max(p - q, 0))). Both caches
+are cropped back to the committed tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..core.contract import check
+from ..core.lm import LM, KVCache, forward_flops
+from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.sampling import Sampler, Sampling, probs
+from ..core.trace import Generation
+from ..core.tree import TokenTree
+from .draft_model import DRAFT_REQUIRED, DraftCache
+
+
+def catch_up(draft: LM, cache: KVCache, sequence: Sequence[int]) -> tuple[torch.Tensor, int]:
+    """Feed the draft every committed token it has not seen; return its logits after the last
+    one and how many tokens that forward took."""
+    feed = list(sequence[len(cache):])
+    if not feed:
+        raise ValueError("the draft cache already holds the last committed token")
+    return draft.forward(feed, cache, last_only=True)[-1], len(feed)
+
+
+def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int, sampling: Sampling, generator,
+                warpers) -> tuple[list[int], list[torch.Tensor], int, float]:
+    """k draft tokens after `sequence`, each drawn from the draft (argmax when greedy).
+    Returns the tokens, the distributions they were drawn from (sampling only), the tokens
+    fed to the draft and its FLOPs."""
+    spec = draft.flops_spec()
+    tokens: list[int] = []
+    dists: list[torch.Tensor] = []
+    fed, flops = 0, 0.0
+    context = len(cache)
+    logits, n = catch_up(draft, cache, sequence)
+    fed, flops = n, forward_flops(spec, n, context)
+    for i in range(k):
+        if i:
+            context = len(cache)
+            logits = draft.forward([tokens[-1]], cache, last_only=True)[-1]
+            fed, flops = fed + 1, flops + forward_flops(spec, 1, context)
+        if sampling.greedy:
+            tokens.append(int(torch.argmax(logits)))
+        else:
+            q = probs(logits[None], sampling, warpers)[0]
+            dists.append(q)
+            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+    return tokens, dists, fed, flops
+
+
+class DraftChain:
+    """The proposer: `depth` tokens drawn one at a time by the draft, which keeps its own cache of
+    the committed tokens (plus the drafts it fed) and is cut back to them after each step. Never
+    drafts past max_new_tokens; the first step (the prefill) drafts nothing."""
+
+    def __init__(self, draft: LM, depth: int, prompt_len: int, sampler: Sampler):
+        self.draft, self.depth, self.prompt_len, self.sampler = draft, depth, prompt_len, sampler
+        self.cache = draft.new_cache()
+        self.started = False
+
+    def propose(self, sequence: Sequence[int], room: int) -> Proposal:
+        if not self.started:  # the target's prefill commits the first token
+            return Proposal(TokenTree.chain(sequence[-1], []))
+        self.n_draft = n = min(self.depth, room)
+        self.committed = len(sequence)
+        if not n:
+            return Proposal(TokenTree.chain(sequence[-1], []))
+        # The draft's first catch-up reads the prompt: its prefill, left out of decode FLOPs.
+        prefill = forward_flops(self.draft.flops_spec(), self.prompt_len, 0) if not len(self.cache) else 0.0
+        s = self.sampler
+        drafts, dists, fed, flops = draft_chain(self.draft, self.cache, sequence, n, s.sampling, s.generator, s.warpers)
+        draft_probs = torch.stack([torch.zeros_like(dists[0]), *dists]) if dists else None
+        return Proposal(TokenTree.chain(sequence[-1], drafts), draft_probs=draft_probs, draft_forward_tokens=fed,
+                        draft_flops=flops, draft_prefill_flops=prefill)
+
+    def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
+        if not self.started:
+            self.started = True
+            return {}
+        if self.n_draft:  # the draft saw the committed tokens and drafts[:-1]
+            self.cache.crop(self.committed + min(len(path) - 1, self.n_draft - 1))
+        return {"draft_depth": self.n_draft, "accepted_depth": len(path) - 1}
+
+
+def spec_chain_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+                      stop_ids, depth: int) -> Generation:
+    sampler = Sampler(sampling, lm.device)
+    return speculative_decode(lm, DraftChain(draft, depth, len(prompt_ids), sampler), prompt_ids, max_new_tokens,
+                              sampler, stop_ids)
+
+
+@dataclass
+class SpecChain:
+    """decoder=spec_chain: draft `depth` tokens with `draft`, verify them in one target pass."""
+
+    draft: Any = None  # draft=self (decoders.methods.draft_model.SelfDraft) or a model config
+    depth: int = 4  # draft tokens per step: the chain's depth
+    name: str = "spec_chain"
+    lossless: bool = True
+    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+
+    def __post_init__(self):
+        check("depth", self.depth, at_least=1)
+        check("draft", self.draft, required=DRAFT_REQUIRED)
+
+    def load_addons(self, lm: LM) -> LM:
+        """The draft for target `lm`, built once (the runner calls this before timing)."""
+        return self._drafts.get(self.draft, lm)
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return spec_chain_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids, self.depth)
