@@ -15,6 +15,7 @@ from decoders.methods.lookahead import Lookahead
 from decoders.methods.bpd import BPD
 from decoders.methods.medusa import Medusa
 from decoders.methods.prompt_lookup import PromptLookupDecoding
+from decoders.methods.recycling import Recycling
 from decoders.core.sampling import Sampling
 from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
@@ -33,6 +34,11 @@ DECODERS = {
     "prompt_lookup-10-2": PromptLookupDecoding(num_tokens=10, max_ngram=2),
     "prompt_lookup-3-1": PromptLookupDecoding(num_tokens=3, max_ngram=1),
     "prompt_lookup-1-4": PromptLookupDecoding(num_tokens=1, max_ngram=4),
+    "recycling-30-6-8": Recycling(),
+    "recycling-1-1-1": Recycling(tree_size=1, depth=1, successors=1),
+    "recycling-12-2-6": Recycling(tree_size=12, depth=2, successors=6),
+    "recycling-40-10-3": Recycling(tree_size=40, depth=10, successors=3),
+    "recycling-cold-16-4-4": Recycling(tree_size=16, depth=4, successors=4, hot_start=False),
     "jacobi-1": Jacobi(block_size=1),
     "jacobi-4": Jacobi(block_size=4),
     "jacobi-16-vocab": Jacobi(block_size=16, init="vocab"),

@@ -19,7 +19,8 @@ from decoders.methods.bpd import BPD, NeuralScorer, lattice_beam_search
 from decoders.methods.draft_model import SelfDraft
 from bench.prompts import render
 from decoders.methods.heads import Heads, load_heads, new_heads, save_heads
-from decoders.methods.medusa import Medusa, best_paths, prior_accuracy, tree_shape, typical_accept
+from decoders.core.tree import best_paths, prior_accuracy, tree_shape
+from decoders.methods.medusa import Medusa, typical_accept
 from decoders.methods.ngram_lm import NgramLM
 from decoders.core.sampling import Sampler, Sampling
 from decoders.core.tree import TokenTree

@@ -24,6 +24,7 @@ from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.jacobi import Jacobi, jacobi_decode
 from decoders.core.loop import SideBranch, layout
 from decoders.methods.prompt_lookup import PromptLookupDecoding
+from decoders.methods.recycling import Recycling
 from decoders.methods.lookahead import Lookahead, lookahead_decode, window_mask, window_offsets
 from decoders.methods.ngram_pool import NGramPool
 from decoders.core.sampling import Sampling, probs
@@ -555,6 +556,12 @@ SAMPLED_CASES = {
     # prompt lookup: deterministic candidates copied from the text, the same verification
     "prompt_lookup-3-2-t0.8": (PromptLookupDecoding(num_tokens=3, max_ngram=2), dict(temperature=0.8),
                                dict(temperature=1.0)),
+    # token recycling: deterministic candidates from the adjacency table, the same verification (hot start:
+    # over 3-token outputs a cold table has no time to fill, and the test would prove little)
+    "recycling-8-3-3-t0.8": (Recycling(tree_size=8, depth=3, successors=3), dict(temperature=0.8),
+                             dict(temperature=1.0)),
+    "recycling-6-2-4-t1.0-topk3": (Recycling(tree_size=6, depth=2, successors=4), dict(temperature=1.0, top_k=3),
+                                   dict(temperature=1.0)),
     "jacobi-2-t0.8-topp0.9": (Jacobi(block_size=2), dict(temperature=0.8, top_p=0.9), dict(temperature=0.8)),
 }
 

@@ -6,6 +6,7 @@ has a parent with a smaller index, so a chain of k drafts is the tree with paren
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -87,3 +88,41 @@ class TokenTree:
 
     def position_ids(self, cache_len: int) -> torch.Tensor:
         return cache_len + torch.tensor(self.depths, dtype=torch.long)
+
+
+# ---- trees of rank paths (Medusa's choices, token recycling's template) ----------------------
+# A rank path (r0, r1, ...) names the node whose first token is rank r0 of its source at depth 0,
+# whose second is rank r1 at depth 1, and so on; a tree is a prefix-closed set of such paths.
+
+def best_paths(accuracy: list[list[float]], size: int, top_k: int) -> list[tuple[int, ...]]:
+    """The `size` rank paths of largest product of accuracies (a path's value never exceeds its
+    prefix's, so growing from the root by a heap keeps the set closed under prefixes)."""
+    depth, ranks = len(accuracy), min(top_k, len(accuracy[0]) if accuracy else 0)
+    heap = [(-accuracy[0][r], (r,)) for r in range(ranks)] if depth else []
+    heapq.heapify(heap)
+    chosen: list[tuple[int, ...]] = []
+    while heap and len(chosen) < size:
+        neg, path = heapq.heappop(heap)
+        chosen.append(path)
+        if len(path) < depth:
+            for r in range(ranks):
+                heapq.heappush(heap, (neg * accuracy[len(path)][r], path + (r,)))
+    return sorted(chosen, key=lambda p: (len(p), p))
+
+
+def prior_accuracy(k: int, top_k: int) -> list[list[float]]:
+    return [[0.6 ** (i + 1) * 0.5 ** r for r in range(top_k)] for i in range(k)]
+
+
+def tree_shape(paths: list[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """parents (node 0 = root) and, per node after the root, (head, rank) that supplies its token."""
+    paths = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+    index = {(): 0}
+    parents, slots = [-1], []
+    for p in paths:
+        if p[:-1] not in index:
+            raise ValueError(f"decoder.choices: path {list(p)} has no parent path {list(p[:-1])} in the set")
+        index[p] = len(parents)
+        parents.append(index[p[:-1]])
+        slots.append((len(p) - 1, p[-1]))
+    return parents, slots

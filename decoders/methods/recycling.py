@@ -1,0 +1,97 @@
+"""Token Recycling (Luo et al. 2024): training-free drafts from candidates the target itself
+ranked and then discarded.
+
+An adjacency table keeps, for every token seen, the `successors` tokens the target ranked
+highest after it the last time it scored that token (any row of any target pass: committed
+tokens and rejected drafts alike, so nothing the target computed is thrown away). Each step a
+static tree of rank paths is filled from the table: the root is the last committed token, and a
+node's rank-r child is the rank-r successor of the node's token. The tree is verified in one
+target pass; candidates are deterministic, so greedy is exact and sampling uses
+deterministic-candidate acceptance (the target's distribution is kept).
+
+`hot_start` (the paper's default) keeps the table from one prompt to the next, so a prompt's
+drafts depend on the prompts decoded before it with the same decoder (in dataset order in the
+runner and leaderboard); hot_start=false starts every prompt empty. The prompt's own rows are not
+scored (the prefill keeps only its last row's logits), so its tokens get successors once seen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..core.contract import check
+from ..core.lm import LM
+from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.sampling import Sampler, Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
+
+
+class AdjacencyDraft:
+    """The proposer: the template tree (parents, and per node after the root the rank of its
+    token among its parent's successors) filled from the adjacency table."""
+
+    def __init__(self, parents: Sequence[int], ranks: Sequence[int], successors: int,
+                 table: dict[int, list[int]] | None = None):
+        self.parents, self.ranks, self.k = list(parents), list(ranks), successors
+        self.table = {} if table is None else table  # token -> the target's top-k next tokens after it
+
+    def propose(self, sequence: Sequence[int], room: int) -> Proposal:
+        tokens, parents = [int(sequence[-1])], [-1]
+        placed = {0: 0}  # template node -> tree node (a node whose parent has no such successor drops)
+        for node in range(1, len(self.parents)):
+            parent = placed.get(self.parents[node])
+            following = self.table.get(tokens[parent]) if parent is not None else None
+            if following is not None and self.ranks[node - 1] < len(following):
+                placed[node] = len(tokens)
+                tokens.append(following[self.ranks[node - 1]])
+                parents.append(parent)
+        return Proposal(TokenTree(tokens, parents))
+
+    def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
+        top = torch.topk(scores.logits, min(self.k, scores.logits.shape[-1]), dim=-1).indices.tolist()
+        for token, following in zip(proposal.tree.tokens, top):
+            self.table[token] = following
+        tree = proposal.tree
+        return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}
+
+
+def template(tree_size: int, depth: int, successors: int) -> tuple[list[int], list[int]]:
+    """The static tree: the `tree_size` rank paths of depth <= `depth` most likely under a prior
+    that halves with each rank (Medusa's prior), as (parents, rank of each node after the root)."""
+    paths = best_paths(prior_accuracy(depth, successors), tree_size, successors)
+    parents, slots = tree_shape(paths)
+    return parents, [rank for _, rank in slots]
+
+
+def recycling_decode(lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids, tree_size: int,
+                     depth: int, successors: int, table: dict | None = None) -> Generation:
+    """`table`: the adjacency table to start from and update (None: a fresh one)."""
+    parents, ranks = template(tree_size, depth, successors)
+    return speculative_decode(lm, AdjacencyDraft(parents, ranks, successors, table), prompt_ids, max_new_tokens,
+                              Sampler(sampling, lm.device), stop_ids)
+
+
+@dataclass
+class Recycling:
+    name: str = "recycling"
+    lossless: bool = True
+    tree_size: int = 30  # draft nodes in the static tree (verification width - 1)
+    depth: int = 6  # its deepest level
+    successors: int = 8  # tokens kept per token in the adjacency table (the most ranks a node's children use)
+    hot_start: bool = True  # keep the table from prompt to prompt (the paper's default)
+
+    def __post_init__(self):
+        for key in ("tree_size", "depth", "successors"):
+            check(key, getattr(self, key), at_least=1)
+        check("hot_start", self.hot_start, one_of=(True, False))
+        self._table: tuple[LM, dict] | None = None  # (target, the table carried between its prompts)
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        if self._table is None or self._table[0] is not lm:  # a new target starts empty
+            self._table = (lm, {})
+        table = self._table[1] if self.hot_start else None
+        return recycling_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, self.tree_size, self.depth,
+                                self.successors, table)
