@@ -1,5 +1,6 @@
 """The scripts run end to end on tiny-random (the side-by-side benchmarks are leaderboard presets:
 tests/test_leaderboard.py)."""
+import json
 import os
 import subprocess
 import sys
@@ -107,3 +108,22 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     df = pd.read_csv(tmp_path / "divergences.csv")
     assert len(df) == 1 and df.loc[0, "decoder"] == "jacobi" and df.loc[0, "first_divergence"] == 3
     assert df.loc[0, "logit_gap"] >= 0 and df.loc[0, "gap_in_ulps"] >= 0 and df.loc[0, "dtype"] == "float32"
+
+
+def test_compare_leaderboards_finds_a_changed_step(tmp_path):
+    """The before/after check of a refactor: a copy of a leaderboard is identical (exit 0); one
+    record whose per-step acceptance differs is reported (exit 1)."""
+    import shutil
+
+    reference = REPO / "results" / "reference" / "leaderboard"
+    shutil.copytree(reference / "gsm8k" / "jacobi", tmp_path / "before" / "gsm8k" / "jacobi")
+    shutil.copytree(reference / "gsm8k" / "jacobi", tmp_path / "after" / "gsm8k" / "jacobi")
+    out = run_script("compare_leaderboards.py", str(tmp_path / "before"), str(tmp_path / "after"))
+    assert out.returncode == 0 and "all identical: True" in out.stdout, out.stderr
+    records = tmp_path / "after" / "gsm8k" / "jacobi" / "records.jsonl"
+    lines = records.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["trace"]["accepted_draft_tokens"][1] += 1
+    records.write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    out = run_script("compare_leaderboards.py", str(tmp_path / "before"), str(tmp_path / "after"))
+    assert out.returncode == 1 and "| gsm8k | jacobi | 5 | 5 | 5 | 4 | 4 | yes |" in out.stdout, out.stdout
