@@ -21,8 +21,8 @@ TINY = ["model=tiny-random", "gen.max_new_tokens=10", "leaderboard.limit=2", "dr
         'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
-LABELS = ["autoregressive", "hf_generate", "hf_pld", "hf_assisted", "jacobi", "lookahead", "lookahead-auto",
-          "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
+LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "hf_assisted", "jacobi", "lookahead",
+          "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
            "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "lossless",
            "quality_metric", "quality"]
@@ -205,7 +205,8 @@ def test_leaderboard_errors_are_one_line(tmp_path):
 # Each preset's entries, in its order (conf/preset/<name>.yaml), and its repeats.
 PRESETS = {
     "speculative": (["autoregressive", "hf_assisted", "spec_chain-8", "specinfer-2x4", "sequoia-8", "sequoia-auto"], 1),
-    "lookahead": (["autoregressive", "hf_pld", "jacobi", "lookahead", "lookahead-w15n7", "lookahead-auto"], 2),
+    "lookahead": (["autoregressive", "hf_pld", "prompt_lookup", "jacobi", "lookahead", "lookahead-w15n7",
+                   "lookahead-auto"], 2),
     "heads": (["autoregressive", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1", "bpd-p4",
                "bpd-ngram-p4"], 1),
     "baselines": (["autoregressive", "hf_generate"], 3),
