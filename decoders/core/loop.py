@@ -111,22 +111,20 @@ def score(lm: LM, cache: KVCache, uncached: Sequence[int], proposal: Proposal) -
     if uncached[-1] != tree.tokens[0]:
         raise ValueError("the proposal's root must be the last committed token")
     u, n = len(uncached), len(tree)
-
-    def split(out):
-        return out if proposal.hidden else (out, None)
-    if side is None and tree.is_chain():
-        logits, hidden = split(lm.forward(list(uncached[:-1]) + tree.tokens, cache, logits_last=n,
-                                          hidden=proposal.hidden))
-        return Scores(logits, None, hidden)
-    mask, positions = layout(len(cache), u, tree, side)
+    side_tokens = side.tokens if side is not None else []
+    kwargs = {}
+    if side is not None or not tree.is_chain():
+        kwargs["mask"], kwargs["position_ids"] = layout(len(cache), u, tree, side)
     if side is None:
-        logits, hidden = split(lm.forward(list(uncached) + tree.tokens[1:], cache, position_ids=positions, mask=mask,
-                                          logits_last=n, hidden=proposal.hidden))
+        kwargs["logits_last"] = n  # the tree's rows are the last n
+    else:  # the root, the side rows asked for, the tree after the root
+        s = len(side_tokens)
+        kwargs["logits_rows"] = [u - 1, *(u + r for r in side.rows), *range(u + s, u + s + n - 1)]
+    out = lm.forward(list(uncached) + side_tokens + tree.tokens[1:], cache, hidden=proposal.hidden, **kwargs)
+    logits, hidden = out if proposal.hidden else (out, None)
+    if side is None:
         return Scores(logits, None, hidden)
-    s, k = len(side.tokens), len(side.rows)
-    rows = [u - 1, *(u + r for r in side.rows), *range(u + s, u + s + n - 1)]  # the root, side rows, tree
-    logits, hidden = split(lm.forward(list(uncached) + side.tokens + tree.tokens[1:], cache, position_ids=positions,
-                                      mask=mask, logits_rows=rows, hidden=proposal.hidden))
+    k = len(side.rows)
 
     def tree_rows(x):
         return torch.cat([x[:1], x[1 + k:]])
