@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from loss_curve import save_loss_curve  # noqa: E402
 from decoders.methods.draft_model import new_exit_adapter, save_adapter  # noqa: E402
 
 # Instructions for self-distillation: general chat, code and arithmetic requests written for
@@ -188,19 +189,7 @@ def main() -> None:
             "heldout_agreement_before": round(before, 4), "heldout_agreement_after": round(after, 4),
             "command": " ".join(["python", "scripts/train_exit_adapter.py", *sys.argv[1:]])}
     save_adapter(adapter, out, layers, info)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3))
-    ax.plot(losses)
-    ax.set_xlabel("step")
-    ax.set_ylabel("KL(target || draft)")
-    ax.set_title(f"{cfg.model.name}: exit adapter on layer {layers}")
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out.with_suffix('.png').name}")
-
+    save_loss_curve(out, {"loss": losses}, "KL(target || draft)", f"{cfg.model.name}: exit adapter on layer {layers}")
 
 if __name__ == "__main__":
     main()

@@ -26,16 +26,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from tqdm.auto import tqdm
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from loss_curve import save_loss_curve  # noqa: E402
 from decoders.methods.heads import new_heads, save_heads  # noqa: E402
-from training_corpus import corpus, fixed_chunks  # noqa: E402
+from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  # noqa: E402
 
 RANKS = 10  # top-r accuracy recorded per head
 
@@ -99,21 +98,13 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     if args.heads < 1 or args.steps < 1:
         raise SystemExit(f"error: --heads and --steps must be >= 1, got {args.heads} and {args.steps}")
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(args.seed)
+    cfg, lm = frozen_target(overrides, args.seed)
     rng = random.Random(args.seed)
-    lm = instantiate(cfg.model).load()
-    for p in lm.model.parameters():
-        p.requires_grad_(False)
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-heads{args.heads}.safetensors")
 
     start = time.perf_counter()
     data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
-    heldout = data["generated"][::10]
-    generated = [s for j, s in enumerate(data["generated"]) if j % 10]
+    generated, heldout = split_answers(data)
     stream = [t for s in generated for t in s]
     sources = {"generated": fixed_chunks([stream], args.seq_len), "stdlib": fixed_chunks(data["stdlib"], args.seq_len),
                "gsm8k": fixed_chunks(data["gsm8k"], args.seq_len)}
@@ -159,21 +150,8 @@ def main() -> None:
             "final_kl": [round(sum(p[i] for p in losses[-20:]) / len(losses[-20:]), 4) for i in range(args.heads)],
             "command": " ".join(["python", "scripts/train_heads.py", *sys.argv[1:]])}
     save_heads(heads, out, info)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3))
-    for i in range(args.heads):
-        ax.plot([p[i] for p in losses], label=f"head {i} (t+{i + 2})", lw=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("KL(target || head)")
-    ax.set_title(f"{cfg.model.name}: Medusa heads")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out.with_suffix('.png').name}")
-
+    save_loss_curve(out, {f"head {i} (t+{i + 2})": [p[i] for p in losses] for i in range(args.heads)},
+                    "KL(target || head)", f"{cfg.model.name}: Medusa heads")
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decoders.methods.ngram_lm import NgramLM  # noqa: E402
-from training_corpus import corpus  # noqa: E402
+from training_corpus import corpus, split_answers  # noqa: E402
 
 
 def main() -> None:
@@ -38,8 +38,8 @@ def main() -> None:
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-ngram{args.order}.json.gz")
     start = time.perf_counter()
     data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
-    heldout = data["generated"][::10]
-    train = data["stdlib"] + data["gsm8k"] + [s for j, s in enumerate(data["generated"]) if j % 10]
+    answers, heldout = split_answers(data)
+    train = data["stdlib"] + data["gsm8k"] + answers
     ngram = NgramLM.train(train, args.order, lm.vocab_size, args.min_count)
     hits = total = 0
     for seq in heldout:  # next token of the model's own text, ranked by the n-gram LM among its seen continuations

@@ -7,6 +7,8 @@
   adapter script's instructions, and to GSM8K train questions.
 
 Generation is batched (left padding) and cached, so the heads and the n-gram LM scripts share it.
+Also what every script training on it starts with: the frozen target (`frozen_target`) and the
+held-out split of the self-distilled answers (`split_answers`).
 """
 from __future__ import annotations
 
@@ -101,6 +103,29 @@ def corpus(lm, model_name: str, data_dir: str | None, cache_dir: str, n_gsm8k: i
     heldout = [tok(p.read_text(errors="ignore"))["input_ids"] for p in stdlib_files("heldout")]
     gsm8k = [tok(r["question"] + "\n" + r["answer"])["input_ids"] for r in rows[n_gsm8k:]]
     return {"stdlib": stdlib, "gsm8k": gsm8k, "generated": generated, "heldout": heldout}
+
+
+def frozen_target(overrides: list[str], seed: int):
+    """(config, LM): the run's config (Hydra overrides as `python -m bench` takes them), threads
+    set, torch seeded, the target loaded with every parameter frozen."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(seed)
+    lm = instantiate(cfg.model).load()
+    for p in lm.model.parameters():
+        p.requires_grad_(False)
+    return cfg, lm
+
+
+def split_answers(data: dict) -> tuple[list[list[int]], list[list[int]]]:
+    """(train, held out): every 10th self-distilled answer is held out."""
+    generated = data["generated"]
+    return [s for j, s in enumerate(generated) if j % 10], generated[::10]
 
 
 def fixed_chunks(sequences: list[list[int]], seq_len: int) -> list[list[int]]:

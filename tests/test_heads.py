@@ -71,7 +71,7 @@ class OracleHeads(Heads):
 
 def with_oracle(decoder, lm, prompt, reference):
     oracle = OracleHeads(lm, prompt + reference)
-    decoder._heads._key, decoder._heads._heads = lm, oracle
+    decoder._heads.get(lm, lambda: oracle)  # a fresh decoder: the oracle is its heads for lm
     return decoder
 
 

@@ -5,7 +5,7 @@ up with isinstance, so a new method opts in by having the members, with no base 
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar, runtime_checkable
 
 from .lm import LM
 from .sampling import Sampling
@@ -45,6 +45,23 @@ class ReportsTuning(Protocol):
 
     tuning: dict | None
 
+
+
+T = TypeVar("T")
+
+
+class PerTarget(Generic[T]):
+    """One add-on (a draft, heads) built per target: decoders are built once and called per
+    prompt, so generate() must not rebuild it; a different target builds its own."""
+
+    def __init__(self):
+        self._key = None
+        self._value: T | None = None
+
+    def get(self, lm: LM, build: Callable[[], T]) -> T:
+        if self._key is not lm:
+            self._value, self._key = build(), lm
+        return self._value
 
 
 def check(key: str, value: Any, *, at_least: int | None = None, one_of: Sequence = (), also: Sequence = (),

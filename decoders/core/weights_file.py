@@ -30,6 +30,6 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
         reason = " ".join(str(e).split())[:200] or type(e).__name__
         raise ValueError(f"{key}: {path} is not a readable safetensors file ({reason}); {hint}") from None
     if meta.get("format") != fmt:
-        article = "an" if kind[0] in "aeiou" else "a"
+        article = "an" if kind[0].lower() in "aeiou" else "a"
         raise ValueError(f"{key}: {path} is not {article} {kind} (format {meta.get('format')!r})")
     return meta, state

@@ -17,9 +17,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..core.contract import check
-from .draft_model import DRAFT_REQUIRED, DraftCache
-from .heads import HeadsCache, heads_decode, resolve
+from ..core.contract import PerTarget, check
+from .draft_model import DRAFT_REQUIRED, build_draft
+from .heads import heads_decode, heads_for, resolve
 from ..core.lm import LM, KVCache, forward_flops
 from .ngram_lm import NgramLM
 from ..core.sampling import Sampling
@@ -100,8 +100,8 @@ class BPD:
     draft: Any = None  # the neural rescorer, for rescore=neural (draft=self or a model config)
     name: str = "bpd"
     lossless: bool = True
-    _heads: HeadsCache = field(default_factory=HeadsCache, repr=False, compare=False)
-    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+    _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+    _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
         for key in ("num_heads", "ranks_per_head", "paths"):
@@ -120,20 +120,20 @@ class BPD:
 
     def load_addons(self, lm: LM):
         """Heads (and the rescoring LM) are built before timing; bad files fail in one line."""
-        heads = self._heads.get(lm, self.heads, self.num_heads, self.heads_seed)
+        heads = self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed))
         if self.block is not None and self.block > heads.k:
             raise ValueError(f"decoder.block={self.block} needs as many heads; these heads have {heads.k}")
         if self.rescore == "ngram" and self._ngram is None:
             self._ngram = NgramLM.load(resolve(self.ngram))
         if self.rescore == "neural":
-            self._drafts.get(self.draft, lm)
+            self._drafts.get(lm, lambda: build_draft(self.draft, lm))
         return heads
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         heads = self.load_addons(lm)
         block = self.block or heads.k
         ngram = self._ngram
-        neural = NeuralScorer(self._drafts.get(self.draft, lm)) if self.rescore == "neural" else None
+        neural = NeuralScorer(self._drafts.get(lm, lambda: build_draft(self.draft, lm))) if self.rescore == "neural" else None
 
         def build(sequence, head_logits):
             head_logp = torch.log_softmax(head_logits[:block], dim=-1)

@@ -172,16 +172,3 @@ def build_draft(spec, target: LM) -> LM:
     if isinstance(spec, DraftSpec):
         return spec.build(target)
     raise ValueError(f"decoder.draft must be draft=self or a model config, got {type(spec).__name__}")
-
-
-class DraftCache:
-    """One built draft per target, so that repeated generate() calls do not rebuild it."""
-
-    def __init__(self):
-        self._key = None
-        self._draft: LM | None = None
-
-    def get(self, spec, target: LM) -> LM:
-        if self._key is not target:
-            self._draft, self._key = build_draft(spec, target), target
-        return self._draft

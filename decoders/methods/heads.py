@@ -107,18 +107,9 @@ def load_heads(lm: LM, path: str | Path) -> Heads:
     return lm.accelerate(heads)
 
 
-class HeadsCache:
-    """One loaded set of heads per target (decoders are built once and called per prompt)."""
-
-    def __init__(self):
-        self._key = None
-        self._heads: Heads | None = None
-
-    def get(self, lm: LM, path: str | None, k: int, seed: int | None) -> Heads:
-        if self._key is not lm:
-            self._heads = load_heads(lm, path) if path else new_heads(lm, k, seed)
-            self._key = lm
-        return self._heads
+def heads_for(lm: LM, path: str | None, k: int, seed: int | None) -> Heads:
+    """The heads file at `path`, or untrained (seed: random) heads without one."""
+    return load_heads(lm, path) if path else new_heads(lm, k, seed)
 
 
 # build(committed sequence, heads' logits (K, V)) -> (the tree to verify, drafting FLOPs beyond the

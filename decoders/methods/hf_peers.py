@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.contract import check
-from .draft_model import DRAFT_REQUIRED, DraftCache
+from ..core.contract import PerTarget, check
+from .draft_model import DRAFT_REQUIRED, build_draft
 from ..core.lm import LM
 from ..core.sampling import Sampling
 from ..core.trace import Generation
@@ -50,14 +50,14 @@ class HFAssisted:
     num_assistant_tokens: int | None = None  # null: transformers' default (and its heuristic schedule)
     name: str = "hf_assisted"
     lossless: bool = True
-    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+    _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
         check("draft", self.draft, required=DRAFT_REQUIRED)
         check("num_assistant_tokens", self.num_assistant_tokens, at_least=1, also=(None,))
 
     def load_addons(self, lm: LM) -> LM:
-        return self._drafts.get(self.draft, lm)
+        return self._drafts.get(lm, lambda: build_draft(self.draft, lm))
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         extra = {} if self.num_assistant_tokens is None else {"num_assistant_tokens": self.num_assistant_tokens}

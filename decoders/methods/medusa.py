@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ..core.contract import check
-from .heads import HeadsCache, heads_decode
+from ..core.contract import PerTarget, check
+from .heads import heads_decode, heads_for
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
@@ -63,7 +63,7 @@ class Medusa:
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     name: str = "medusa"
-    _heads: HeadsCache = field(default_factory=HeadsCache, repr=False, compare=False)
+    _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
         for key in ("num_heads", "tree_size", "ranks_per_head"):
@@ -86,7 +86,7 @@ class Medusa:
 
     def load_addons(self, lm: LM):
         """The heads, built before any timing (a bad heads file fails in one line)."""
-        return self._heads.get(lm, self.heads, self.num_heads, self.heads_seed)
+        return self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed))
 
     def paths(self, heads) -> tuple[list[tuple[int, ...]], str, float | None]:
         """The tree's rank paths, where they came from, and (auto / prior) the mean accepted tokens

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.contract import check
+from ..core.contract import PerTarget, check
 from ..core.lm import LM
 from ..core.loop import speculative_decode
 from ..core.sampling import Sampler, Sampling
@@ -23,7 +23,7 @@ from ..core.trace import Generation
 from ..core.tree import TokenTree
 from ..tuning.sequoia_acceptance import cached_acceptance, device_latency, load_acceptance
 from ..tuning.sequoia_tree import choose_tree, optimal_tree
-from .draft_model import DRAFT_REQUIRED, DraftCache
+from .draft_model import DRAFT_REQUIRED, build_draft
 from .draft_tree import DraftTreeProposer, draft_tree, stacked_dists
 
 
@@ -56,7 +56,7 @@ class Sequoia:
     cache_dir: str | None = None
     name: str = "sequoia"
     lossless: bool = True
-    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+    _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
         for key in ("budget", "depth", "K", "auto_prompts", "auto_tokens"):
@@ -85,7 +85,7 @@ class Sequoia:
         return self.auto_prompts if (self.acceptance_file is None or self.tree == "auto") else 0
 
     def load_addons(self, lm: LM) -> LM:
-        return self._drafts.get(self.draft, lm)
+        return self._drafts.get(lm, lambda: build_draft(self.draft, lm))
 
     def prepare(self, lm: LM, prompts, stop_ids, sampling: Sampling | None = None) -> None:
         """Acceptance vector (file, or measured greedily on `prompts` and cached), then the tree."""

@@ -13,13 +13,13 @@ from typing import Any, Sequence
 
 import torch
 
-from ..core.contract import check
+from ..core.contract import PerTarget, check
 from ..core.lm import LM, KVCache, forward_flops
 from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling, probs
 from ..core.trace import Generation
 from ..core.tree import TokenTree
-from .draft_model import DRAFT_REQUIRED, DraftCache
+from .draft_model import DRAFT_REQUIRED, build_draft
 
 
 def catch_up(draft: LM, cache: KVCache, sequence: Sequence[int]) -> tuple[torch.Tensor, int]:
@@ -106,7 +106,7 @@ class SpecChain:
     depth: int = 4  # draft tokens per step: the chain's depth
     name: str = "spec_chain"
     lossless: bool = True
-    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+    _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
         check("depth", self.depth, at_least=1)
@@ -114,7 +114,7 @@ class SpecChain:
 
     def load_addons(self, lm: LM) -> LM:
         """The draft for target `lm`, built once (the runner calls this before timing)."""
-        return self._drafts.get(self.draft, lm)
+        return self._drafts.get(lm, lambda: build_draft(self.draft, lm))
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return spec_chain_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids, self.depth)

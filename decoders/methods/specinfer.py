@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from ..core.contract import check
+from ..core.contract import PerTarget, check
 from ..core.lm import LM
 from ..core.loop import speculative_decode
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
-from .draft_model import DRAFT_REQUIRED, DraftCache
+from .draft_model import DRAFT_REQUIRED, build_draft
 from .draft_tree import DraftTree, DraftTreeProposer, _children, draft_tree, stacked_dists
 
 
@@ -82,7 +82,7 @@ class SpecInfer:
     depth: int = 4  # draft tokens per sequence
     name: str = "specinfer"
     lossless: bool = True
-    _drafts: DraftCache = field(default_factory=DraftCache, repr=False, compare=False)
+    _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
         check("num_drafts", self.num_drafts, at_least=1)
@@ -90,7 +90,7 @@ class SpecInfer:
         check("draft", self.draft, required=DRAFT_REQUIRED)
 
     def load_addons(self, lm: LM) -> LM:
-        return self._drafts.get(self.draft, lm)
+        return self._drafts.get(lm, lambda: build_draft(self.draft, lm))
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return specinfer_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
