@@ -68,6 +68,7 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
 @pytest.mark.parametrize("decoder,draft", [("spec_chain", ["draft=tiny-random", "draft.seed=1"]),
                                            ("sequoia", ["model.num_layers=3", "draft.layers=1", "draft.adapter=null"]),
                                            ("medusa", ["decoder.heads=null"]),
+                                           ("eagle", ["decoder.head=null", "decoder.head_seed=1"]),
                                            ("bpd", ["decoder.heads=null", "decoder.rescore=ngram", "decoder.paths=2"]),
                                            ("bpd", ["decoder.heads=null", "decoder.rescore=neural", "draft.layers=1",
                                                     "draft.adapter=null"])])
@@ -119,7 +120,7 @@ def test_overlong_prompt_is_skipped_with_its_reason(tmp_path):
 
 
 ERRORS = [
-    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, bpd, hf_assisted, hf_generate, hf_pld"),
+    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld"),
     (["model=nope"], "unknown model 'nope'"),
     (["dataset=nope"], "unknown dataset 'nope'"),
     (["gen.max_new_tokens=0"], "gen.max_new_tokens must be an integer >= 1"),
@@ -161,6 +162,12 @@ ERRORS = [
     (["decoder=medusa", "decoder.choices=wide"], "decoder.choices must be auto, chain, prior or a list of rank paths"),
     (["decoder=medusa", "decoder.choices=[[0],[1,1]]"], "decoder.choices: path [1, 1] has no parent path [1]"),
     (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be one of exact, typical"),
+    (["decoder=eagle"], "smollm2-135m-eagle.safetensors was trained for hidden size 576; tiny-random has 64"),
+    (["decoder=eagle", "decoder.head=/no/such.safetensors"], "decoder.head: no EAGLE draft file at /no/such.safetensors"),
+    (["decoder=eagle", "decoder.tree=wide"], "decoder.tree must be one of dynamic, static, got 'wide'"),
+    (["decoder=eagle", "decoder.top_k=0"], "decoder.top_k must be an integer >= 1, got 0"),
+    (["decoder=eagle", "decoder.head=adapters/smollm2-135m-heads4.safetensors"],
+     "is not an EAGLE draft file (format 'medusa-heads-v1')"),
     (["decoder=bpd", "decoder.rescore=lm"], "decoder.rescore must be one of none, ngram, neural, got 'lm'"),
     (["decoder=bpd", "decoder.paths=0"], "decoder.paths must be an integer >= 1, got 0"),
     (["decoder=bpd", "decoder.rescore=ngram", "decoder.ngram=/no/such.json.gz"], "decoder.ngram: no n-gram LM at /no/such.json.gz"),
@@ -244,4 +251,4 @@ def test_hydra_flags_pass_through():
     assert shown.returncode == 0, shown.stderr
     assert "_target_: decoders.methods.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
     helped = run_cli("--help")
-    assert helped.returncode == 0 and "decoder: autoregressive, bpd, hf_assisted, hf_generate, hf_pld" in helped.stdout
+    assert helped.returncode == 0 and "decoder: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld" in helped.stdout

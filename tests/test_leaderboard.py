@@ -19,9 +19,11 @@ TINY = ["model=tiny-random", "gen.max_new_tokens=10", "leaderboard.limit=2", "dr
         "leaderboard.verification_tokens=[1,2,4]", "leaderboard.sweeps=[tests/fixtures/lookahead_sweep]",
         # the shipped heads are SmolLM2's: tiny-random gets untrained ones
         'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
+        'leaderboard.decoders.eagle=["decoder=eagle","decoder.head=null"]',
+        'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.head=null","decoder.tree=static"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
-LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "hf_assisted", "jacobi", "lookahead",
+LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "eagle", "eagle-static", "hf_assisted", "jacobi", "lookahead",
           "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
            "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "lossless",
@@ -210,18 +212,24 @@ PRESETS = {
     "heads": (["autoregressive", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1", "bpd-p4",
                "bpd-ngram-p4"], 1),
     "baselines": (["autoregressive", "hf_generate"], 3),
+    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-static", "recycling", "medusa", "lookahead-auto", "sequoia-auto",
+                 "hf_pld", "prompt_lookup"], 1),
 }
+LIMITS = {"leaders": 5}  # prompts per dataset, where a preset's differs from 4
 
 
 def preset_overrides(name: str) -> list[str]:
-    """tiny-random, one dataset, one prompt, 8 tokens; head entries get untrained heads (the shipped
-    ones are SmolLM2's), as the main board's TINY does."""
+    """tiny-random, one dataset, one prompt, 8 tokens; entries with heads or an EAGLE draft get
+    untrained ones (the shipped ones are SmolLM2's), as the main board's TINY does."""
     tiny = ["model=tiny-random", "gen.max_new_tokens=8", "leaderboard.limit=1", "leaderboard.datasets=[gsm8k]",
             "draft.layers=1", "draft.adapter=null", "leaderboard.verification_tokens=[1,2]", "progress=false"]
-    entries = OmegaConf.load(REPO / "conf" / "preset" / f"{name}.yaml").leaderboard.get("decoders", {})
-    for label, overrides in entries.items():
-        if any(o in ("decoder=medusa", "decoder=bpd") for o in overrides):
-            tiny.append(f"leaderboard.decoders.{label}=[{','.join(json.dumps(o) for o in [*overrides, 'decoder.heads=null'])}]")
+    preset = OmegaConf.load(REPO / "conf" / "preset" / f"{name}.yaml").leaderboard
+    entries = {**OmegaConf.load(REPO / "conf" / "leaderboard.yaml").leaderboard.decoders, **preset.get("decoders", {})}
+    untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null", "decoder=eagle": "decoder.head=null"}
+    for label in preset.only:
+        extra = [untrained[o] for o in entries[label] if o in untrained]
+        if extra:
+            tiny.append(f"leaderboard.decoders.{label}=[{','.join(json.dumps(o) for o in [*entries[label], *extra])}]")
     return [f"+preset={name}", *tiny]
 
 
@@ -232,7 +240,7 @@ def test_presets_write_to_their_own_directory_not_the_reference():
         base, composed, runs = compose_all([f"+preset={name}", "model=tiny-random"])
         assert composed == labels and base.leaderboard.repeats == repeats
         assert base.leaderboard.out_dir == f"results/{name}"  # results/reference/<topic> only when asked for
-        assert base.leaderboard.limit == 4 and list(base.leaderboard.datasets) == ["humaneval", "mt_bench", "gsm8k"]
+        assert base.leaderboard.limit == LIMITS.get(name, 4) and list(base.leaderboard.datasets) == ["humaneval", "mt_bench", "gsm8k"]
     # the speculative preset's fixed-size methods get the same draft-node budget
     _, _, runs = compose_all(["+preset=speculative", "model=tiny-random"])
     chain, tree, seq = (runs["gsm8k", x].decoder for x in ("spec_chain-8", "specinfer-2x4", "sequoia-8"))

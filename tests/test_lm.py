@@ -90,6 +90,19 @@ def test_last_only_and_hidden_state():
     assert torch.allclose(lm.forward(PROMPT, lm.new_cache()), full)  # no hidden requested: logits only
 
 
+def test_features_are_every_row_before_the_final_norm():
+    """features=True (EAGLE's input): the last layer's output before the final norm, for every fed
+    row even when only some rows' logits are kept."""
+    lm = tiny_lm()
+    full, hidden = lm.forward(PROMPT, lm.new_cache(), hidden=True)
+    last, features = lm.forward(PROMPT, lm.new_cache(), logits_last=2, features=True)
+    assert features.shape == (len(PROMPT), 64) and torch.allclose(last, full[-2:], atol=1e-5)
+    with torch.inference_mode():
+        assert torch.allclose(lm.final_norm(features), hidden, atol=1e-5)
+    with pytest.raises(ValueError, match="hidden or features"):
+        lm.forward(PROMPT, lm.new_cache(), hidden=True, features=True)
+
+
 def test_mask_shape_and_missing_positions_are_errors():
     lm = tiny_lm()
     cache = lm.new_cache()

@@ -127,3 +127,25 @@ def test_compare_leaderboards_finds_a_changed_step(tmp_path):
     records.write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
     out = run_script("compare_leaderboards.py", str(tmp_path / "before"), str(tmp_path / "after"))
     assert out.returncode == 1 and "| gsm8k | jacobi | 5 | 5 | 5 | 4 | 4 | yes |" in out.stdout, out.stdout
+
+
+def test_train_eagle_on_tiny_random(tmp_path):
+    """scripts/train_eagle.py end to end (a few steps, a draft vocabulary), and its file drives decoder=eagle."""
+    out = run_script("train_eagle.py", "--chunks", "4", "--epochs", "1", "--generated-repeats", "1", "--unroll", "2",
+                     "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2",
+                     "--answer-tokens", "8", "--out", str(tmp_path / "eagle.safetensors"), "model=tiny-random",
+                     f"cache_dir={tmp_path}", timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "depth 3: top-1" in out.stdout and (tmp_path / "eagle.png").is_file()
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.methods.eagle import Eagle, load_draft
+    from decoders.core.sampling import Sampling
+    from helpers import tiny_lm
+
+    lm = tiny_lm(seed=0, vocab=49152)
+    draft = load_draft(lm, tmp_path / "eagle.safetensors")
+    assert len(draft.vocab) == 40 and len(draft.accuracy()) == 3 and draft.info["unroll"] == 2
+    reference = autoregressive_decode(lm, [5, 6, 7], 8, Sampling(), set()).tokens
+    for tree in ("dynamic", "static"):
+        dec = Eagle(head=str(tmp_path / "eagle.safetensors"), tree=tree, tree_size=6, depth=3, top_k=3)
+        assert dec.generate(lm, [5, 6, 7], 8, Sampling(), set()).tokens == reference

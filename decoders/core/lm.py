@@ -162,6 +162,7 @@ class LM:
         self.stop_ids = self._stop_ids()
         self._hidden: torch.Tensor | None = None
         self._want_hidden = False
+        self._features: torch.Tensor | None = None
         self._flops_spec: dict | None = None
         model.base_model.register_forward_hook(self._capture_hidden)
         # A model whose modules are shared with an LM already on the fast path (a self-draft) is on it too.
@@ -236,7 +237,19 @@ class LM:
         if self._want_hidden:
             self._hidden = output.last_hidden_state
 
-    def _mask_4d(self, mask: torch.Tensor) -> torch.Tensor:
+    def _capture_features(self, module, args):
+        self._features = args[0]
+
+    @property
+    def final_norm(self) -> nn.Module:
+        """The norm between the last layer and the output head (features -> hidden state)."""
+        norm = getattr(self.model.base_model, "norm", None)
+        if not isinstance(norm, nn.Module):
+            raise ValueError(f"{self.name}: no final norm found at model.base_model.norm")
+        return norm
+
+    def mask_4d(self, mask: torch.Tensor) -> torch.Tensor:
+        """A bool (q, k) mask (True: may attend) in the form this model's attention takes, (1, 1, q, k)."""
         mask = mask.to(self.device)[None, None]
         if self.attn_implementation == "sdpa":
             return mask
@@ -247,7 +260,7 @@ class LM:
     @torch.inference_mode()
     def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None,
                 last_only: bool = False, hidden: bool = False, logits_last: int | None = None,
-                logits_rows: Sequence[int] | None = None):
+                logits_rows: Sequence[int] | None = None, features: bool = False):
         """Feed new tokens after the cache; they are appended to it.
 
         input_ids: 1D ids (list or tensor). position_ids: 1D, default cache length onward.
@@ -255,8 +268,12 @@ class LM:
         Returns logits (q, V) (only the last row's if last_only; the last `logits_last` rows'
         if given: a prefill fused with drafts needs no logits for the prompt; only rows
         `logits_rows`, in that order, if given), and the last hidden state of the same rows
-        too when hidden=True. Rows left out skip the vocabulary projection.
+        too when hidden=True. Rows left out skip the vocabulary projection. features=True returns
+        instead (logits, features of every fed row): the last layer's output before the final
+        norm (EAGLE's draft reads and predicts these).
         """
+        if hidden and features:
+            raise ValueError("ask for hidden or features, not both")
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
         kwargs = {}
         if position_ids is not None:
@@ -264,7 +281,7 @@ class LM:
         if mask is not None:
             if mask.shape != (ids.shape[1], len(cache) + ids.shape[1]):
                 raise ValueError(f"mask shape {tuple(mask.shape)} != (new, cache + new) = {(ids.shape[1], len(cache) + ids.shape[1])}")
-            kwargs["attention_mask"] = self._mask_4d(mask)
+            kwargs["attention_mask"] = self.mask_4d(mask)
             if position_ids is None:
                 raise ValueError("a custom mask needs explicit position_ids")
         if last_only:
@@ -274,11 +291,19 @@ class LM:
         if logits_rows is not None:
             kwargs["logits_to_keep"] = torch.as_tensor(logits_rows, dtype=torch.long, device=self.device)
         self._want_hidden = hidden
+        # Hooked for this call only: a permanent hook would tie the norm to this wrapper (a deepcopy
+        # of the norm, as a self-draft's exit adapter makes, would copy the whole model).
+        handle = self.final_norm.register_forward_pre_hook(self._capture_features) if features else None
         try:
             out = self.model(input_ids=ids, past_key_values=cache.hf, use_cache=True, **kwargs)
         finally:
             self._want_hidden = False
+            if handle is not None:
+                handle.remove()
         logits = out.logits[0]
+        if features:
+            f, self._features = self._features[0], None
+            return logits, f
         if hidden:
             h = self._hidden[0]
             self._hidden = None

@@ -45,6 +45,7 @@ class Proposal:
     without_replacement: bool = False  # siblings were drawn without replacement (Sequoia)
     side: SideBranch | None = None
     hidden: bool = False  # return the target's last hidden state for each tree node (heads read it)
+    features: bool = False  # return the target's features (before the final norm) for every row but the side branch
     draft_forward_tokens: int = 0  # tokens fed to a draft model or heads for this proposal
     draft_flops: float = 0.0
     draft_prefill_flops: float = 0.0  # of draft_flops, the draft's own pass over the prompt
@@ -57,6 +58,9 @@ class Scores:
     logits: torch.Tensor  # (len(tree), V): after each tree node
     side_logits: torch.Tensor | None = None  # (len(side.rows), V)
     hidden: torch.Tensor | None = None  # (len(tree), d) when the proposal asked for it
+    # (uncached + len(tree) - 1, d) when asked for: the uncached committed tokens (the root last), then the
+    # tree after the root, so tree node i is row uncached - 1 + i
+    features: torch.Tensor | None = None
 
 
 class Proposer(Protocol):
@@ -120,15 +124,19 @@ def score(lm: LM, cache: KVCache, uncached: Sequence[int], proposal: Proposal) -
     else:  # the root, the side rows asked for, the tree after the root
         s = len(side_tokens)
         kwargs["logits_rows"] = [u - 1, *(u + r for r in side.rows), *range(u + s, u + s + n - 1)]
-    out = lm.forward(list(uncached) + side_tokens + tree.tokens[1:], cache, hidden=proposal.hidden, **kwargs)
-    logits, hidden = out if proposal.hidden else (out, None)
+    out = lm.forward(list(uncached) + side_tokens + tree.tokens[1:], cache, hidden=proposal.hidden,
+                     features=proposal.features, **kwargs)
+    logits, extra = out if proposal.hidden or proposal.features else (out, None)
+    hidden = extra if proposal.hidden else None
+    features = extra if proposal.features else None
     if side is None:
-        return Scores(logits, None, hidden)
-    k = len(side.rows)
+        return Scores(logits, None, hidden, features)
+    k, s = len(side.rows), len(side_tokens)
 
     def tree_rows(x):
         return torch.cat([x[:1], x[1 + k:]])
-    return Scores(tree_rows(logits), logits[1:1 + k], tree_rows(hidden) if hidden is not None else None)
+    return Scores(tree_rows(logits), logits[1:1 + k], tree_rows(hidden) if hidden is not None else None,
+                  torch.cat([features[:u], features[u + s:]]) if features is not None else None)
 
 
 def speculative_decode(lm: LM, proposer: Proposer, prompt_ids: Sequence[int], max_new_tokens: int,

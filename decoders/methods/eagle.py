@@ -1,0 +1,354 @@
+"""EAGLE (Li et al. 2024; EAGLE-2, Li et al. 2024b): a one-layer draft over the target's own features.
+
+The draft reads the target's features at position t (its last layer's output, before the final
+norm) and the embedding of token t+1, fuses them (a 2d -> d linear), runs one decoder layer of the
+target's own architecture (transformers' class, a fresh copy) and predicts the features at t+1;
+the target's own final norm and output head read the next token from them. It drafts
+autoregressively in feature space: a drafted node's input is its parent's predicted features and
+its own token. The draft keeps its own KV cache of committed positions (real features); tree
+nodes are appended while drafting and cropped before the target verifies.
+
+Trees (`tree`):
+- dynamic (EAGLE-2): the root's `top_k` best tokens; at each further depth the `top_k` nodes of
+  the last depth with the highest cumulative draft log-probability are expanded, `top_k`
+  children each; finally the `tree_size` nodes of highest cumulative log-probability are
+  verified (closed under prefixes: a child never scores above its parent).
+- static (EAGLE-1): a fixed tree of rank paths, the `tree_size` paths of depth <= `depth` most
+  likely under the draft's per-depth rank accuracy measured at training (stored in the file;
+  a generic prior without one).
+
+The readout may be limited to a draft vocabulary (the file's `vocab`: the tokens the target
+emits most, as in FR-Spec and EAGLE-3): a full 49k-row head costs this 135M target about a fifth
+of its own step, paid again at every depth. A token outside it is never drafted; verification is
+unchanged. Candidates are deterministic (top-k), so greedy is exact and sampling uses
+deterministic-candidate acceptance, which keeps the target's distribution.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..core.contract import PerTarget, check
+from ..core.lm import LM, KVCache
+from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.sampling import Sampler, Sampling
+from ..core.trace import Generation
+from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
+from ..core.weights_file import load_weights, save_weights
+
+EAGLE_FORMAT = "eagle-draft-v1"
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def _one_layer_config(lm: LM):
+    cfg = copy.deepcopy(lm.config.get_text_config())
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:1]
+    return cfg
+
+
+class FeatureDraft(nn.Module):
+    """fuse(features_t, embedding(token_t+1)) -> one decoder layer -> features_t+1. Only `fuse`
+    and `layer` are trained and saved; the embedding, final norm and head are the target's."""
+
+    def __init__(self, lm: LM, vocab: Sequence[int] | None = None):
+        super().__init__()
+        base = lm.model.base_model
+        cfg = _one_layer_config(lm)
+        d = cfg.hidden_size
+        self.fuse = nn.Linear(2 * d, d)
+        self.layer = type(base.layers[0])(cfg, layer_idx=0)
+        # Identity start: features_t+1 := features_t (the fuse passes the features through, the layer's
+        # residual branches output zero), a stable point to train from.
+        with torch.no_grad():
+            self.fuse.weight.zero_()
+            self.fuse.weight[:, :d] = torch.eye(d)
+            self.fuse.bias.zero_()
+            for name, module in self.layer.named_modules():
+                if name.endswith(("o_proj", "down_proj")) and isinstance(module, nn.Linear):
+                    module.weight.zero_()
+        head = lm.model.get_output_embeddings()
+        full = head.weight.shape[0]
+        self.vocab = torch.as_tensor(list(vocab) if vocab is not None else range(full), dtype=torch.long)
+        if len(self.vocab) == 0 or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= full:
+            raise ValueError(f"a draft vocabulary holds token ids in [0, {full}), got {len(self.vocab)} ids")
+        readout = nn.Linear(d, len(self.vocab), bias=head.bias is not None)
+        with torch.no_grad():
+            readout.weight = head.weight if vocab is None else nn.Parameter(head.weight[self.vocab].clone())
+            if head.bias is not None:
+                readout.bias = nn.Parameter(head.bias[self.vocab].clone())
+        readout.requires_grad_(False)
+        # Lists: the target's modules and the readout (a slice of the target's head) are neither trained nor saved.
+        self.target = [lm, readout, type(base.rotary_emb)(config=cfg)]
+        self.info: dict = {}
+
+    @property
+    def readout(self) -> nn.Linear:
+        return self.target[1]
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """features (..., q, d) and tokens (..., q) at `positions` (q,), each row seeing the keys
+        `mask` (q, len(cache) + q) allows -> predicted next features (..., q, d). Rows are appended
+        to `cache` when given."""
+        lm, _, rotary = self.target
+        batched = features.dim() == 3
+        if not batched:
+            features, tokens = features[None], tokens[None]
+        x = self.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens).to(features.dtype)], -1))
+        pos = positions.reshape(1, -1).to(x.device)
+        out = self.layer(x, attention_mask=lm.mask_4d(mask), position_ids=pos,
+                         past_key_values=cache.hf if cache is not None else None, use_cache=cache is not None,
+                         position_embeddings=rotary(x, pos))
+        out = out[0] if isinstance(out, tuple) else out
+        return out if batched else out[0]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Over the draft vocabulary (column j is token self.vocab[j])."""
+        return self.readout(self.target[0].final_norm(features))
+
+    def flops(self, rows: int, context: int, logit_rows: int) -> float:
+        """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
+        dense = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        attn = self.layer.self_attn.o_proj.weight.shape[1]
+        attended = rows * context + rows * (rows + 1) / 2
+        return 2.0 * dense * rows + 4.0 * attn * attended + 2.0 * self.readout.weight.numel() * logit_rows
+
+    def accuracy(self) -> list[list[float]] | None:
+        """acc[j][r]: how often rank r at depth j + 1 was the target's greedy token, on held-out text."""
+        return self.info.get("accuracy")
+
+
+def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = None) -> FeatureDraft:
+    """An untrained draft (it predicts that features stay as they are); `seed` perturbs it randomly,
+    for exactness tests that need drafts that disagree."""
+    draft = FeatureDraft(lm, vocab)
+    if seed is not None:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    ref = lm.model.get_input_embeddings().weight
+    draft.requires_grad_(False)  # trained only by scripts/train_eagle.py, which turns this back on
+    return draft.to(device=ref.device, dtype=ref.dtype).eval()
+
+
+def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:
+    full = draft.target[0].vocab_size
+    vocab = None if len(draft.vocab) == full and bool((draft.vocab == torch.arange(full)).all()) else draft.vocab.tolist()
+    save_weights(draft, path, EAGLE_FORMAT, {"hidden_size": str(draft.fuse.weight.shape[0]),
+                                             "vocab": json.dumps(vocab), "info": json.dumps(info)})
+
+
+def load_draft(lm: LM, path: str | Path) -> FeatureDraft:
+    p = Path(path).expanduser()
+    p = p if p.is_absolute() or p.exists() else REPO / p
+    meta, state = load_weights(p, EAGLE_FORMAT, "decoder.head", "EAGLE draft file",
+                               "train one with scripts/train_eagle.py or set decoder.head=null for an untrained draft")
+    hidden = lm.config.get_text_config().hidden_size
+    if int(meta["hidden_size"]) != hidden:
+        raise ValueError(f"decoder.head: {p} was trained for hidden size {meta['hidden_size']}; {lm.name} has {hidden}")
+    draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
+    draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
+    draft.info = json.loads(meta.get("info", "{}"))
+    lm.accelerate(draft.readout)
+    return lm.accelerate(draft)
+
+
+def draft_for(lm: LM, path: str | None, seed: int | None) -> FeatureDraft:
+    """The draft file at `path`, or an untrained (seed: random) draft without one."""
+    return load_draft(lm, path) if path else lm.accelerate(new_draft(lm, seed=seed))
+
+
+class FeatureDraftProposer:
+    """The proposer: drafts a tree in feature space, verified by the loop in one target pass. The
+    first step (the prefill) drafts nothing: the draft needs the prompt's features first."""
+
+    def __init__(self, draft: FeatureDraft, tree: str, tree_size: int, depth: int, top_k: int,
+                 shape: tuple[list[int], list[tuple[int, int]]] | None = None):
+        self.draft, self.kind, self.tree_size, self.depth, self.top_k = draft, tree, tree_size, depth, top_k
+        self.shape = shape  # static: (parents, per node (depth - 1, rank))
+        self.cache = KVCache(DynamicCache())
+        self.pending: tuple[torch.Tensor, list[int]] | None = None  # committed rows not yet fed to the draft
+
+    def propose(self, sequence: Sequence[int], room: int) -> Proposal:
+        if self.pending is None:
+            return Proposal(TokenTree.chain(sequence[-1], []), features=True)
+        with torch.inference_mode():
+            tree, self.fed, self.flops = self._draft(sequence, room)
+        return Proposal(tree, features=True, draft_forward_tokens=self.fed, draft_flops=self.flops)
+
+    def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
+        first = self.pending is None and len(self.cache) == 0
+        # The committed positions scored this step (the uncached tokens, then the accepted nodes), each
+        # with the token that follows it: the draft's next inputs. (When the output ended mid-path, the
+        # loop stops and these are never read.)
+        u = scores.features.shape[0] - len(proposal.tree) + 1
+        rows = list(range(u)) + [u - 1 + i for i in path[1:]]
+        self.pending = (scores.features[rows], list(sequence[-len(rows):]))
+        if first:
+            return {}
+        tree = proposal.tree
+        return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}
+
+    # ---- drafting -----------------------------------------------------------------------------------
+    def _feed(self, features, tokens, positions, mask) -> torch.Tensor:
+        context = len(self.cache)
+        out = self.draft(features, torch.as_tensor(tokens, dtype=torch.long, device=features.device),
+                         torch.as_tensor(list(positions), dtype=torch.long), mask, self.cache)
+        self.fed += len(tokens)
+        self.flops += self.draft.flops(len(tokens), context, len(tokens))
+        return out
+
+    def _draft(self, sequence: Sequence[int], room: int) -> tuple[TokenTree, int, float]:
+        self.fed, self.flops = 0, 0.0
+        feats, tokens = self.pending
+        self.pending = None
+        base = len(self.cache)
+        n = len(tokens)
+        # The committed rows, causally; the last one (the root's input) predicts the root's features.
+        mask = torch.ones(n, base + n, dtype=torch.bool).tril(base)
+        root_g = self._feed(feats.to(self.draft.fuse.weight.dtype), tokens, range(base, base + n), mask)[-1]
+        base += n
+        if base != len(sequence) - 1:
+            raise RuntimeError(f"EAGLE draft cache holds {base} positions, expected {len(sequence) - 1}")
+        depth = min(self.depth, room)
+        root = int(sequence[-1])
+        if depth <= 0 or self.tree_size <= 0:
+            return TokenTree.chain(root, []), self.fed, self.flops
+        # Nodes: token, parent, depth, cumulative log-probability; features and cache slot once fed.
+        self.nodes = {"token": [root], "parent": [-1], "depth": [0], "score": [0.0]}
+        self.features, self.slot = {0: root_g}, {}
+        try:
+            if self.kind == "dynamic":
+                chosen = self._dynamic(base, depth)
+            else:
+                chosen = self._static(base, depth)
+        finally:
+            self.cache.crop(base)
+        nodes = self.nodes
+        order = [0] + sorted(chosen, key=lambda i: (nodes["depth"][i], i))  # parents first
+        index = {node: i for i, node in enumerate(order)}
+        return (TokenTree([nodes["token"][i] for i in order], [-1] + [index[nodes["parent"][i]] for i in order[1:]]),
+                self.fed, self.flops)
+
+    def _add(self, token: int, parent: int, score: float) -> int:
+        nodes = self.nodes
+        nodes["token"].append(token)
+        nodes["parent"].append(parent)
+        nodes["depth"].append(nodes["depth"][parent] + 1)
+        nodes["score"].append(score)
+        return len(nodes["token"]) - 1
+
+    def _expand(self, base: int, frontier: list[int]) -> torch.Tensor:
+        """Feed `frontier` (nodes of one depth) to the draft; returns their children's log-probabilities
+        over the draft vocabulary. The root's children come from the root's features, fed already."""
+        if frontier == [0]:
+            g = self.features[0][None]
+        else:
+            nodes, context = self.nodes, len(self.cache)
+            mask = torch.zeros(len(frontier), context + len(frontier), dtype=torch.bool)
+            mask[:, :base] = True
+            for row, node in enumerate(frontier):
+                mask[row, context + row] = True
+                parent = nodes["parent"][node]
+                while parent > 0:
+                    mask[row, self.slot[parent]] = True
+                    parent = nodes["parent"][parent]
+            parents = [nodes["parent"][x] for x in frontier]
+            g = self._feed(torch.stack([self.features[p] for p in parents]), [nodes["token"][x] for x in frontier],
+                           [base - 1 + nodes["depth"][x] for x in frontier], mask)
+            for row, node in enumerate(frontier):
+                self.features[node], self.slot[node] = g[row], context + row
+        return torch.log_softmax(self.draft.logits(g).float(), dim=-1)
+
+    def _dynamic(self, base: int, depth: int) -> list[int]:
+        vocab, k = self.draft.vocab, min(self.top_k, len(self.draft.vocab))
+        frontier, candidates = [0], []
+        for _ in range(depth):
+            top, idx = (t.cpu() for t in self._expand(base, frontier).topk(k, dim=-1))
+            scores = torch.tensor([self.nodes["score"][x] for x in frontier], dtype=top.dtype)[:, None] + top
+            new = [self._add(int(vocab[idx[r, j]]), frontier[r], float(scores[r, j]))
+                   for r in range(len(frontier)) for j in range(k)]
+            candidates += new
+            frontier = sorted(new, key=lambda x: -self.nodes["score"][x])[:k]
+        score, depth_of = self.nodes["score"], self.nodes["depth"]
+        return sorted(candidates, key=lambda x: (-score[x], depth_of[x], x))[:self.tree_size]
+
+    def _static(self, base: int, depth: int) -> list[int]:
+        parents, slots = self.shape
+        keep = [i for i in range(1, len(parents)) if slots[i - 1][0] < depth]
+        placed = {0: 0}  # template node -> node
+        has_children = {parents[i] for i in keep}
+        level = [0]
+        for d in range(1, depth + 1):
+            ask = [t for t in level if t in has_children]
+            if not ask:
+                break
+            logp = self._expand(base, [placed[t] for t in ask])
+            ranks = max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1
+            top, idx = (t.cpu() for t in logp.topk(min(ranks, logp.shape[-1]), dim=-1))
+            row = {t: r for r, t in enumerate(ask)}
+            level = []
+            for i in keep:
+                if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < top.shape[-1]:
+                    r, rank = row[parents[i]], slots[i - 1][1]
+                    parent = placed[parents[i]]
+                    placed[i] = self._add(int(self.draft.vocab[idx[r, rank]]), parent,
+                                          self.nodes["score"][parent] + float(top[r, rank]))
+                    level.append(i)
+        return [placed[i] for i in keep if i in placed]
+
+
+@dataclass
+class Eagle:
+    head: str | None = "adapters/smollm2-135m-eagle.safetensors"  # scripts/train_eagle.py; null = untrained
+    head_seed: int | None = None  # head=null: a random draft from this seed (exactness tests)
+    tree: str = "dynamic"  # dynamic (EAGLE-2) | static (EAGLE-1)
+    tree_size: int = 24  # draft nodes verified (verification width - 1)
+    depth: int = 6  # deepest draft node
+    top_k: int = 8  # dynamic: nodes expanded per depth and children per node; static: ranks per depth
+    name: str = "eagle"
+    _draft: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+
+    def __post_init__(self):
+        for key in ("tree_size", "depth", "top_k"):
+            check(key, getattr(self, key), at_least=1)
+        check("tree", self.tree, one_of=("dynamic", "static"))
+        self.lossless = True
+        self.tuning: dict = {}
+        self._shape = None
+
+    def load_addons(self, lm: LM) -> FeatureDraft:
+        """The draft, built before any timing (a bad file fails in one line)."""
+        return self._draft.get(lm, lambda: draft_for(lm, self.head, self.head_seed))
+
+    def shape(self, draft: FeatureDraft):
+        """Static tree: (parents, slots) from the draft's measured accuracy, or the prior."""
+        if self._shape is None or self._shape[0] is not draft:
+            measured = draft.accuracy()
+            accuracy = [row[:self.top_k] for row in measured[:self.depth]] if measured else None
+            accuracy = accuracy or prior_accuracy(self.depth, self.top_k)
+            parents, slots = tree_shape(best_paths(accuracy, self.tree_size, self.top_k))
+            self._shape = (draft, (parents, slots), "measured" if measured else "prior")
+        return self._shape
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        draft = self.load_addons(lm)
+        shape = None
+        self.tuning = {"tree": self.tree, "tree_size": self.tree_size, "depth": self.depth, "top_k": self.top_k,
+                       "draft_vocab": len(draft.vocab)}
+        if self.tree == "static":
+            _, shape, source = self.shape(draft)
+            self.tuning.update(source=source, tree_size=len(shape[0]) - 1,
+                               depth=max((s[0] + 1 for s in shape[1]), default=0))
+        proposer = FeatureDraftProposer(draft, self.tree, self.tree_size, self.depth, self.top_k, shape)
+        return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, Sampler(sampling, lm.device), stop_ids)

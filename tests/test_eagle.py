@@ -1,0 +1,182 @@
+"""EAGLE's feature draft: drafting in feature space is the computation it claims to be (every
+tree node's features equal a fresh causal run along its own path; training's unrolled levels
+equal drafting), its trees are what EAGLE-1 / EAGLE-2 build, its file round-trips, and sampling
+keeps the target's distribution (with negative controls).
+
+Greedy equality over trees and hyper-parameters lives in test_greedy_equality.py.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import decoders.core.loop as loop_module
+from decoders.core.lm import KVCache
+from decoders.core.loop import score
+from decoders.core.sampling import Sampling
+from decoders.methods.eagle import Eagle, FeatureDraftProposer, load_draft, new_draft, save_draft
+from helpers import REPO, chi2_pvalue, tiny_lm
+from test_lookahead import (LENGTH, N_CONTROL, N_SAMPLES, _verify_without_residual, assert_matches_exact,  # noqa: F401
+                            exact_joint, sample_counts, stat_model, ALPHA)
+from transformers import DynamicCache
+
+sys.path.insert(0, str(REPO / "scripts"))
+from train_eagle import unrolled_levels  # noqa: E402
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to float32 rounding, relative to the vector's size (random drafts reach |x| ~ 1e3,
+    and oneDNN's multi-row kernels round differently from the one-row ones)."""
+    return float((a - b).norm()) <= 1e-5 * float(b.norm()) + 1e-6
+
+
+def fresh(draft, feats, tokens, chain):
+    """The draft's output for the last node of `chain` [(token, ...)], run from an empty cache:
+    the committed rows causally, then one node at a time, each reading its parent's output."""
+    cache = KVCache(DynamicCache())
+    n = len(tokens)
+    out = draft(feats, torch.tensor(tokens), torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(), cache)[-1]
+    for d, token in enumerate(chain):
+        c = len(cache)
+        out = draft(out[None], torch.tensor([token]), torch.tensor([n + d]), torch.ones(1, c + 1, dtype=torch.bool),
+                    cache)[0]
+    return out
+
+
+def prefilled(lm, draft, prompt, **settings):
+    """A proposer after the loop's first step (the prefill), and that step's committed rows."""
+    proposer = FeatureDraftProposer(draft, **settings)
+    sequence = list(prompt)
+    proposal = proposer.propose(sequence, 10)
+    assert len(proposal.tree) == 1 and proposal.features
+    scores = score(lm, lm.new_cache(), sequence, proposal)
+    sequence.append(int(scores.logits[0].argmax()))
+    proposer.commit(proposal, scores, [0], sequence)
+    return proposer, sequence, scores.features, sequence[1:]
+
+
+@pytest.mark.parametrize("tree,top_k", [("dynamic", 3), ("dynamic", 1), ("static", 3)])
+@pytest.mark.parametrize("seed", range(3))
+def test_every_node_is_a_fresh_causal_run_along_its_path(tree, top_k, seed):
+    """Masks, positions and cache slots of tree drafting: node by node, the features the draft
+    predicted equal a run from scratch along the node's own path."""
+    lm = tiny_lm(seed=seed)
+    draft = new_draft(lm, seed=seed + 1)
+    shape = Eagle(head=None, tree="static", tree_size=12, depth=4, top_k=top_k).shape(draft)[1] if tree == "static" else None
+    proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4, 1, 7][:2 + seed], tree=tree, tree_size=12,
+                                                  depth=4, top_k=top_k, shape=shape)
+    proposal = proposer.propose(sequence, 10)
+    nodes = proposer.nodes
+    assert len(proposal.tree) > 1 and len(proposer.cache) == len(sequence) - 1  # tree rows cropped again
+    checked = 0
+    for node, g in proposer.features.items():
+        chain, x = [], node
+        while x > 0:
+            chain.append(nodes["token"][x])
+            x = nodes["parent"][x]
+        with torch.inference_mode():
+            ref = fresh(draft, feats, tokens, chain[::-1])
+        assert close(g, ref), (node, chain)
+        checked += 1
+    assert checked >= 2
+
+
+def test_dynamic_tree_is_eagle2_selection():
+    """The tree holds the tree_size candidates of highest cumulative log-probability, closed under
+    prefixes; top_k = 1 drafts the draft's own greedy chain."""
+    lm = tiny_lm(seed=1)
+    draft = new_draft(lm, seed=5)
+    proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4], tree="dynamic", tree_size=7, depth=4, top_k=3)
+    tree = proposer.propose(sequence, 10).tree
+    scores, nodes = proposer.nodes["score"], proposer.nodes
+    chosen = sorted(range(1, len(nodes["token"])), key=lambda i: -scores[i])[:7]
+    assert len(tree) == 8 and sorted(tree.tokens[1:]) == sorted(nodes["token"][i] for i in chosen)
+    assert all(tree.parents[i] < i for i in range(1, len(tree)))
+    # top_k = 1: a chain, each token the draft's argmax after the one before
+    proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4], tree="dynamic", tree_size=4, depth=4, top_k=1)
+    tree = proposer.propose(sequence, 10).tree
+    assert tree.is_chain() and len(tree) == 5
+    chain = []
+    with torch.inference_mode():
+        for _ in range(4):
+            g = fresh(draft, feats, tokens, chain)
+            chain.append(int(draft.vocab[draft.logits(g).argmax()]))
+    assert tree.tokens[1:] == chain
+
+
+def test_room_limits_the_depth():
+    lm = tiny_lm(seed=0)
+    proposer, sequence, _, _ = prefilled(lm, new_draft(lm, seed=1), [3, 9, 4], tree="dynamic", tree_size=30,
+                                         depth=6, top_k=4)
+    assert max(proposer.propose(sequence, 2).tree.depths) == 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_training_levels_equal_drafting(seed):
+    """train_eagle.py's unrolled level j at row t is what drafting computes at depth j + 1 after
+    position t: training trains the computation decoding runs."""
+    lm = tiny_lm(seed=seed)
+    draft = new_draft(lm, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 64, (1, 12), generator=g)
+    with torch.inference_mode():
+        _, feats = lm.forward(tokens[0], lm.new_cache(), features=True)
+        levels = unrolled_levels(draft, feats[None], tokens, 3)
+        for t in (0, 4, 8):
+            for j in range(3):
+                chain = tokens[0, t + 2:t + 2 + j].tolist()
+                ref = fresh(draft, feats[:t + 1], tokens[0, 1:t + 2].tolist(), chain)
+                assert close(levels[j][0, t], ref), (t, j)
+
+
+def test_file_round_trip_keeps_weights_vocabulary_and_info(tmp_path):
+    lm = tiny_lm(seed=0)
+    vocab = [1, 5, 9, 20, 33, 60]
+    draft = new_draft(lm, vocab=vocab, seed=3)
+    save_draft(draft, tmp_path / "d.safetensors", {"accuracy": [[0.5, 0.1], [0.3, 0.1]]})
+    back = load_draft(lm, tmp_path / "d.safetensors")
+    assert back.vocab.tolist() == vocab and back.accuracy() == [[0.5, 0.1], [0.3, 0.1]]
+    for a, b in zip(draft.state_dict().values(), back.state_dict().values()):
+        assert torch.equal(a, b)
+    x = torch.randn(2, 64)
+    with torch.inference_mode():
+        assert torch.allclose(back.logits(x), lm.model.get_output_embeddings()(lm.final_norm(x))[:, vocab], atol=1e-5)
+    # drafted tokens come from the vocabulary only; the output is still exact
+    dec = Eagle(head=str(tmp_path / "d.safetensors"), tree_size=8, depth=3, top_k=3)
+    from decoders.methods.autoregressive import autoregressive_decode
+    ref = autoregressive_decode(lm, [3, 4, 5], 20, Sampling(), set()).tokens
+    assert dec.generate(lm, [3, 4, 5], 20, Sampling(), set()).tokens == ref
+    assert dec.tuning["draft_vocab"] == len(vocab)
+
+
+CASES = {
+    # untrained drafts; top_k = 8 (the whole vocabulary) at depth 1 so that candidates are accepted often
+    "eagle-dynamic-12-3-8-t0.8": (Eagle(head=None, tree_size=12, depth=3, top_k=8), dict(temperature=0.8),
+                                  dict(temperature=1.0)),
+    "eagle-static-8-1-8-t1.0-topk3": (Eagle(head=None, tree="static", tree_size=8, depth=1, top_k=8),
+                                      dict(temperature=1.0, top_k=3), dict(temperature=1.0)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
+    """Deterministic candidates (the draft's top-k) with the loop's verification: the 3-token
+    outputs' counts against the exact joint distribution, and against a wrong one (control)."""
+    lm, prompt = stat_model
+    decoder, sampling_kwargs, wrong_kwargs = CASES[case]
+    counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), sampling_kwargs,
+                                      N_SAMPLES)
+    assert hit_share >= 0.2, f"drafts accepted in only {hit_share:.0%} of steps: the test proves little"
+    assert_matches_exact(lm, prompt, counts, sampling_kwargs, wrong_kwargs)
+
+
+def test_negative_control_eagle_with_a_wrong_verifier_is_rejected(stat_model, monkeypatch):  # noqa: F811
+    lm, prompt = stat_model
+    monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)
+    decoder = Eagle(head=None, tree_size=3, depth=2, top_k=2)  # few candidates: the missing residual shows
+    kwargs = dict(temperature=0.8)
+    counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL)
+    assert hit_share > 0
+    assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA
