@@ -142,7 +142,7 @@ def test_bad_value_in_a_sweep_config_fails_before_anything_runs(tmp_path, capsys
     assert err == "error: decoder: decoder.window must be an integer >= 1 or auto, got 0"
     with pytest.raises(SystemExit):
         entry.precheck(["+sweep=nope"])
-    assert "unknown sweep 'nope'; choose one of: chain_budget, lookahead_grid" in capsys.readouterr().err
+    assert "unknown sweep 'nope'; choose one of: chain_budget, eagle_tree, lookahead_grid" in capsys.readouterr().err
 
 
 def test_launcher_presets_compose():
