@@ -152,6 +152,18 @@ def test_shipped_heads_beat_untrained_ones_on_real_prompts(smollm, data_dir):
     assert shipped.info["accuracy"][0][0] > shipped.info["accuracy_untrained"][0][0]
 
 
+@pytest.mark.parametrize("shipped", ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-eagle.safetensors",
+                                     "adapters/smollm2-135m-self4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"])
+def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypatch, shipped):
+    """The configs name the shipped add-ons relative to the repository; a run started elsewhere finds them."""
+    from decoders.core.weights_file import addon_path
+
+    monkeypatch.chdir(tmp_path)
+    assert addon_path(shipped) == REPO / shipped and addon_path(shipped).is_file()
+    assert SelfDraft(layers=4, adapter=shipped).adapter_path() == REPO / shipped
+    assert addon_path(tmp_path / "x.safetensors") == tmp_path / "x.safetensors"  # an absolute path is kept
+
+
 def test_heads_file_round_trip_and_errors(tmp_path):
     lm = tiny_lm(seed=0)
     heads = new_heads(lm, 2, seed=5)

@@ -7,6 +7,16 @@ from pathlib import Path
 from torch import nn
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def addon_path(path: str | Path) -> Path:
+    """An add-on file named in a config: as given (absolute, or found from the working directory),
+    else relative to the repository, where the shipped ones live (adapters/)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or p.exists() else REPO / p
+
+
 def save_weights(module: nn.Module, path: str | Path, fmt: str, meta: dict[str, str]) -> None:
     from safetensors.torch import save_file
 

@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..core.contract import PerTarget, check
+from ..core.weights_file import addon_path
 from .draft_model import DRAFT_REQUIRED, build_draft
-from .heads import heads_decode, heads_for, resolve
+from .heads import heads_decode, heads_for
 from ..core.lm import LM, KVCache, forward_flops
 from .ngram_lm import NgramLM
 from ..core.sampling import Sampling
@@ -112,8 +113,8 @@ class BPD:
             raise ValueError(f"decoder.weight must be >= 0, got {self.weight}")
         if self.rescore == "ngram" and not self.ngram:
             raise ValueError("decoder.rescore=ngram needs decoder.ngram=FILE (scripts/train_ngram.py)")
-        if self.rescore == "ngram" and not resolve(self.ngram).is_file():
-            raise ValueError(f"decoder.ngram: no n-gram LM at {resolve(self.ngram)}; train one with scripts/train_ngram.py")
+        if self.rescore == "ngram" and not addon_path(self.ngram).is_file():
+            raise ValueError(f"decoder.ngram: no n-gram LM at {addon_path(self.ngram)}; train one with scripts/train_ngram.py")
         if self.rescore == "neural":
             check("draft", self.draft, required=f"rescore=neural rescores with it: {DRAFT_REQUIRED}")
         self._ngram: NgramLM | None = None
@@ -124,7 +125,7 @@ class BPD:
         if self.block is not None and self.block > heads.k:
             raise ValueError(f"decoder.block={self.block} needs as many heads; these heads have {heads.k}")
         if self.rescore == "ngram" and self._ngram is None:
-            self._ngram = NgramLM.load(resolve(self.ngram))
+            self._ngram = NgramLM.load(addon_path(self.ngram))
         if self.rescore == "neural":
             self._drafts.get(lm, lambda: build_draft(self.draft, lm))
         return heads

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..core.lm import LM
-from ..core.weights_file import load_weights, save_weights
+from ..core.weights_file import addon_path, load_weights, save_weights
 
 ADAPTER_FORMAT = "exit-adapter-v1"
 DRAFT_REQUIRED = "draft=self (the target's first layers) or draft=<model>"
@@ -118,12 +118,7 @@ class SelfDraft:
 
     def adapter_path(self) -> Path | None:
         """The adapter file: as given, or relative to the repository (the shipped adapters/)."""
-        if not self.adapter:
-            return None
-        path = Path(self.adapter).expanduser()
-        if not path.is_absolute() and not path.exists():
-            path = Path(__file__).resolve().parent.parent / path
-        return path
+        return addon_path(self.adapter) if self.adapter else None
 
     def build(self, target: LM) -> LM:
         check_layers(target.model, self.layers)

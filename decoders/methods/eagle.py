@@ -41,10 +41,9 @@ from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
-from ..core.weights_file import load_weights, save_weights
+from ..core.weights_file import addon_path, load_weights, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
-REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def _one_layer_config(lm: LM):
@@ -149,8 +148,7 @@ def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:
 
 
 def load_draft(lm: LM, path: str | Path) -> FeatureDraft:
-    p = Path(path).expanduser()
-    p = p if p.is_absolute() or p.exists() else REPO / p
+    p = addon_path(path)
     meta, state = load_weights(p, EAGLE_FORMAT, "decoder.head", "EAGLE draft file",
                                "train one with scripts/train_eagle.py or set decoder.head=null for an untrained draft")
     hidden = lm.config.get_text_config().hidden_size

@@ -22,10 +22,9 @@ from ..core.loop import Accept, Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
-from ..core.weights_file import load_weights, save_weights
+from ..core.weights_file import addon_path, load_weights, save_weights
 
 HEADS_FORMAT = "medusa-heads-v1"
-REPO = Path(__file__).resolve().parent.parent
 
 
 class ResBlock(nn.Module):
@@ -82,19 +81,13 @@ def new_heads(lm: LM, k: int, seed: int | None = None) -> Heads:
     return heads.to(device=ref.device, dtype=ref.dtype).eval()
 
 
-def resolve(path: str | Path) -> Path:
-    """As given, or relative to the repository (the shipped heads/)."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() or p.exists() else REPO / p
-
-
 def save_heads(heads: Heads, path: str | Path, info: dict) -> None:
     save_weights(heads, path, HEADS_FORMAT, {"k": str(heads.k), "hidden_size": str(heads.blocks[0].linear.weight.shape[0]),
                                              "info": json.dumps(info)})
 
 
 def load_heads(lm: LM, path: str | Path) -> Heads:
-    path = resolve(path)
+    path = addon_path(path)
     meta, state = load_weights(path, HEADS_FORMAT, "decoder.heads", "heads file",
                                "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads")
     hidden = lm.config.get_text_config().hidden_size
