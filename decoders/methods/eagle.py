@@ -88,6 +88,7 @@ class FeatureDraft(nn.Module):
         # Lists: the target's modules and the readout (a slice of the target's head) are neither trained nor saved.
         self.target = [lm, readout, type(base.rotary_emb)(config=cfg)]
         self.info: dict = {}
+        self.dense_params = sum(m.weight.numel() for m in (self.fuse, *self.layer.modules()) if isinstance(m, nn.Linear))
 
     @property
     def readout(self) -> nn.Linear:
@@ -116,10 +117,9 @@ class FeatureDraft(nn.Module):
 
     def flops(self, rows: int, context: int, logit_rows: int) -> float:
         """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
-        dense = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         attn = self.layer.self_attn.o_proj.weight.shape[1]
         attended = rows * context + rows * (rows + 1) / 2
-        return 2.0 * dense * rows + 4.0 * attn * attended + 2.0 * self.readout.weight.numel() * logit_rows
+        return 2.0 * self.dense_params * rows + 4.0 * attn * attended + 2.0 * self.readout.weight.numel() * logit_rows
 
     def accuracy(self) -> list[list[float]] | None:
         """acc[j][r]: how often rank r at depth j + 1 was the target's greedy token, on held-out text."""
@@ -181,7 +181,7 @@ class FeatureDraftProposer:
         if self.pending is None:
             return Proposal(TokenTree.chain(sequence[-1], []), features=True)
         with torch.inference_mode():
-            tree, self.fed, self.flops = self._draft(sequence, room)
+            tree = self._draft(sequence, room)
         return Proposal(tree, features=True, draft_forward_tokens=self.fed, draft_flops=self.flops)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
@@ -206,8 +206,8 @@ class FeatureDraftProposer:
         self.flops += self.draft.flops(len(tokens), context, len(tokens))
         return out
 
-    def _draft(self, sequence: Sequence[int], room: int) -> tuple[TokenTree, int, float]:
-        self.fed, self.flops = 0, 0.0
+    def _draft(self, sequence: Sequence[int], room: int) -> TokenTree:
+        self.fed, self.flops = 0, 0.0  # counted by _feed
         feats, tokens = self.pending
         self.pending = None
         base = len(self.cache)
@@ -221,7 +221,7 @@ class FeatureDraftProposer:
         depth = min(self.depth, room)
         root = int(sequence[-1])
         if depth <= 0 or self.tree_size <= 0:
-            return TokenTree.chain(root, []), self.fed, self.flops
+            return TokenTree.chain(root, [])
         # Nodes: token, parent, depth, cumulative log-probability; features and cache slot once fed.
         self.nodes = {"token": [root], "parent": [-1], "depth": [0], "score": [0.0]}
         self.features, self.slot = {0: root_g}, {}
@@ -235,8 +235,7 @@ class FeatureDraftProposer:
         nodes = self.nodes
         order = [0] + sorted(chosen, key=lambda i: (nodes["depth"][i], i))  # parents first
         index = {node: i for i, node in enumerate(order)}
-        return (TokenTree([nodes["token"][i] for i in order], [-1] + [index[nodes["parent"][i]] for i in order[1:]]),
-                self.fed, self.flops)
+        return TokenTree([nodes["token"][i] for i in order], [-1] + [index[nodes["parent"][i]] for i in order[1:]])
 
     def _add(self, token: int, parent: int, score: float) -> int:
         nodes = self.nodes
@@ -274,8 +273,9 @@ class FeatureDraftProposer:
         for _ in range(depth):
             top, idx = (t.cpu() for t in self._expand(base, frontier).topk(k, dim=-1))
             scores = torch.tensor([self.nodes["score"][x] for x in frontier], dtype=top.dtype)[:, None] + top
-            new = [self._add(int(vocab[idx[r, j]]), frontier[r], float(scores[r, j]))
-                   for r in range(len(frontier)) for j in range(k)]
+            # Python lists once: indexing the tensors per candidate cost more than the draft's forward here
+            tokens, scores = vocab[idx].tolist(), scores.tolist()
+            new = [self._add(tokens[r][j], frontier[r], scores[r][j]) for r in range(len(frontier)) for j in range(k)]
             candidates += new
             frontier = sorted(new, key=lambda x: -self.nodes["score"][x])[:k]
         score, depth_of = self.nodes["score"], self.nodes["depth"]
@@ -294,14 +294,14 @@ class FeatureDraftProposer:
             logp = self._expand(base, [placed[t] for t in ask])
             ranks = max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1
             top, idx = (t.cpu() for t in logp.topk(min(ranks, logp.shape[-1]), dim=-1))
+            top, tokens, width = top.tolist(), self.draft.vocab[idx].tolist(), top.shape[-1]
             row = {t: r for r, t in enumerate(ask)}
             level = []
             for i in keep:
-                if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < top.shape[-1]:
+                if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < width:
                     r, rank = row[parents[i]], slots[i - 1][1]
                     parent = placed[parents[i]]
-                    placed[i] = self._add(int(self.draft.vocab[idx[r, rank]]), parent,
-                                          self.nodes["score"][parent] + float(top[r, rank]))
+                    placed[i] = self._add(tokens[r][rank], parent, self.nodes["score"][parent] + top[r][rank])
                     level.append(i)
         return [placed[i] for i in keep if i in placed]
 
