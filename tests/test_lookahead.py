@@ -576,6 +576,20 @@ def test_sampling_matches_exact_distribution(stat_model, case):
     assert_matches_exact(lm, prompt, counts, sampling_kwargs, wrong_kwargs)
 
 
+def test_recycling_hot_start_carries_the_table_per_target():
+    """hot_start: the second prompt drafts from the table the first one filled (so its first
+    decoding step already proposes a tree); a new target, or hot_start=false, starts empty."""
+    lm, other = tiny_lm(seed=0), tiny_lm(seed=1)
+    prompt = [3, 1, 4, 1, 5]
+    hot, cold = Recycling(tree_size=6, depth=2, successors=3), Recycling(tree_size=6, depth=2, successors=3,
+                                                                         hot_start=False)
+    for decoder, second_step_drafts in ((hot, True), (cold, False)):
+        decoder.generate(lm, prompt, 20, Sampling(), set())
+        again = decoder.generate(lm, prompt, 20, Sampling(), set())
+        assert (again.steps[1].draft_tokens > 0) == second_step_drafts
+    assert hot.generate(other, [7], 20, Sampling(), set()).steps[1].draft_tokens == 0
+
+
 def _verify_without_residual(tree, target_probs, draft_probs, generator, without_replacement=False, draws=None):
     """WRONG: after a deterministic candidate is rejected, the next token is drawn from the target
     p itself instead of p with the candidate zeroed: candidates are over-represented."""

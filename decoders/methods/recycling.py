@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.contract import check
+from ..core.contract import PerTarget, check
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
@@ -87,11 +87,9 @@ class Recycling:
         for key in ("tree_size", "depth", "successors"):
             check(key, getattr(self, key), at_least=1)
         check("hot_start", self.hot_start, one_of=(True, False))
-        self._table: tuple[LM, dict] | None = None  # (target, the table carried between its prompts)
+        self._tables: PerTarget[dict] = PerTarget()  # per target, the table carried between its prompts
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        if self._table is None or self._table[0] is not lm:  # a new target starts empty
-            self._table = (lm, {})
-        table = self._table[1] if self.hot_start else None
+        table = self._tables.get(lm, dict) if self.hot_start else None  # a new target starts empty
         return recycling_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, self.tree_size, self.depth,
                                 self.successors, table)
