@@ -71,7 +71,7 @@ def unrolled_levels(draft, feats: torch.Tensor, tokens: torch.Tensor, levels: in
     """Level j's predictions (B, L-1, d): row t reads (level j-1's row t, or the real features at t
     for j = 0) and token t+1+j, at position t+j, seeing real rows <= t and its own earlier levels;
     it predicts the features at t+1+j. Rows whose token would fall past the chunk are padding."""
-    b, length, d = feats.shape
+    length = feats.shape[1]
     n = length - 1
     cache = KVCache(DynamicCache())
     tril = torch.ones(n, n, dtype=torch.bool).tril()
@@ -88,7 +88,7 @@ def unrolled_levels(draft, feats: torch.Tensor, tokens: torch.Tensor, levels: in
 
 
 def level_losses(draft, feats, tokens, teacher_logp, scale: float, levels: int):
-    """Per level: (KL over the draft vocabulary, smooth L1 in RMS units, rows)."""
+    """Per level: (KL over the draft vocabulary, smooth L1 in RMS units)."""
     n = feats.shape[1] - 1
     parts = []
     for j, g in enumerate(unrolled_levels(draft, feats.float(), tokens, levels)):
