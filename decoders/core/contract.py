@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar, runtime_checkable
 
 from .lm import LM
-from .sampling import Sampling
+from .loop import Accept, Proposer, speculative_decode
+from .sampling import Sampler, Sampling
 from .trace import Generation
 
 
@@ -45,6 +46,22 @@ class ReportsTuning(Protocol):
 
     tuning: dict | None
 
+
+@runtime_checkable
+class Batches(Protocol):
+    """Decodes with the shared loop, so it can decode B prompts in one batch (gen.batch_size > 1):
+    builds one prompt's proposer over `sampler` (the row's own draws) and the acceptance rule
+    (None: exact verification). generate() is usually decode_one(self, ...)."""
+
+    def proposer(self, lm: LM, prompt_ids: Sequence[int], sampler: Sampler, stop_ids) -> tuple[Proposer, Accept | None]: ...
+
+
+def decode_one(decoder: Batches, lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
+               stop_ids) -> Generation:
+    """A Batches decoder's generate(): its proposer on one prompt (core/batch.py runs B of them)."""
+    sampler = Sampler(sampling, lm.device)
+    proposer, accept = decoder.proposer(lm, prompt_ids, sampler, stop_ids)
+    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids, accept)
 
 
 T = TypeVar("T")

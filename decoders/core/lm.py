@@ -71,6 +71,77 @@ class KVCache:
             layer.values = layer.values[..., :n, :]
 
 
+
+class BatchKVCache:
+    """A DynamicCache over B rows, and which of its slots each row may attend to (`valid`, (B, slots)).
+
+    Every forward appends the same number of slots to every row (the batch's widest feed); each row
+    then keeps its own committed tokens among them (keep_tail), and what it does not keep, or never
+    fed (padding), stays behind as an invalid slot that the mask hides. When invalid slots are a
+    quarter of the cache, rows are compacted to the left (one copy, as a DynamicCache append makes)."""
+
+    def __init__(self, hf_cache: DynamicCache, rows: int):
+        self.hf = hf_cache
+        self.valid = torch.zeros(rows, 0, dtype=torch.bool)
+
+    def __len__(self) -> int:
+        """Slots per row (valid or not)."""
+        return self.valid.shape[1]
+
+    def lengths(self) -> list[int]:
+        """Tokens each row holds: its positions run 0 .. length - 1."""
+        return self.valid.sum(1).tolist()
+
+    def _layers(self):
+        for layer in self.hf.layers:
+            if type(layer) is not DynamicLayer:
+                raise NotImplementedError(f"batched decoding supports full-attention DynamicLayer only, not {type(layer).__name__}")
+            if layer.is_initialized:
+                yield layer
+
+    @torch.inference_mode()
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Keep only these batch rows (finished rows leave the batch)."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        self.hf.batch_select_indices(idx.to(self.hf.layers[0].keys.device) if self.hf.layers[0].is_initialized else idx)
+        self.valid = self.valid[idx]
+
+    @torch.inference_mode()
+    def keep_tail(self, start: int, kept: Sequence[Sequence[int]]) -> None:
+        """Of the slots from `start` on (the last forward's), row r keeps kept[r] (ascending offsets
+        from `start`), moved to start, start + 1, ...; the rest of the tail becomes invalid."""
+        width = max(map(len, kept), default=0)
+        index = torch.zeros(len(kept), width, dtype=torch.long)
+        tail = torch.zeros(len(kept), width, dtype=torch.bool)
+        for r, offsets in enumerate(kept):
+            index[r, :len(offsets)] = torch.as_tensor(list(offsets), dtype=torch.long)
+            tail[r, :len(offsets)] = True
+        moves = not torch.equal(index[tail], torch.arange(width).expand_as(index)[tail])
+        for layer in self._layers():
+            if moves:
+                at = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]).to(layer.keys.device)
+                # gather copies first, so overlapping source and destination are safe
+                layer.keys[:, :, start:start + width] = layer.keys[:, :, start:].gather(2, at)
+                layer.values[:, :, start:start + width] = layer.values[:, :, start:].gather(2, at)
+            layer.keys = layer.keys[:, :, :start + width]
+            layer.values = layer.values[:, :, :start + width]
+        self.valid = torch.cat([self.valid[:, :start], tail], dim=1)
+        if 4 * (len(self) - max(self.lengths(), default=0)) >= len(self) > 0:  # compacting frees a quarter
+            self._compact()
+
+    def _compact(self) -> None:
+        """Move every row's valid slots to the front, in order; cut the slots no row uses."""
+        lengths = self.valid.sum(1)
+        width = int(lengths.max())
+        # Stable sort puts each row's valid slots first, in their order.
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :width]
+        for layer in self._layers():
+            at = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]).to(layer.keys.device)
+            layer.keys = layer.keys.gather(2, at)
+            layer.values = layer.values.gather(2, at)
+        self.valid = torch.arange(width)[None, :] < lengths[:, None]
+
+
 # ---- the fast forward path -------------------------------------------------------------
 # On CPU, nn.Linear's default kernels make a k-row forward cost ~2x a 1-row one (k = 8..16, fp32)
 # although both read the same weights once. oneDNN's prepacked weights (the kernels torch.compile's
@@ -312,6 +383,68 @@ class LM:
             return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
 
+    def new_batch_cache(self, rows: int) -> BatchKVCache:
+        return BatchKVCache(DynamicCache(config=self.config), rows)
+
+    @torch.inference_mode()
+    def forward_batch(self, feeds: Sequence[Sequence[int]], cache: BatchKVCache, positions: Sequence[torch.Tensor],
+                      masks: Sequence[torch.Tensor | None], rows: Sequence[Sequence[int]], hidden: bool = False,
+                      features: bool = False) -> list[tuple]:
+        """One forward over B rows, each feeding its own tokens after its own cached ones.
+
+        feeds[r]: row r's new token ids; positions[r] their positions; masks[r] a bool (q_r, q_r) mask
+        among them (None = causal); every new token sees all of row r's valid cache slots. Shorter feeds
+        are padded on the left to the widest (a padding token sees only itself and is never valid
+        afterwards): row r's token i lands in slot len(cache) + (widest - q_r) + i.
+        rows[r]: the rows whose logits row r wants, in that order. Returns per row (logits, extra):
+        extra is the last hidden state of the same rows (hidden=True), the features (pre-norm) of all
+        its fed rows (features=True), else None."""
+        if hidden and features:
+            raise ValueError("ask for hidden or features, not both")
+        b, c = len(feeds), len(cache)
+        width = max(map(len, feeds))
+        # Feeds are right-aligned: every row's last token sits in the last column, so the rows whose
+        # logits are wanted (a tree's last n, autoregressive's last one) share few columns.
+        offsets = [width - len(feed) for feed in feeds]
+        ids = torch.tensor([[0] * o + list(feed) for o, feed in zip(offsets, feeds)], dtype=torch.long)
+        pos = torch.tensor([[0] * o + [int(x) for x in p] for o, p in zip(offsets, positions)], dtype=torch.long)
+        real = torch.arange(width)[None, :] >= torch.tensor(offsets)[:, None]  # (b, width): not padding
+        # Real tokens see their row's valid cache slots and (by default causally) its real new tokens;
+        # a padding token sees only itself, so no softmax row is empty.
+        new = torch.where(real[:, :, None], torch.tril(torch.ones(width, width, dtype=torch.bool)) & real[:, None, :],
+                          torch.eye(width, dtype=torch.bool))
+        for r, (m, o) in enumerate(zip(masks, offsets)):
+            if m is not None:
+                new[r, o:, o:] = m
+        mask = torch.cat([cache.valid[:, None, :] & real[:, :, None], new], dim=2)[:, None]
+        columns = sorted({o + i for o, want in zip(offsets, rows) for i in want})
+        at = {col: j for j, col in enumerate(columns)}
+        if columns == list(range(width - len(columns), width)):
+            keep = len(columns)  # a suffix: transformers slices, no gather
+        else:
+            keep = torch.as_tensor(columns, dtype=torch.long, device=self.device)
+        if self.attn_implementation == "eager":
+            mask = torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
+        elif self.attn_implementation != "sdpa":
+            raise ValueError(f"batched decoding needs attn_implementation 'sdpa' or 'eager', not {self.attn_implementation!r}")
+        self._want_hidden = hidden
+        handle = self.final_norm.register_forward_pre_hook(self._capture_features) if features else None
+        try:
+            out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), attention_mask=mask.to(self.device),
+                             past_key_values=cache.hf, use_cache=True, logits_to_keep=keep)
+            h, f = self._hidden, self._features
+        finally:
+            self._want_hidden, self._hidden, self._features = False, None, None
+            if handle is not None:
+                handle.remove()
+        cache.valid = torch.cat([cache.valid, real], 1)
+        results = []
+        for r, (want, o) in enumerate(zip(rows, offsets)):
+            logits = out.logits[r, [at[o + i] for i in want]]
+            extra = h[r, [o + i for i in want]] if hidden else f[r, o:] if features else None
+            results.append((logits, extra))
+        return results
+
     # ---- transformers' own generate(), traced -------------------------------------------
     @torch.inference_mode()
     def hf_generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
@@ -393,6 +526,19 @@ class LM:
             s.overhead_time = outside / len(steps)
         ttft = streamer.first_token_time - start if streamer.first_token_time else total
         return Generation(tokens=tokens, steps=steps, ttft=ttft, stop_reason=stop_reason(tokens, stop_ids))
+
+    @torch.inference_mode()
+    def hf_generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids) -> list[list[int]]:
+        """model.generate() on B prompts at once, greedy, left-padded (what transformers users batch
+        with); each row's new tokens, cut at its first stop token. The peer of batched autoregressive."""
+        width = max(map(len, prompts))
+        pad = min(stop_ids) if stop_ids else 0
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
+                                 device=self.device)
+        out = self.model.generate(input_ids=ids, attention_mask=attention,
+                                  generation_config=self._generation_config(max_new_tokens, Sampling(), stop_ids))
+        return [truncate_at_stop(row[width:].tolist(), stop_ids, max_new_tokens) for row in out]
 
     def _generation_config(self, max_new_tokens, sampling: Sampling, stop_ids, **extra) -> GenerationConfig:
         # Every knob that changes the output is set explicitly: generate() fills unset (None)

@@ -7,6 +7,8 @@ from typing import Sequence
 import torch
 
 from ..core.lm import LM
+from ..core.loop import Proposal
+from ..core.tree import TokenTree
 from ..core.sampling import Sampling, next_token
 from ..core.trace import Generation, Tracer
 
@@ -45,6 +47,16 @@ def logit_gap(lm: LM, ids: Sequence[int]) -> float:
     return top1 - top2
 
 
+class NoDraft:
+    """The proposer of autoregressive decoding in the batched loop: the root alone, every step."""
+
+    def propose(self, sequence, room) -> Proposal:
+        return Proposal(TokenTree.chain(sequence[-1], []))
+
+    def commit(self, proposal, scores, path, sequence) -> dict:
+        return {}
+
+
 @dataclass
 class Autoregressive:
     name: str = "autoregressive"
@@ -52,3 +64,8 @@ class Autoregressive:
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return autoregressive_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+
+    def proposer(self, lm: LM, prompt_ids, sampler, stop_ids):
+        """Batched (gen.batch_size > 1): the shared loop with nothing drafted. One prompt alone keeps
+        autoregressive_decode, the leanest loop, as every ratio's baseline."""
+        return NoDraft(), None

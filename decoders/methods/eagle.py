@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..core.contract import PerTarget, check
+from ..core.contract import PerTarget, check, decode_one
 from ..core.lm import LM, KVCache
 from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
@@ -339,7 +339,7 @@ class Eagle:
             self._shape = (draft, (parents, slots), "measured" if measured else "prior")
         return self._shape
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         draft = self.load_addons(lm)
         shape = None
         self.tuning = {"tree": self.tree, "tree_size": self.tree_size, "depth": self.depth, "top_k": self.top_k,
@@ -348,5 +348,7 @@ class Eagle:
             _, shape, source = self.shape(draft)
             self.tuning.update(source=source, tree_size=len(shape[0]) - 1,
                                depth=max((s[0] + 1 for s in shape[1]), default=0))
-        proposer = FeatureDraftProposer(draft, self.tree, self.tree_size, self.depth, self.top_k, shape)
-        return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, Sampler(sampling, lm.device), stop_ids)
+        return FeatureDraftProposer(draft, self.tree, self.tree_size, self.depth, self.top_k, shape), None
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

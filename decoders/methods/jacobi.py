@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core.contract import check
+from ..core.contract import check, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
@@ -68,5 +68,8 @@ class Jacobi:
         check("block_size", self.block_size, at_least=1)
         check("init", self.init, one_of=GUESS_INITS)
 
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
+        return JacobiWindow(self.block_size, self.init, prompt_ids, lm.vocab_size, sampler.sampling.seed), None
+
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return jacobi_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, self.block_size, self.init)
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.contract import check
+from ..core.contract import check, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, SideBranch, speculative_decode
 from ..core.sampling import Sampler, Sampling
@@ -148,10 +148,13 @@ class Lookahead:
                            settings_key={"pool_from_prompt": self.pool_from_prompt,
                                          "pool_from_output": self.pool_from_output, "init": self.init})
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         if self.calibration_prompts:  # used without the runner: calibrate on this prompt
-            self.prepare(lm, [list(prompt_ids)], stop_ids, sampling)
+            self.prepare(lm, [list(prompt_ids)], stop_ids, sampler.sampling)
         settings = (self.window, self.ngram, self.guess_set_size) if self.tuning is None else (
             self.tuning["window"], self.tuning["ngram"], self.tuning["guess_set_size"])
-        return lookahead_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, *settings, self.pool_from_prompt,
-                                self.pool_from_output, self.init)
+        return LookaheadWindow(*settings, prompt_ids, lm.vocab_size, sampler.sampling.seed, self.pool_from_prompt,
+                               self.pool_from_output, self.init), None
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

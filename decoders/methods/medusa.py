@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ..core.contract import PerTarget, check
-from .heads import heads_decode, heads_for
+from ..core.contract import PerTarget, check, decode_one
+from .heads import HeadsProposer, heads_for
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
@@ -119,7 +119,7 @@ class Medusa:
                 self.tuning["expected_tokens"] = expected
         return self._shape
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         heads, parents, slots = self.shape(lm)
         max_rank = max((r for _, r in slots), default=0) + 1
 
@@ -131,4 +131,7 @@ class Medusa:
         accept = None  # exact verification
         if self.accept_rule == "typical":
             accept = functools.partial(typical_accept, threshold=self.posterior_threshold, alpha=self.posterior_alpha)
-        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, build, accept)
+        return HeadsProposer(heads, build), accept
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

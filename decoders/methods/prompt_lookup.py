@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core.contract import check
-from ..core.loop import Proposal, speculative_decode
-from ..core.sampling import Sampler
+from ..core.contract import check, decode_one
+from ..core.loop import Proposal
 from ..core.tree import TokenTree
 
 
@@ -44,6 +43,8 @@ class PromptLookupDecoding:
         check("num_tokens", self.num_tokens, at_least=1)
         check("max_ngram", self.max_ngram, at_least=1)
 
+    def proposer(self, lm, prompt_ids, sampler, stop_ids):
+        return PromptLookup(self.num_tokens, self.max_ngram, stop_ids), None
+
     def generate(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids):
-        return speculative_decode(lm, PromptLookup(self.num_tokens, self.max_ngram, stop_ids), prompt_ids,
-                                  max_new_tokens, Sampler(sampling, lm.device), stop_ids)
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.contract import PerTarget, check
+from ..core.contract import PerTarget, check, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
@@ -89,7 +89,12 @@ class Recycling:
         check("hot_start", self.hot_start, one_of=(True, False))
         self._tables: PerTarget[dict] = PerTarget()  # per target, the table carried between its prompts
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
+        """Rows of one batch share the hot table (each commits into it in turn): lossless, but their
+        drafts then differ from one prompt at a time."""
         table = self._tables.get(lm, dict) if self.hot_start else None  # a new target starts empty
-        return recycling_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids, self.tree_size, self.depth,
-                                self.successors, table)
+        parents, ranks = template(self.tree_size, self.depth, self.successors)
+        return AdjacencyDraft(parents, ranks, self.successors, table), None
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..core.contract import PerTarget, check
+from ..core.contract import PerTarget, check, decode_one
 from ..core.lm import LM, KVCache, forward_flops
 from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling, probs
@@ -116,5 +116,8 @@ class SpecChain:
         """The draft for target `lm`, built once (the runner calls this before timing)."""
         return self._drafts.get(lm, lambda: build_draft(self.draft, lm))
 
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
+        return DraftChain(self.load_addons(lm), self.depth, len(prompt_ids), sampler), None
+
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return spec_chain_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids, self.depth)
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

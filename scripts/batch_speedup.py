@@ -1,0 +1,188 @@
+"""Speedup against batch size: each method batched over B prompts vs batched autoregressive at the same B.
+
+    python scripts/batch_speedup.py [--prompts 16] [--max-new-tokens 64] [--batch-sizes 1 2 4 8 16]
+        [--decoders autoregressive spec_chain medusa lookahead eagle] [--repeats 1] [--out DIR]
+        [hydra overrides: model=... dataset=... threads=...]
+
+For every batch size B the first --prompts prompts of the dataset are decoded in consecutive
+batches of B (dataset order), by every decoder in turn, side by side in one process, greedy:
+throughput is new tokens / summed batch wall time, and speedup that over batched autoregressive's
+at the same B. transformers' generate() (left-padded, greedy) runs on the same batches as the peer
+of batched autoregressive. Every row's tokens are compared with its batch-1 autoregressive output.
+The cost curve times one batched forward of B rows x q tokens after a 256-token context, relative
+to B rows x 1 token: the price of verifying q tokens per row. Writes batch_speedup.csv,
+cost_curve.csv, batch_speedup.png/.md and provenance.json to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from tqdm.auto import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import provenance  # noqa: E402
+from bench.prompts import render, rendering_for  # noqa: E402
+from decoders.core.batch import decode_batch  # noqa: E402
+from decoders.core.contract import LoadsAddOns  # noqa: E402
+from decoders.core.sampling import Sampling  # noqa: E402
+from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+
+def cost_curve(lm, batch_sizes, widths, context: int = 256, repeats: int = 5) -> pd.DataFrame:
+    """Median seconds of one batched forward of B rows x q new tokens after `context` cached ones."""
+    rows = []
+    for b in batch_sizes:
+        cache = lm.new_batch_cache(b)
+        lm.forward_batch([[7] * context] * b, cache, [range(context)] * b, [None] * b, [[context - 1]] * b)
+        for q in widths:
+            times = []
+            for _ in range(repeats + 1):  # the first is untimed: a new shape's first call
+                t0 = time.perf_counter()
+                lm.forward_batch([[7] * q] * b, cache, [range(context, context + q)] * b, [None] * b, [list(range(q))] * b)
+                times.append(time.perf_counter() - t0)
+                cache.keep_tail(context, [[]] * b)  # back to the context
+            rows.append({"batch_size": b, "tokens_per_row": q, "seconds": statistics.median(times[1:])})
+    df = pd.DataFrame(rows)
+    one = df[df.tokens_per_row == 1].set_index("batch_size").seconds
+    df["cost_vs_one_token"] = df.seconds / df.batch_size.map(one)
+    return df
+
+
+def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, part in table[table.decoder != "autoregressive"].groupby("decoder", sort=False):
+        left.plot(part.batch_size, part.speedup, marker="o", label=name)
+    left.axhline(1.0, color="grey", lw=0.8, ls="--")
+    left.set(xscale="log", xlabel="batch size", ylabel="speedup over batched autoregressive", title=title)
+    left.set_xticks(sorted(table.batch_size.unique()), labels=[str(b) for b in sorted(table.batch_size.unique())])
+    left.legend(fontsize=8)
+    for b, part in curve.groupby("batch_size"):
+        right.plot(part.tokens_per_row, part.cost_vs_one_token, marker=".", label=f"B={b}")
+    right.set(xscale="log", xlabel="tokens per row (q)", ylabel="forward time / (B rows x 1 token)",
+              title="cost of a batched forward")
+    right.set_xticks(sorted(curve.tokens_per_row.unique()), labels=[str(q) for q in sorted(curve.tokens_per_row.unique())])
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--decoders", nargs="+", default=["autoregressive", "spec_chain", "medusa", "lookahead", "eagle"])
+    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="cost curve: tokens per row")
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (interleaved)")
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "batching")
+    args, overrides = parser.parse_known_args()
+    if min(args.batch_sizes + [args.prompts, args.max_new_tokens, args.repeats]) < 1:
+        parser.error("--prompts, --max-new-tokens, --repeats and every batch size must be >= 1")
+    if "autoregressive" not in args.decoders:
+        parser.error("--decoders must include autoregressive: every speedup is against it")
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+        decoders = {}
+        for name in args.decoders:
+            dcfg = compose("config", overrides=[*overrides, f"decoder={name}"])
+            decoders[name] = instantiate(dcfg.decoder, _convert_="all")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    lm = instantiate(cfg.model).load()
+    for decoder in decoders.values():
+        if isinstance(decoder, LoadsAddOns):
+            decoder.load_addons(lm)
+    rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+    prompts = [render(lm.tokenizer, p, 0, [], rendering)[1] for p in instantiate(cfg.dataset, limit=args.prompts).load()]
+    greedy, stop, max_new = Sampling(), lm.stop_ids, args.max_new_tokens
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    with torch.inference_mode():
+        reference = [autoregressive_decode(lm, p, max_new, greedy, stop).tokens for p in tqdm(prompts, desc="batch-1 reference")]
+        for decoder in decoders.values():  # warm-up: first-call costs are not charged to B=1
+            decode_batch(decoder, lm, prompts[:2], 8, [greedy] * 2, stop)
+        lm.hf_generate_batch(prompts[:2], 8, stop)
+        runs = []
+        bar = tqdm(total=args.repeats * len(args.batch_sizes) * (len(decoders) + 1), desc="batched runs")
+        for repeat in range(args.repeats):
+            for b in args.batch_sizes:
+                batches = [prompts[i:i + b] for i in range(0, len(prompts), b)]
+                if repeat == 0:  # untimed: each batch's prefill shape runs once before any timing
+                    for batch in batches:
+                        decode_batch(decoders["autoregressive"], lm, batch, 2, [greedy] * len(batch), stop)
+                        lm.hf_generate_batch(batch, 2, stop)
+                for name in [*decoders, "hf_generate"]:
+                    wall, tokens, steps, row_steps, fed, padded, same, ttft, latency = 0.0, 0, 0, 0, 0, 0, 0, [], []
+                    for i, batch in enumerate(batches):
+                        refs = reference[i * b:i * b + len(batch)]
+                        t0 = time.perf_counter()
+                        if name == "hf_generate":
+                            outs = lm.hf_generate_batch(batch, max_new, stop)
+                            wall += time.perf_counter() - t0
+                        else:
+                            gens, stats = decode_batch(decoders[name], lm, batch, max_new, [greedy] * len(batch), stop)
+                            wall += time.perf_counter() - t0
+                            outs = [g.tokens for g in gens]
+                            steps += stats.steps
+                            row_steps += sum(len(g.steps) for g in gens)
+                            fed, padded = fed + stats.fed_tokens, padded + stats.padded_tokens
+                            ttft += [g.ttft for g in gens]
+                            latency += [sum(s.target_time + s.draft_time + s.overhead_time for s in g.steps) for g in gens]
+                        tokens += sum(map(len, outs))
+                        same += sum(o == r for o, r in zip(outs, refs))
+                    runs.append({"repeat": repeat, "batch_size": b, "decoder": name, "wall_s": wall, "new_tokens": tokens,
+                                 "tokens_per_s": tokens / wall, "batch_steps": steps or None,
+                                 "tokens_per_step_per_row": tokens / row_steps if row_steps else None,
+                                 "padding_waste": 1 - fed / padded if padded else None,
+                                 "median_ttft_s": statistics.median(ttft) if ttft else None,
+                                 "median_row_latency_s": statistics.median(latency) if latency else None,
+                                 "rows_equal_batch1": same, "rows": len(prompts)})
+                    bar.update(1)
+        bar.close()
+        curve = cost_curve(lm, args.batch_sizes, args.widths)
+
+    runs = pd.DataFrame(runs)
+    ar = runs[runs.decoder == "autoregressive"].set_index(["repeat", "batch_size"]).tokens_per_s
+    runs["speedup"] = runs.tokens_per_s / runs.set_index(["repeat", "batch_size"]).index.map(ar)
+    table = (runs.groupby(["batch_size", "decoder"], sort=False)
+             .agg(speedup=("speedup", "median"), speedup_min=("speedup", "min"), speedup_max=("speedup", "max"),
+                  tokens_per_s=("tokens_per_s", "median"), tokens_per_step_per_row=("tokens_per_step_per_row", "median"),
+                  padding_waste=("padding_waste", "median"), median_ttft_s=("median_ttft_s", "median"),
+                  median_row_latency_s=("median_row_latency_s", "median"), rows_equal_batch1=("rows_equal_batch1", "min"),
+                  rows=("rows", "first"))
+             .reset_index())
+    runs.to_csv(args.out / "runs.csv", index=False)
+    table.to_csv(args.out / "batch_speedup.csv", index=False)
+    curve.to_csv(args.out / "cost_curve.csv", index=False)
+    wide = table.pivot(index="decoder", columns="batch_size", values="speedup").reindex([*decoders, "hf_generate"])
+    (args.out / "batch_speedup.md").write_text(
+        f"Speedup over batched autoregressive (median of {args.repeats} interleaved passes), {len(prompts)} "
+        f"{cfg.dataset.name} prompts x {max_new} tokens, greedy, {provenance.collect(lm)['dtype']}\n\n"
+        + wide.to_markdown(floatfmt=".2f") + "\n\n" + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
+        + curve.pivot(index="tokens_per_row", columns="batch_size", values="cost_vs_one_token").to_markdown(floatfmt=".2f") + "\n")
+    plot(table, curve, args.out / "batch_speedup.png", f"{cfg.model.name}, {cfg.dataset.name}, {lm.device.type}")
+    meta = provenance.collect(lm)
+    meta.update(argv=sys.argv[1:], prompts=len(prompts), max_new_tokens=max_new, dataset=cfg.dataset.name)
+    (args.out / "provenance.json").write_text(json.dumps(meta, indent=2))
+    print(wide.to_markdown(floatfmt=".2f"))
+
+
+if __name__ == "__main__":
+    main()
