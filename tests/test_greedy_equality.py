@@ -164,6 +164,17 @@ def test_greedy_equality_smollm2(smollm, data_dir, dataset, decoder):
         check_trace(out, 40, smollm.stop_ids)
 
 
+def test_hf_generate_trace_sees_the_cache(smollm, recwarn):
+    """generate()'s forwards are traced with their cache length (transformers 5.24 passes the cache
+    as `cache=`, earlier ones as `past_key_values=`: a hook reading one name saw context 0), and
+    the wrapper's own forwards use the name the installed transformers takes, without warnings."""
+    ids = smollm.tokenizer("def fibonacci(n):")["input_ids"]
+    gen = smollm.hf_generate(ids, 8, GREEDY, stop_ids=set())
+    assert [s.context_tokens for s in gen.steps] == [0, *range(len(ids), len(ids) + 7)]
+    autoregressive_decode(smollm, ids, 4, GREEDY, stop_ids=set())
+    assert not [w for w in recwarn if "past_key_values" in str(w.message)]
+
+
 def test_autoregressive_trace_counts_prefill_as_a_step(smollm):
     ids = smollm.tokenizer("def fibonacci(n):")["input_ids"]
     gen = autoregressive_decode(smollm, ids, 12, GREEDY, stop_ids=set())

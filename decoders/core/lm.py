@@ -5,6 +5,8 @@ attention implementation, generate()'s config merging) live here and nowhere els
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from typing import Sequence
 
@@ -17,6 +19,22 @@ from transformers.generation.streamers import BaseStreamer
 
 from .sampling import Sampling
 from .trace import Generation, Step, stop_reason, truncate_at_stop
+
+
+def cache_kwarg(module: nn.Module) -> str:
+    """The name `module.forward` takes its KV cache by: transformers 5.24 renamed past_key_values
+    to cache (the old name warns, and generate() passes the new one)."""
+    return _cache_kwarg(type(module))
+
+
+@functools.cache
+def _cache_kwarg(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def passed_cache(kwargs: dict):
+    """The cache a forward hook's kwargs carry, under either name."""
+    return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
 def forward_flops(spec: dict, tokens: int, context: int) -> float:
@@ -229,6 +247,7 @@ class LM:
         self.device = model.get_input_embeddings().weight.device
         self.dtype = model.dtype
         self.attn_implementation = model.config._attn_implementation
+        self.cache_kw = cache_kwarg(model)
         self.max_context = max_context or getattr(self.config, "max_position_embeddings", None)
         self.stop_ids = self._stop_ids()
         self._hidden: torch.Tensor | None = None
@@ -366,7 +385,7 @@ class LM:
         # of the norm, as a self-draft's exit adapter makes, would copy the whole model).
         handle = self.final_norm.register_forward_pre_hook(self._capture_features) if features else None
         try:
-            out = self.model(input_ids=ids, past_key_values=cache.hf, use_cache=True, **kwargs)
+            out = self.model(input_ids=ids, **{self.cache_kw: cache.hf}, use_cache=True, **kwargs)
         finally:
             self._want_hidden = False
             if handle is not None:
@@ -401,7 +420,6 @@ class LM:
         its fed rows (features=True), else None."""
         if hidden and features:
             raise ValueError("ask for hidden or features, not both")
-        b, c = len(feeds), len(cache)
         width = max(map(len, feeds))
         # Feeds are right-aligned: every row's last token sits in the last column, so the rows whose
         # logits are wanted (a tree's last n, autoregressive's last one) share few columns.
@@ -431,7 +449,7 @@ class LM:
         handle = self.final_norm.register_forward_pre_hook(self._capture_features) if features else None
         try:
             out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), attention_mask=mask.to(self.device),
-                             past_key_values=cache.hf, use_cache=True, logits_to_keep=keep)
+                             **{self.cache_kw: cache.hf}, use_cache=True, logits_to_keep=keep)
             h, f = self._hidden, self._features
         finally:
             self._want_hidden, self._hidden, self._features = False, None, None
@@ -468,7 +486,7 @@ class LM:
 
         def pre_hook(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
-            cache = kwargs.get("past_key_values")
+            cache = passed_cache(kwargs)
             pending.update(t0=time.perf_counter(), tokens=int(ids.shape[-1]),
                            context=cache.get_seq_length() if cache is not None else 0)
 
@@ -482,7 +500,7 @@ class LM:
 
         def draft_pre_hook(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
-            cache = kwargs.get("past_key_values")
+            cache = passed_cache(kwargs)
             drafted["t0"] = time.perf_counter()
             n = int(ids.shape[-1]) if ids is not None else 0
             context = cache.get_seq_length() if cache is not None else 0

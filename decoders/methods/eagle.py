@@ -36,8 +36,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, decode_one
-from ..core.lm import LM, KVCache
-from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.lm import LM, KVCache, cache_kwarg
+from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
@@ -106,7 +106,7 @@ class FeatureDraft(nn.Module):
         x = self.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens).to(features.dtype)], -1))
         pos = positions.reshape(1, -1).to(x.device)
         out = self.layer(x, attention_mask=lm.mask_4d(mask), position_ids=pos,
-                         past_key_values=cache.hf if cache is not None else None, use_cache=cache is not None,
+                         **{cache_kwarg(self.layer): cache.hf if cache is not None else None}, use_cache=cache is not None,
                          position_embeddings=rotary(x, pos))
         out = out[0] if isinstance(out, tuple) else out
         return out if batched else out[0]
