@@ -31,6 +31,10 @@
 - decode_overhead_frac: the share of decoding-step time (the prefill step left out) spent
   outside the target and draft forwards: sampling, verification, bookkeeping, the loop itself
   (`decode_overhead_frac`; summaries' overhead_frac keeps the prefill in).
+- batched runs (gen.batch_size > 1; decoders/core/batch.py): a record's latency_s and ttft_s are
+  its row's, from the batch's start (so tokens/s is per row); throughput_tokens_per_s is new tokens
+  / the summed wall time of the batches (unbatched: of the prompts), padding_waste the share of
+  the token slots batched forwards computed that were padding (`batch_totals`).
 - category: where prompts carry one (MT-Bench's eight, a jsonl's `category` field), every
   record keeps it and tables can be broken down by it (`summarize(by_category=True)`).
 """
@@ -190,6 +194,17 @@ def _info_ratio(ok: pd.DataFrame, key: str, per: str) -> float:
     return _ratio(known.sum(), ok.loc[known.index, per].sum()) if len(known) else math.nan
 
 
+def batch_totals(records) -> dict:
+    """Throughput over the wall time the work took (each batch's once; an unbatched record's own
+    latency) and the padding batched forwards computed (NaN without batches)."""
+    batches = {r["batch"]["id"]: r["batch"] for r in records if isinstance(r.get("batch"), dict)}
+    wall = sum(b["wall_s"] for b in batches.values()) + sum(r["latency_s"] for r in records
+                                                           if not isinstance(r.get("batch"), dict))
+    padded = sum(b["padded_tokens"] for b in batches.values())
+    return {"throughput_tokens_per_s": _ratio(sum(r["new_tokens"] for r in records), wall),
+            "padding_waste": 1 - sum(b["fed_tokens"] for b in batches.values()) / padded if padded else math.nan}
+
+
 SUMMARY_KEYS = ["decoder", "model", "dataset"]
 
 
@@ -233,6 +248,8 @@ def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
                 head_flops_per_token=_info_ratio(ok, "head_flops", "new_tokens"),
                 rescore_flops_per_token=_info_ratio(ok, "rescore_flops", "new_tokens"),
                 overhead_frac=_ratio(ok["overhead_time_s"].sum(), busy),
+                batch_size=int(ok["batch"].map(lambda b: b["size"] if isinstance(b, dict) else 1).max()) if "batch" in ok else 1,
+                **batch_totals(ok_records),
             )
             metric = ok["quality_metric"].dropna()
             scores = ok["quality_score"].dropna()
@@ -255,7 +272,7 @@ def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
 DISPLAY = ["decoder", "model", "dataset", "category", "records", "skipped", "new_tokens", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
-           "tokens_per_s_median", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
+           "tokens_per_s_median", "batch_size", "throughput_tokens_per_s", "padding_waste", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
            "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "paths_per_step", "head_flops_per_token", "rescore_flops_per_token", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "decoder_lossless", "lossless", "speedup",
            "speedup_geomean", "speedup_pooled", "predicted_speedup"]
 

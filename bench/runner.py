@@ -16,7 +16,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decoders.core.contract import Decoder, LoadsAddOns, ReportsTuning, SelfTuning
+from decoders.core.batch import decode_batch, latencies
+from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
 from decoders.methods.autoregressive import autoregressive_decode, logit_gap
@@ -69,6 +70,13 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     if not isinstance(decoder, Decoder):
         raise BenchError(f"decoder: {type(decoder).__name__} is not a decoder: it needs name, lossless and "
                          f"generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids) (decoders/core/contract.py)")
+    size = cfg.gen.get("batch_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise BenchError(f"gen.batch_size must be an integer >= 1, got {size!r}")
+    if size > 1 and not isinstance(decoder, Batches):
+        raise BenchError(f"decoder {decoder.name} decodes one prompt at a time, so gen.batch_size must be 1, got {size} "
+                         "(decoders that batch have proposer(): autoregressive, spec_chain, medusa, lookahead, eagle, "
+                         "jacobi, prompt_lookup, recycling)")
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
     return sampling, decoder
@@ -120,6 +128,40 @@ def _record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
 
 def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig,
              sampling: Sampling) -> dict:
+    record, ids, sampling = start_unit(lm, decoder, dataset, prompt, turn, previous, rendering, cfg, sampling)
+    if record["status"] != "ok":
+        return record
+    lm.sync()
+    start = time.perf_counter()
+    gen = decoder.generate(lm, ids, cfg.gen.max_new_tokens, sampling, lm.stop_ids)
+    lm.sync()
+    return finish_unit(record, lm, decoder, dataset, prompt, turn, ids, gen, time.perf_counter() - start, cfg, rendering)
+
+
+def run_batch(lm, decoder, dataset, units: list, log, rendering: str, cfg: DictConfig, sampling: Sampling) -> list[dict]:
+    """units: (prompt, turn) pairs decoded together (decoders/core/batch.py); a unit that cannot run
+    (too long) is skipped and the rest go on. Records as run_unit's, each with its row's latency and
+    TTFT from the batch's start, plus the batch's own totals under "batch" (metrics.batch_totals)."""
+    started = []
+    for prompt, turn in units:
+        previous = [log.get(f"{prompt.id}#{t}")["text"] for t in range(turn)]
+        started.append((prompt, turn, *start_unit(lm, decoder, dataset, prompt, turn, previous, rendering, cfg, sampling)))
+    ready = [s for s in started if s[2]["status"] == "ok"]
+    if ready:
+        lm.sync()
+        gens, stats = decode_batch(decoder, lm, [ids for *_, ids, _ in ready], cfg.gen.max_new_tokens,
+                                   [s for *_, s in ready], lm.stop_ids)
+        batch = {"id": ready[0][2]["key"], "size": cfg.gen.batch_size, **stats.as_dict()}
+        batch["tokens_per_s"] = sum(len(g.tokens) for g in gens) / stats.wall_s
+        for (prompt, turn, record, ids, _), gen in zip(ready, gens):
+            finish_unit(record, lm, decoder, dataset, prompt, turn, ids, gen, latencies([gen])[0], cfg, rendering)
+            record["batch"] = batch
+    return [record for _, _, record, _, _ in started]
+
+
+def start_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig, sampling: Sampling):
+    """The record before decoding (status skipped when the prompt cannot run), the prompt's ids and
+    its own sampling seed."""
     text, ids = render(lm.tokenizer, prompt, turn, previous, rendering)
     # decoder_lossless: False for explicitly lossy variants (e.g. Medusa's typical acceptance).
     record = _record(cfg, prompt, turn, rendering=rendering, prompt_tokens=len(ids), prompt_text=text,
@@ -130,13 +172,13 @@ def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rende
     if lm.max_context and len(ids) + max_new > lm.max_context:
         record.update(status="skipped", reason=f"prompt of {len(ids)} tokens + max_new_tokens {max_new} exceeds the "
                                                f"model's context of {lm.max_context}")
-        return record
-    sampling = dataclasses.replace(sampling, seed=prompt_seed(sampling.seed, record["key"]))
-    lm.sync()
-    start = time.perf_counter()
-    gen = decoder.generate(lm, ids, max_new, sampling, lm.stop_ids)
-    lm.sync()
-    latency = time.perf_counter() - start
+    return record, ids, dataclasses.replace(sampling, seed=prompt_seed(sampling.seed, record["key"]))
+
+
+def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen, latency: float, cfg: DictConfig,
+                rendering: str) -> dict:
+    """Metrics, output, the lossless check and quality, into the record."""
+    max_new = cfg.gen.max_new_tokens
     check_generation(gen, max_new, lm.stop_ids)
     output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
     record.update(metrics.generation_metrics(gen, lm.flops_spec(), latency))
@@ -205,14 +247,32 @@ def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
     return summary
 
 
+def _groups(units: list, log: RecordLog, size: int):
+    """The units not yet recorded, `size` at a time. With size 1, in order (each turn right after the
+    one before). Batched, turn by turn: a conversation's turn t+1 renders turn t's output, so all
+    first turns are decoded (and recorded) before any second turn is batched."""
+    todo = [(p, t) for p, t in units if f"{p.id}#{t}" not in log]
+    if size == 1:
+        yield from ([u] for u in todo)
+        return
+    for turn in sorted({t for _, t in todo}):
+        wave = [(p, t) for p, t in todo if t == turn]
+        for i in range(0, len(wave), size):
+            yield wave[i:i + size]
+
+
 def _warmup(lm, decoder, units, rendering, cfg, sampling) -> None:
     """One short untimed generation per method, so first-call costs (allocator growth,
     kernel selection) are not charged to the first prompt."""
-    prompt, _ = units[0]
-    _, ids = render(lm.tokenizer, prompt, 0, [], rendering)
-    if lm.max_context and len(ids) + 16 > lm.max_context:
+    rows = [render(lm.tokenizer, prompt, 0, [], rendering)[1] for prompt, _ in units[:cfg.gen.batch_size]]
+    rows = [ids for ids in rows if not (lm.max_context and len(ids) + 16 > lm.max_context)]
+    if not rows:
         return
-    decoder.generate(lm, ids, min(16, cfg.gen.max_new_tokens), sampling, lm.stop_ids)
+    ids = rows[0]
+    if cfg.gen.batch_size > 1:
+        decode_batch(decoder, lm, rows, min(16, cfg.gen.max_new_tokens), [sampling] * len(rows), lm.stop_ids)
+    else:
+        decoder.generate(lm, ids, min(16, cfg.gen.max_new_tokens), sampling, lm.stop_ids)
     if cfg.check_lossless:
         autoregressive_decode(lm, ids, min(16, cfg.gen.max_new_tokens), Sampling(), lm.stop_ids)
 
@@ -272,26 +332,32 @@ def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, lo
         with torch.inference_mode():
             if cfg.warmup:
                 _warmup(lm, decoder, units, rendering, cfg, sampling)
-            for prompt, turn in units:
-                key = f"{prompt.id}#{turn}"
-                if key in log:
-                    continue
-                earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
-                if any(r is None or r["status"] != "ok" for r in earlier):
-                    record = _record(cfg, prompt, turn, status="skipped",
-                                     reason="an earlier turn of this conversation was skipped")
+            for group in _groups(units, log, cfg.gen.batch_size):
+                ready, records = [], []
+                for prompt, turn in group:
+                    earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
+                    if any(r is None or r["status"] != "ok" for r in earlier):
+                        records.append(_record(cfg, prompt, turn, status="skipped",
+                                               reason="an earlier turn of this conversation was skipped"))
+                    else:
+                        ready.append((prompt, turn))
+                if cfg.gen.batch_size > 1:
+                    records += run_batch(lm, decoder, dataset, ready, log, rendering, cfg, sampling) if ready else []
                 else:
-                    record = run_unit(lm, decoder, dataset, prompt, turn, [r["text"] for r in earlier], rendering, cfg, sampling)
-                if calibration is not None:
-                    record["calibration"] = calibration
-                log.append(record)
-                if logger is not None:
-                    logger.log_record(record)
-                if record["status"] == "ok":
-                    tokens += record["new_tokens"]
-                    steps += record["steps"]
-                    seconds += record["latency_s"]
-                    bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}", refresh=False)
-                bar.update(1)
+                    records += [run_unit(lm, decoder, dataset, prompt, turn, [log.get(f"{prompt.id}#{t}")["text"]
+                                                                             for t in range(turn)], rendering, cfg, sampling)
+                                for prompt, turn in ready]
+                for record in records:
+                    if calibration is not None:
+                        record["calibration"] = calibration
+                    log.append(record)
+                    if logger is not None:
+                        logger.log_record(record)
+                    if record["status"] == "ok":
+                        tokens += record["new_tokens"]
+                        steps += record["steps"]
+                        seconds += record["latency_s"]
+                        bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}", refresh=False)
+                    bar.update(1)
     finally:
         bar.close()

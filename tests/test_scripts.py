@@ -149,3 +149,17 @@ def test_train_eagle_on_tiny_random(tmp_path):
     for tree in ("dynamic", "static"):
         dec = Eagle(head=str(tmp_path / "eagle.safetensors"), tree=tree, tree_size=6, depth=3, top_k=3)
         assert dec.generate(lm, [5, 6, 7], 8, Sampling(), set()).tokens == reference
+
+
+def test_batch_speedup_on_tiny_random(tmp_path):
+    """scripts/batch_speedup.py end to end: every row equals its batch-1 output, the table and plot are written."""
+    import pandas as pd
+
+    out = run_script("batch_speedup.py", "--prompts", "3", "--max-new-tokens", "6", "--batch-sizes", "1", "2",
+                     "--decoders", "autoregressive", "lookahead", "--widths", "1", "2", "--out", str(tmp_path),
+                     "model=tiny-random", "dataset=gsm8k")
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "batch_speedup.csv")
+    assert set(table.decoder) == {"autoregressive", "lookahead", "hf_generate"} and set(table.batch_size) == {1, 2}
+    assert (table.rows_equal_batch1 == table.rows).all()
+    assert (tmp_path / "batch_speedup.png").stat().st_size > 0 and (tmp_path / "cost_curve.csv").is_file()
