@@ -43,6 +43,7 @@ def collect(lm) -> dict:
         "dtype": str(lm.dtype).replace("torch.", ""),
         "attn_implementation": lm.attn_implementation,
         "fast_path": lm.fast_path,  # the linear layers' kernel path that ran (model.fast_path)
+        "packed_min_rows": lm.packed_min_rows,  # prepacked: the fewest rows a linear layer packs
         "fast_path_note": lm.fast_path_note,
         "fast_path_extra_bytes": lm.fast_path_bytes,
         "model_flops_spec": lm.flops_spec(),

@@ -29,8 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import provenance  # noqa: E402
-from decoders.core.lm import FAST_PATHS  # noqa: E402
-from decoders.tuning.profile import forward_latency, profile_key  # noqa: E402
+from decoders.tuning.profile import candidate_labels, forward_latency, parse_candidate, profile_key  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -52,7 +51,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--paths", default=",".join(FAST_PATHS), help="fast paths to profile, comma-separated")
+    parser.add_argument("--paths", default=",".join(candidate_labels()),
+                        help="fast paths to profile, comma-separated: none, prepacked (its default threshold), prepacked>=N")
     parser.add_argument("--refresh", action="store_true", help="measure again even if cached")
     parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
     args, overrides = parser.parse_known_args()
@@ -62,9 +62,13 @@ def main() -> None:
         torch.set_num_threads(cfg.threads)
     lm = instantiate(cfg.model, fast_path="none").load()
     paths = [p for p in args.paths.split(",") if p]
+    try:
+        choices = {p: parse_candidate(p) for p in paths}
+    except ValueError as e:
+        parser.error(str(e))
     curves, steps, keys = {}, {}, {}
     for path in paths:
-        if lm.set_fast_path(path) != path:
+        if lm.set_fast_path(*choices[path]) != choices[path][0]:
             print(f"{path}: skipped ({lm.fast_path_note})")
             continue
         profile = forward_latency(lm, cfg.cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)

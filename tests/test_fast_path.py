@@ -104,23 +104,53 @@ def test_auto_measures_once_caches_and_records(tmp_path):
     lm = tiny_lm(seed=5, fast_path="none")
     choice = choose_fast_path(lm, tmp_path)
     assert choice["chosen"] in ("none", "prepacked") and lm.fast_path == choice["chosen"]
-    assert set(choice["measured"]) == {"none", "prepacked"}
+    assert lm.packed_min_rows == choice["min_rows"] and (choice["min_rows"] is None) == (choice["chosen"] == "none")
+    assert set(choice["measured"]) == {"none", "prepacked>=1", "prepacked>=2", "prepacked>=4"}
     assert all(m["autoregressive_s"] > 0 and m["k16_s"] > 0 for m in choice["measured"].values())
     cached = tmp_path / "fast_path" / f"{profile_key(lm, fast_path=False)}.json"
     assert json.loads(cached.read_text())["chosen"] == choice["chosen"]
-    other = "none" if choice["chosen"] == "prepacked" else "prepacked"
-    cached.write_text(json.dumps({**choice, "chosen": other}))  # the cache is what decides next time
-    assert choose_fast_path(lm, tmp_path)["chosen"] == other and lm.fast_path == other
+    for other, rows in [("prepacked", 2), ("none", None), ("prepacked", 1)]:  # the cache decides next time
+        cached.write_text(json.dumps({**choice, "chosen": other, "min_rows": rows}))
+        assert choose_fast_path(lm, tmp_path)["chosen"] == other and (lm.fast_path, lm.packed_min_rows) == (other, rows)
+    cached.write_text(json.dumps({"chosen": "prepacked"}))  # made before min_rows was measured: measured again
+    assert "min_rows" in choose_fast_path(lm, tmp_path) and "min_rows" in json.loads(cached.read_text())
     cached.write_text("{not json")  # damaged: measured again
     assert choose_fast_path(lm, tmp_path)["chosen"] in ("none", "prepacked")
     assert profile_key(lm) != profile_key(lm, fast_path=False)  # latency profiles are kept per path
+    keys = {(p, m): (lm.set_fast_path(p, m), profile_key(lm))[1] for p, m in [("none", None), ("prepacked", 1), ("prepacked", 4)]}
+    assert len(set(keys.values())) == 3  # ... and per threshold
+
+
+@pytest.mark.parametrize("min_rows", [1, 2, 4, 8])
+def test_packed_kernel_runs_from_min_rows_up(monkeypatch, min_rows):
+    lm = tiny_lm(seed=7, fast_path="prepacked")
+    assert lm.packed_min_rows == lm_module.PACKED_MIN_ROWS[torch.float32]  # the default
+    assert lm.set_fast_path("prepacked", min_rows) == "prepacked" and lm.packed_min_rows == min_rows
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: calls.append(len(x)) or real(x, *a))
+    ref = tiny_lm(seed=7, fast_path="none")
+    for rows in (1, 2, 3, 4, 8):
+        calls.clear()
+        ids = list(range(1, 1 + rows))
+        out = lm.forward(ids, lm.new_cache())
+        assert bool(calls) == (rows >= min_rows), (rows, calls)
+        assert torch.allclose(out, ref.forward(ids, ref.new_cache()), atol=1e-5)
+    heads = lm.accelerate(torch.nn.Linear(4, 4))  # an add-on joins at the same threshold
+    assert type(heads) is PrepackedLinear and heads._min_rows == min_rows
+    draft = SelfDraft(layers=1).build(lm)  # a self-draft shares the layers and their threshold
+    assert draft.packed_min_rows == min_rows
+    with pytest.raises(ValueError, match="min_rows must be an integer >= 1"):
+        lm.set_fast_path("prepacked", 0)
+    lm.set_fast_path("none")
+    assert lm.packed_min_rows is None and all(type(m) is torch.nn.Linear for m in _linears(lm))
 
 
 def test_model_config_key_and_provenance(tmp_path):
     spec = TinyRandomModel(device="cpu", dtype="float32", fast_path="prepacked", cache_dir=str(tmp_path), vocab_size=64)
     lm = spec.load()
     record = collect(lm)
-    assert record["fast_path"] == "prepacked" and record["fast_path_extra_bytes"] > 0
+    assert record["fast_path"] == "prepacked" and record["fast_path_extra_bytes"] > 0 and record["packed_min_rows"] == 4
     auto = TinyRandomModel(device="cpu", dtype="float32", fast_path="auto", cache_dir=str(tmp_path), vocab_size=64).load()
     assert auto.fast_path_note.startswith(f"auto chose {auto.fast_path}")
     with pytest.raises(BenchError, match="model.fast_path='fast' is not allowed; use auto, none, prepacked"):

@@ -164,8 +164,9 @@ class BatchKVCache:
 # On CPU, nn.Linear's default kernels make a k-row forward cost ~2x a 1-row one (k = 8..16, fp32)
 # although both read the same weights once. oneDNN's prepacked weights (the kernels torch.compile's
 # CPU freezing emits) are cheaper from a few rows up in fp32, and in bfloat16 (AMX) at every size,
-# the 1-row step included. Measured per layer shape over a model-sized working set
-# (results/reference/fast_path/README.md); below these row counts the native kernel is kept.
+# the 1-row step included. Where the packed kernel starts to win depends on the CPU (4 rows on a
+# Sapphire Rapids Xeon, 1 row on a Zen 5 EPYC: results/reference/fast_path/README.md), so below
+# `min_rows` the native kernel is kept; these are the defaults, and model.fast_path=auto measures it.
 FAST_PATHS = ("none", "prepacked")
 PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
 
@@ -173,7 +174,9 @@ PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
 class PrepackedLinear(nn.Linear):
     """An nn.Linear (the same module, its class swapped: parameters, tying, hooks and sharing
     with self-drafts stay as they are) that keeps a oneDNN-packed copy of its weight for inputs
-    of PACKED_MIN_ROWS rows or more. The copy is rebuilt when the weight changes (training, .to())."""
+    of `_min_rows` rows or more. The copy is rebuilt when the weight changes (training, .to())."""
+
+    _min_rows = 1 << 30  # set by _prepack
 
     def _pack(self):
         # Called on every multi-row forward: the check allocates nothing; detach() only to repack.
@@ -190,20 +193,23 @@ class PrepackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (rows < PACKED_MIN_ROWS.get(x.dtype, 1 << 30) or x.dtype != self.weight.dtype
+        if (rows < self._min_rows or x.dtype != self.weight.dtype
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
 
 
-def _prepack(model: nn.Module) -> int:
-    """Swap every plain nn.Linear of `model` to PrepackedLinear; returns the bytes of the packed
-    copies it made (modules already swapped, e.g. shared with a self-draft's target, cost nothing)."""
+def _prepack(model: nn.Module, min_rows: int) -> int:
+    """Swap every plain nn.Linear of `model` to PrepackedLinear, packed from `min_rows` rows up;
+    returns the bytes of the packed copies it made (modules already swapped, e.g. shared with a
+    self-draft's target, cost nothing but take the new threshold)."""
     extra = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = PrepackedLinear
             extra += module._pack().numel() * module.weight.element_size()
+        if type(module) is PrepackedLinear:
+            module._min_rows = min_rows
     return extra
 
 
@@ -211,7 +217,7 @@ def _unpack(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is PrepackedLinear:
             module.__class__ = nn.Linear
-            for attr in ("_packed", "_packed_key"):
+            for attr in ("_packed", "_packed_key", "_min_rows"):
                 module.__dict__.pop(attr, None)
 
 
@@ -256,36 +262,42 @@ class LM:
         self._flops_spec: dict | None = None
         model.base_model.register_forward_hook(self._capture_hidden)
         # A model whose modules are shared with an LM already on the fast path (a self-draft) is on it too.
-        self.fast_path = "prepacked" if any(type(m) is PrepackedLinear for m in model.modules()) else "none"
+        packed = [m for m in model.modules() if type(m) is PrepackedLinear]
+        self.fast_path = "prepacked" if packed else "none"
+        self.packed_min_rows = packed[0]._min_rows if packed else None  # rows from which "prepacked" packs
         self.fast_path_note = ""  # why the path in use differs from the one asked for, if it does
         self.fast_path_bytes = 0  # memory the fast path holds beyond the model's own weights
         if fast_path != self.fast_path or fast_path == "prepacked":  # packs what is not packed yet
-            self.set_fast_path(fast_path)
+            self.set_fast_path(fast_path, self.packed_min_rows)
 
     # ---- fast forward path ------------------------------------------------------------------
-    def set_fast_path(self, path: str) -> str:
+    def set_fast_path(self, path: str, min_rows: int | None = None) -> str:
         """Switch the kernel path of every linear layer: "none" (transformers' own) or
-        "prepacked" (oneDNN-packed weights for multi-row inputs, CPU). A path this machine
-        cannot run falls back to "none", with the reason in fast_path_note. Returns the path in use."""
+        "prepacked" (oneDNN-packed weights for inputs of `min_rows` rows or more, CPU; default
+        PACKED_MIN_ROWS for the dtype). A path this machine cannot run falls back to "none",
+        with the reason in fast_path_note. Returns the path in use."""
         if path not in FAST_PATHS:
             raise ValueError(f"fast path {path!r} is not one of {', '.join(FAST_PATHS)}")
+        if min_rows is not None and (not isinstance(min_rows, int) or min_rows < 1):
+            raise ValueError(f"packed min_rows must be an integer >= 1, not {min_rows!r}")
         self.fast_path_note = ""
         if path == "none":
             _unpack(self.model)
-            self.fast_path, self.fast_path_bytes = "none", 0
+            self.fast_path, self.fast_path_bytes, self.packed_min_rows = "none", 0, None
         else:
             why_not = prepacked_supported(self.model)
             if why_not:
                 self.fast_path_note = f"prepacked unavailable: {why_not}"
             else:
-                self.fast_path_bytes += _prepack(self.model)
+                self.packed_min_rows = min_rows or PACKED_MIN_ROWS.get(self.dtype, 1)
+                self.fast_path_bytes += _prepack(self.model, self.packed_min_rows)
                 self.fast_path = "prepacked"
         return self.fast_path
 
     def accelerate(self, module: nn.Module) -> nn.Module:
         """Put an add-on that runs beside the model (Medusa heads, a feature draft) on the same path."""
         if self.fast_path == "prepacked":
-            self.fast_path_bytes += _prepack(module)
+            self.fast_path_bytes += _prepack(module, self.packed_min_rows)
         return module
 
     # ---- what metrics need -------------------------------------------------------------

@@ -40,7 +40,7 @@ def profile_key(lm: LM, fast_path: bool = True) -> str:
     model = hashlib.sha1(config.encode()).hexdigest()[:10]
     raw = f"{device_name(lm.device)}{threads}_{lm.name}-{model}_{str(lm.dtype).replace('torch.', '')}_{lm.attn_implementation}"
     if fast_path:
-        raw += f"_{lm.fast_path}"
+        raw += f"_{lm.fast_path}" + (f"{lm.packed_min_rows}" if lm.fast_path == "prepacked" else "")
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 
@@ -128,40 +128,62 @@ def _save_json(path: Path, data: dict) -> None:
 
 
 CHOICE_SIZES = (2, 4, 8, 16)  # the verification widths the choice weighs beside the 1-token step
+PACKED_MIN_ROWS_CHOICES = (1, 2, 4)  # where the packed kernel may start (1: every forward)
+
+
+def candidate_labels() -> list[str]:
+    """What auto measures: the native path, and the packed one from 1, 2 or 4 rows up."""
+    return ["none"] + [f"prepacked>={m}" for m in PACKED_MIN_ROWS_CHOICES]
+
+
+def parse_candidate(label: str) -> tuple[str, int | None]:
+    """"none" -> ("none", None); "prepacked" -> ("prepacked", None: the dtype's default);
+    "prepacked>=N" -> ("prepacked", N)."""
+    path, _, rows = label.partition(">=")
+    if path not in FAST_PATHS or (rows and (path == "none" or not rows.isdigit() or int(rows) < 1)):
+        raise ValueError(f"fast path {label!r} is not allowed; use none, prepacked or prepacked>=N (N >= 1)")
+    return path, int(rows) if rows else None
 
 
 def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh: bool = False) -> dict:
     """model.fast_path=auto: on CPU, put `lm` on whichever kernel path is fastest on this
     device and model, measured (the 1-token step plus forwards of 2, 4, 8 and 16 new tokens
     after 256 cached ones, each size's fastest of 3 rounds), and cache the choice per device,
-    threads, model and dtype. On CUDA it changes nothing. Returns the choice with its measurements."""
+    threads, model and dtype. The packed path is measured from 1, 2 and 4 rows up: where oneDNN's
+    packed kernel starts to beat the native one depends on the CPU. On CUDA it changes nothing.
+    Returns the choice ("chosen", "min_rows") with its measurements."""
     if lm.device.type != "cpu":
         lm.set_fast_path("none")
-        return {"chosen": "none", "why": f"auto changes nothing on {lm.device.type}"}
+        return {"chosen": "none", "min_rows": None, "why": f"auto changes nothing on {lm.device.type}"}
     path = Path(cache_dir).expanduser() / "fast_path" / f"{profile_key(lm, fast_path=False)}.json" if cache_dir else None
     if path is not None and path.exists() and not refresh:
         try:
             choice = json.loads(path.read_text())
-            if choice.get("chosen") in FAST_PATHS and lm.set_fast_path(choice["chosen"]) == choice["chosen"]:
+            # An entry without min_rows predates the measured threshold: measured again.
+            if (choice.get("chosen") in FAST_PATHS and "min_rows" in choice
+                    and lm.set_fast_path(choice["chosen"], choice["min_rows"]) == choice["chosen"]):
                 return choice
-        except (OSError, ValueError):
+        except (OSError, ValueError, TypeError):
             pass  # a damaged cache entry is measured again
     measured, notes = {}, {}
-    for candidate in FAST_PATHS:
-        if lm.set_fast_path(candidate) != candidate:
+    for label in candidate_labels():
+        candidate, min_rows = parse_candidate(label)
+        if lm.set_fast_path(candidate, min_rows) != candidate:
             notes[candidate] = lm.fast_path_note
             continue
         latency, unit = measure_forward_latency(lm, max_tokens=max(CHOICE_SIZES), repeats=3)
-        measured[candidate] = {"autoregressive_s": unit, **{f"k{k}_s": latency[k - 1] for k in CHOICE_SIZES}}
+        measured[label] = {"path": candidate, "min_rows": min_rows, "autoregressive_s": unit,
+                           **{f"k{k}_s": latency[k - 1] for k in CHOICE_SIZES}}
 
     def cost(m: dict) -> float:  # seconds: one 1-token step + the mean verification forward
         return m["autoregressive_s"] + float(np.mean([m[f"k{k}_s"] for k in CHOICE_SIZES]))
 
-    chosen = min(measured, key=lambda c: cost(measured[c]))
-    lm.set_fast_path(chosen)
-    choice = {"chosen": chosen, "device": device_name(lm.device), "torch_threads": torch.get_num_threads(),
-              "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "measured": measured,
-              "unavailable": notes, "why": "lowest 1-token step + mean of k = " + ", ".join(map(str, CHOICE_SIZES))}
+    best = measured[min(measured, key=lambda c: cost(measured[c]))]
+    lm.set_fast_path(best["path"], best["min_rows"])
+    choice = {"chosen": best["path"], "min_rows": best["min_rows"], "device": device_name(lm.device),
+              "torch_threads": torch.get_num_threads(), "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""),
+              "measured": measured, "unavailable": notes,
+              "why": "lowest 1-token step + mean of k = " + ", ".join(map(str, CHOICE_SIZES))}
     if path is not None:
         _save_json(path, choice)
     return choice
