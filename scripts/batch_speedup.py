@@ -10,8 +10,10 @@ throughput is new tokens / summed batch wall time, and speedup that over batched
 at the same B. transformers' generate() (left-padded, greedy) runs on the same batches as the peer
 of batched autoregressive. Every row's tokens are compared with its batch-1 autoregressive output.
 The cost curve times one batched forward of B rows x q tokens after a 256-token context, relative
-to B rows x 1 token: the price of verifying q tokens per row. Writes batch_speedup.csv,
-cost_curve.csv, batch_speedup.png/.md and provenance.json to --out.
+to B rows x 1 token: the price of verifying q tokens per row; predicted_speedup is what that
+curve, each method's tokens per step, tokens fed per row and drafting time say the speedup should
+be (dashed in the plot). Writes batch_speedup.csv, runs.csv, cost_curve.csv, batch_speedup.png/.md
+and provenance.json to --out.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
@@ -61,15 +64,35 @@ def cost_curve(lm, batch_sizes, widths, context: int = 256, repeats: int = 5) ->
     return df
 
 
+def predicted_speedup(table: pd.DataFrame, curve: pd.DataFrame) -> pd.Series:
+    """What the cost curve says each speedup should be: a row gains tokens_per_step_per_row tokens
+    per step, and the step costs one batched forward of B rows x the mean tokens fed per row
+    (interpolated in the curve, extended along its last segment) plus every row's drafting,
+    against autoregressive's B rows x 1 token. Padding and loop overhead are left out."""
+    out = []
+    for _, row in table.iterrows():
+        part = curve[curve.batch_size == row.batch_size].sort_values("tokens_per_row")
+        q, s = part.tokens_per_row.to_numpy(float), part.seconds.to_numpy()
+        w = row.tokens_fed_per_row_step
+        if pd.isna(w) or row.decoder == "autoregressive":
+            out.append(1.0 if row.decoder == "autoregressive" else float("nan"))
+            continue
+        cost = np.interp(w, q, s) if w <= q[-1] else s[-1] + (w - q[-1]) * (s[-1] - s[-2]) / (q[-1] - q[-2])
+        out.append(row.tokens_per_step_per_row * s[0] / (cost + row.batch_size * row.draft_s_per_row_step))
+    return pd.Series(out, index=table.index)
+
+
 def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, part in table[table.decoder != "autoregressive"].groupby("decoder", sort=False):
-        left.plot(part.batch_size, part.speedup, marker="o", label=name)
+        line, = left.plot(part.batch_size, part.speedup, marker="o", label=name)
+        if part.predicted_speedup.notna().any():
+            left.plot(part.batch_size, part.predicted_speedup, ls="--", lw=1, color=line.get_color())
     left.axhline(1.0, color="grey", lw=0.8, ls="--")
-    left.set(xscale="log", xlabel="batch size", ylabel="speedup over batched autoregressive", title=title)
+    left.set(xscale="log", xlabel="batch size", ylabel="speedup over batched autoregressive (dashed: predicted)", title=title)
     left.set_xticks(sorted(table.batch_size.unique()), labels=[str(b) for b in sorted(table.batch_size.unique())])
     left.legend(fontsize=8)
     for b, part in curve.groupby("batch_size"):
@@ -130,6 +153,7 @@ def main() -> None:
                         lm.hf_generate_batch(batch, 2, stop)
                 for name in [*decoders, "hf_generate"]:
                     wall, tokens, steps, row_steps, fed, padded, same, ttft, latency = 0.0, 0, 0, 0, 0, 0, 0, [], []
+                    widths, drafting = [], 0.0  # tokens each row fed per decode step (prefill left out); drafting seconds
                     for i, batch in enumerate(batches):
                         refs = reference[i * b:i * b + len(batch)]
                         t0 = time.perf_counter()
@@ -145,12 +169,16 @@ def main() -> None:
                             fed, padded = fed + stats.fed_tokens, padded + stats.padded_tokens
                             ttft += [g.ttft for g in gens]
                             latency += [sum(s.target_time + s.draft_time + s.overhead_time for s in g.steps) for g in gens]
+                            widths += [s.forward_tokens for g in gens for s in g.steps[1:]]
+                            drafting += stats.draft_s
                         tokens += sum(map(len, outs))
                         same += sum(o == r for o, r in zip(outs, refs))
                     runs.append({"repeat": repeat, "batch_size": b, "decoder": name, "wall_s": wall, "new_tokens": tokens,
                                  "tokens_per_s": tokens / wall, "batch_steps": steps or None,
                                  "tokens_per_step_per_row": tokens / row_steps if row_steps else None,
                                  "padding_waste": 1 - fed / padded if padded else None,
+                                 "tokens_fed_per_row_step": statistics.mean(widths) if widths else None,
+                                 "draft_s_per_row_step": drafting / row_steps if row_steps else None,
                                  "median_ttft_s": statistics.median(ttft) if ttft else None,
                                  "median_row_latency_s": statistics.median(latency) if latency else None,
                                  "rows_equal_batch1": same, "rows": len(prompts)})
@@ -164,18 +192,22 @@ def main() -> None:
     table = (runs.groupby(["batch_size", "decoder"], sort=False)
              .agg(speedup=("speedup", "median"), speedup_min=("speedup", "min"), speedup_max=("speedup", "max"),
                   tokens_per_s=("tokens_per_s", "median"), tokens_per_step_per_row=("tokens_per_step_per_row", "median"),
-                  padding_waste=("padding_waste", "median"), median_ttft_s=("median_ttft_s", "median"),
+                  padding_waste=("padding_waste", "median"), tokens_fed_per_row_step=("tokens_fed_per_row_step", "median"),
+                  draft_s_per_row_step=("draft_s_per_row_step", "median"), median_ttft_s=("median_ttft_s", "median"),
                   median_row_latency_s=("median_row_latency_s", "median"), rows_equal_batch1=("rows_equal_batch1", "min"),
                   rows=("rows", "first"))
              .reset_index())
+    table["predicted_speedup"] = predicted_speedup(table, curve)
     runs.to_csv(args.out / "runs.csv", index=False)
     table.to_csv(args.out / "batch_speedup.csv", index=False)
     curve.to_csv(args.out / "cost_curve.csv", index=False)
     wide = table.pivot(index="decoder", columns="batch_size", values="speedup").reindex([*decoders, "hf_generate"])
+    forecast = table.pivot(index="decoder", columns="batch_size", values="predicted_speedup").reindex([*decoders])
     (args.out / "batch_speedup.md").write_text(
         f"Speedup over batched autoregressive (median of {args.repeats} interleaved passes), {len(prompts)} "
         f"{cfg.dataset.name} prompts x {max_new} tokens, greedy, {provenance.collect(lm)['dtype']}\n\n"
-        + wide.to_markdown(floatfmt=".2f") + "\n\n" + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
+        + wide.to_markdown(floatfmt=".2f") + "\n\nWhat the cost curve predicts (predicted_speedup):\n\n"
+        + forecast.to_markdown(floatfmt=".2f") + "\n\n" + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
         + curve.pivot(index="tokens_per_row", columns="batch_size", values="cost_vs_one_token").to_markdown(floatfmt=".2f") + "\n")
     plot(table, curve, args.out / "batch_speedup.png", f"{cfg.model.name}, {cfg.dataset.name}, {lm.device.type}")
     meta = provenance.collect(lm)

@@ -167,3 +167,23 @@ def test_batch_speedup_on_tiny_random(tmp_path):
     assert set(table.decoder) == {"autoregressive", "lookahead", "hf_generate"} and set(table.batch_size) == {1, 2}
     assert (table.rows_equal_batch1 == table.rows).all()
     assert (tmp_path / "batch_speedup.png").stat().st_size > 0 and (tmp_path / "cost_curve.csv").is_file()
+    la = table[table.decoder == "lookahead"]
+    assert (la.tokens_fed_per_row_step > 1).all() and (la.draft_s_per_row_step > 0).all() and la.predicted_speedup.notna().all()
+    assert (table[table.decoder == "autoregressive"].predicted_speedup == 1).all()
+
+
+def test_batch_speedup_prediction_reads_the_cost_curve():
+    """predicted = tokens per step x cost(B x 1) / (cost(B x fed tokens) + B x drafting), the curve
+    interpolated in tokens per row and extended along its last segment."""
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from batch_speedup import predicted_speedup
+
+    curve = pd.DataFrame({"batch_size": [2, 2, 2], "tokens_per_row": [1, 2, 4], "seconds": [1.0, 2.0, 3.0]})
+    table = pd.DataFrame({"batch_size": [2, 2, 2, 2], "decoder": ["autoregressive", "a", "b", "hf_generate"],
+                          "tokens_fed_per_row_step": [1.0, 3.0, 8.0, float("nan")],
+                          "tokens_per_step_per_row": [1.0, 2.0, 3.0, float("nan")],
+                          "draft_s_per_row_step": [0.0, 0.25, 0.0, float("nan")]})
+    got = predicted_speedup(table, curve).tolist()
+    assert got[:3] == [1.0, 2 * 1.0 / (2.5 + 2 * 0.25), 3 * 1.0 / (3.0 + 4 * 0.5)] and pd.isna(got[3])

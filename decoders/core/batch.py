@@ -31,6 +31,7 @@ class BatchStats:
     rows: int  # prompts decoded together
     steps: int = 0  # batched target forwards
     wall_s: float = 0.0  # from the first proposal to the last row's last token
+    draft_s: float = 0.0  # every row's proposing and committing, summed over steps
     fed_tokens: int = 0  # tokens the rows fed, summed over forwards
     padded_tokens: int = 0  # (active rows x widest feed), summed over forwards: what was computed
     rows_per_step: list[int] = field(default_factory=list)
@@ -41,7 +42,7 @@ class BatchStats:
         return 1 - self.fed_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
     def as_dict(self) -> dict:
-        return {"rows": self.rows, "steps": self.steps, "wall_s": self.wall_s, "fed_tokens": self.fed_tokens,
+        return {"rows": self.rows, "steps": self.steps, "wall_s": self.wall_s, "draft_s": self.draft_s, "fed_tokens": self.fed_tokens,
                 "padded_tokens": self.padded_tokens, "padding_waste": self.padding_waste}
 
 
@@ -151,6 +152,7 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
         if going:
             cache.keep_tail(slot0, [kept[i] for i in going])
         now = time.perf_counter()
+        stats.draft_s += draft_time
         for r, f in zip(active, fields):  # every row took part in the whole step
             rows[r].steps.append(Step(target_time=target_time, draft_time=draft_time,
                                       overhead_time=max(0.0, now - step_start - target_time - draft_time), **f))
