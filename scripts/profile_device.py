@@ -106,7 +106,7 @@ def main() -> None:
     table.to_csv(out / f"{stem}.csv", index=False)
     if args.out:
         info = provenance.collect(lm)
-        info.update(fast_path="see columns", profiles=keys, autoregressive_s=steps, weight_bytes=weight_bytes,
+        info.update(fast_path="see columns", packed_min_rows="see columns", profiles=keys, autoregressive_s=steps, weight_bytes=weight_bytes,
                     copy_bandwidth_bytes_per_s=bandwidth, context=args.context, repeats=args.repeats,
                     command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
         (out / "provenance.json").write_text(json.dumps(info, indent=2))
