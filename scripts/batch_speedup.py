@@ -92,7 +92,7 @@ def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, title: str) -> No
         if part.predicted_speedup.notna().any():
             left.plot(part.batch_size, part.predicted_speedup, ls="--", lw=1, color=line.get_color())
     left.axhline(1.0, color="grey", lw=0.8, ls="--")
-    left.set(xscale="log", xlabel="batch size", ylabel="speedup over batched autoregressive (dashed: predicted)", title=title)
+    left.set(xscale="log", xlabel="batch size", ylabel="speedup over batched AR (dashed: predicted)", title=title)
     left.set_xticks(sorted(table.batch_size.unique()), labels=[str(b) for b in sorted(table.batch_size.unique())])
     left.legend(fontsize=8)
     for b, part in curve.groupby("batch_size"):
