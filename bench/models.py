@@ -54,7 +54,8 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None) -> LM:
     none / prepacked as asked (a path this machine cannot run falls back to none, with the reason noted)."""
     if fast_path == "auto":
         choice = choose_fast_path(lm, cache_dir)
-        rows = f" from {choice['min_rows']} rows" if choice.get("min_rows") else ""
+        n = choice.get("min_rows")
+        rows = f" from {n} row{'s' if n != 1 else ''}" if n else ""
         lm.fast_path_note = f"auto chose {choice['chosen']}{rows}: {choice['why']}"
     else:
         lm.set_fast_path(fast_path)
