@@ -131,9 +131,8 @@ class BatchKVCache:
         width = max(map(len, kept), default=0)
         if width == len(self) - start and all(len(k) == width and k[-1] == width - 1 for k in kept):
             # Every row keeps the whole tail in place (autoregressive; chains all fully accepted, none
-            # padded): nothing moves or is cut, and the tail is all valid already. 0.4 ms a step
-            # saved at B = 4, 2% of a batched autoregressive step.
-            return
+            # padded): nothing moves or is cut, and the tail is all valid already. Batched
+            # autoregressive spent 0.65 ms a step outside the forward at B = 4 with the general path, 0.41 without.
             return
         index = torch.zeros(len(kept), width, dtype=torch.long)
         tail = torch.zeros(len(kept), width, dtype=torch.bool)
