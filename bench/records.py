@@ -9,6 +9,9 @@ What it guarantees (tests/test_records.py injects each fault):
   is (a line torn by a kill, a corrupt line in the middle, bytes that are not UTF-8, a second
   record of one key), moves the other lines byte for byte to records.rejected.jsonl and says so.
   Readers (bench.report, bench.show) skip such lines with a warning.
+- A line is valid when it parses and holds a record that meets SCHEMA (types, ranges, required
+  fields, and the counts agreeing with each other); any other line is damaged, so a prompt whose
+  record is invalid is generated again on resume, and readers never summarize it.
 - A write that fails (a full disk) is cut back to the last complete record; the run stops in
   one line saying how to resume.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import socket
 import sys
@@ -23,6 +27,72 @@ import time
 from pathlib import Path
 
 from .errors import BenchError
+
+
+# The record schema, checked on every read (resume, bench.report, bench.show, the leaderboard) and
+# on every write. field -> (what it must be, its check). EVERY: all records; OK: records of status
+# "ok" (a generation); OPTIONAL: fields older records or some decoders lack, checked when not null.
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_TEXT = ("a string", lambda v: isinstance(v, str))
+_COUNT = ("an integer >= 0", lambda v: _is_int(v) and v >= 0)
+_AMOUNT = ("a finite number >= 0", lambda v: _is_number(v) and v >= 0)
+_SECONDS = ("a finite number > 0", lambda v: _is_number(v) and v > 0)
+_FLAG = ("true or false", lambda v: isinstance(v, bool))
+_OBJECT = ("an object", lambda v: isinstance(v, dict))
+EVERY = {"key": _TEXT, "prompt_id": _TEXT, "turn": _COUNT, "decoder": _TEXT, "model": _TEXT, "dataset": _TEXT,
+         "status": ('"ok" or "skipped"', lambda v: v in ("ok", "skipped"))}
+OK = {"new_tokens": _COUNT, "steps": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+      "tokens": ("a list of token ids (integers >= 0)", lambda v: isinstance(v, list) and all(map(_COUNT[1], v))),
+      "text": _TEXT, "trace": _OBJECT, "tokens_per_step": _AMOUNT, "latency_s": _SECONDS, "ttft_s": _AMOUNT,
+      "tokens_per_s": _AMOUNT, "target_time_s": _AMOUNT, "draft_time_s": _AMOUNT, "overhead_time_s": _AMOUNT,
+      "forward_tokens": _COUNT, "draft_tokens": _COUNT, "accepted_draft_tokens": _COUNT,
+      "draft_forward_tokens": _COUNT, "target_flops": _AMOUNT, "draft_flops": _AMOUNT}
+OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt_text": _TEXT, "decoder_lossless": _FLAG,
+            "lossless": _FLAG, "quality_score": ("a finite number", _is_number), "quality": _OBJECT,
+            "reference": _OBJECT, "decode_steps": _COUNT, "decode_tokens": _COUNT, "decode_flops": _AMOUNT,
+            "decode_draft_flops": _AMOUNT, "hit_steps": _COUNT, "paths": _COUNT, "head_flops": _AMOUNT,
+            "rescore_flops": _AMOUNT, "batch": _OBJECT, "tuned": _OBJECT, "calibration": _OBJECT,
+            "repeat_latency_s": ("a non-empty list of finite numbers > 0",
+                                 lambda v: isinstance(v, list) and v and all(map(_SECONDS[1], v)))}
+
+
+def invalid(record) -> str | None:
+    """Why `record` does not meet the schema (the first problem, naming the field), or None."""
+    if not isinstance(record, dict):
+        return "not a record (a JSON object)"
+    fields = {**EVERY, **OK} if record.get("status") == "ok" else EVERY
+    for name, (what, ok) in fields.items():
+        if name not in record:
+            return f"no {name}"
+        if not ok(record[name]):
+            return f"{name} is {json.dumps(record[name])[:40]}, not {what}"
+    for name, (what, ok) in OPTIONAL.items():
+        if record.get(name) is not None and not ok(record[name]):
+            return f"{name} is {json.dumps(record[name])[:40]}, not {what}"
+    if record["key"] != f"{record['prompt_id']}#{record['turn']}":
+        return f"key {record['key']!r} is not prompt_id#turn"
+    if record["status"] != "ok":
+        return None
+    if len(record["tokens"]) != record["new_tokens"]:
+        return f"{len(record['tokens'])} tokens but new_tokens {record['new_tokens']}"
+    if record["accepted_draft_tokens"] > record["draft_tokens"]:
+        return "more draft tokens accepted than proposed"
+    trace = record["trace"]
+    if any(not isinstance(column, list) or len(column) != record["steps"] for column in trace.values()):
+        return f"a trace column's length is not steps ({record['steps']})"
+    for name in ("accepted", "forward_tokens"):  # what bench.show draws
+        if not all(map(_COUNT[1], trace.get(name) or [None])):
+            return f"trace.{name} is not a list of integers >= 0"
+    if sum(trace["accepted"]) != record["new_tokens"]:
+        return f"the trace commits {sum(trace['accepted'])} tokens, not new_tokens {record['new_tokens']}"
+    return None
 
 
 def parse_lines(data: bytes) -> tuple[list[tuple[dict, bytes]], list[tuple[int, bytes, str]]]:
@@ -44,6 +114,8 @@ def parse_lines(data: bytes) -> tuple[list[tuple[dict, bytes]], list[tuple[int, 
             continue
         if not (isinstance(record, dict) and isinstance(record.get("key"), str)):
             bad.append((n, line, "not a record (a JSON object with a key)"))
+        elif why := invalid(record):
+            bad.append((n, line, f"invalid record ({why})"))
         elif record["key"] in seen:
             bad.append((n, line, f"a second record of {record['key']}"))
         else:
@@ -132,6 +204,8 @@ class RecordLog:
     def append(self, record: dict) -> None:
         if record["key"] in self.records:
             raise RuntimeError(f"record {record['key']} written twice")
+        if why := invalid(record):  # a harness bug: resume would reject it and generate the prompt again
+            raise RuntimeError(f"record {record['key']} does not meet the schema: {why}")
         line = (json.dumps(record) + "\n").encode()
         size = os.fstat(self._fd).st_size
         try:

@@ -6,29 +6,40 @@ from bench.errors import BenchError
 from bench.records import RecordLog
 
 
+def rec(key: str, **extra) -> dict:
+    """The smallest valid record (bench/records.py's schema): a prompt skipped."""
+    prompt_id, turn = key.split("#")
+    return {"key": key, "prompt_id": prompt_id, "turn": int(turn), "decoder": "d", "model": "m", "dataset": "x",
+            "status": "skipped", "reason": "test", **extra}
+
+
+def line(key, **extra) -> str:
+    return json.dumps(rec(key, **extra)) + "\n"
+
+
 def test_append_flushes_each_line(tmp_path):
     log = RecordLog(tmp_path / "records.jsonl", resume=False)
-    log.append({"key": "a#0", "x": 1})
+    log.append(rec("a#0", x=1))
     # Readable by another process before close: flushed per record.
     assert [json.loads(l)["key"] for l in (tmp_path / "records.jsonl").read_text().splitlines()] == ["a#0"]
-    log.append({"key": "b#0", "x": 2})
+    log.append(rec("b#0", x=2))
     log.close()
     assert (tmp_path / "records.jsonl").read_text().count("\n") == 2
 
 
 def test_existing_records_need_resume(tmp_path):
     path = tmp_path / "records.jsonl"
-    path.write_text(json.dumps({"key": "a#0"}) + "\n")
+    path.write_text(line("a#0"))
     with pytest.raises(BenchError, match="resume=true"):
         RecordLog(path, resume=False)
 
 
 def test_resume_keeps_complete_lines_and_cuts_a_torn_one(tmp_path):
     path = tmp_path / "records.jsonl"
-    path.write_text(json.dumps({"key": "a#0"}) + "\n" + json.dumps({"key": "b#0"}) + "\n" + '{"key": "c#0", "tex')
+    path.write_text(line("a#0") + line("b#0") + '{"key": "c#0", "tex')
     log = RecordLog(path, resume=True)
     assert "a#0" in log and "b#0" in log and "c#0" not in log
-    log.append({"key": "c#0"})
+    log.append(rec("c#0"))
     log.close()
     lines = path.read_text().splitlines()
     assert [json.loads(l)["key"] for l in lines] == ["a#0", "b#0", "c#0"]
@@ -37,18 +48,18 @@ def test_resume_keeps_complete_lines_and_cuts_a_torn_one(tmp_path):
 def test_resume_cuts_an_unterminated_but_parseable_line(tmp_path):
     # A line is only complete with its newline: a kill between the JSON and the "\n" loses it.
     path = tmp_path / "records.jsonl"
-    path.write_text(json.dumps({"key": "a#0"}) + "\n" + json.dumps({"key": "b#0"}))
+    path.write_text(line("a#0") + json.dumps(rec("b#0")))
     log = RecordLog(path, resume=True)
     assert "b#0" not in log
     log.close()
-    assert path.read_text() == json.dumps({"key": "a#0"}) + "\n"
+    assert path.read_text() == line("a#0")
 
 
 def test_a_record_cannot_be_written_twice(tmp_path):
     log = RecordLog(tmp_path / "records.jsonl", resume=False)
-    log.append({"key": "a#0"})
+    log.append(rec("a#0"))
     with pytest.raises(RuntimeError, match="twice"):
-        log.append({"key": "a#0"})
+        log.append(rec("a#0"))
 
 
 # ---- faults (issue 16, items 5 and 8): every valid record survives, nothing is duplicated ----
@@ -60,10 +71,6 @@ import sys
 import time
 
 from bench.records import read_records
-
-
-def line(key, **extra) -> str:
-    return json.dumps({"key": key, **extra}) + "\n"
 
 
 @pytest.mark.parametrize("damage,why", [
@@ -78,8 +85,8 @@ def test_resume_keeps_every_valid_record_around_a_damaged_middle_line(tmp_path, 
     path.write_bytes(line("a#0").encode() + damage + line("c#0").encode() + line("d#0").encode())
     log = RecordLog(path, resume=True)
     assert [k for k in ("a#0", "c#0", "d#0") if k in log] == ["a#0", "c#0", "d#0"]
-    assert log.get("a#0") == {"key": "a#0"}  # the first record of a key wins
-    log.append({"key": "e#0"})
+    assert log.get("a#0") == rec("a#0")  # the first record of a key wins
+    log.append(rec("e#0"))
     log.close()
     assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["a#0", "c#0", "d#0", "e#0"]
     assert (tmp_path / "records.rejected.jsonl").read_bytes() == damage  # moved aside byte for byte
@@ -98,7 +105,7 @@ def test_a_torn_last_line_is_moved_aside_not_deleted(tmp_path):
 def test_a_second_writer_fails_naming_the_holder(tmp_path):
     path = tmp_path / "records.jsonl"
     first = RecordLog(path, resume=False)
-    first.append({"key": "a#0"})
+    first.append(rec("a#0"))
     with pytest.raises(BenchError, match=rf"is being written by pid {os.getpid()} on .* one writer per run directory"):
         RecordLog(path, resume=True)
     first.close()
@@ -128,7 +135,7 @@ time.sleep(60)
 def test_a_full_disk_leaves_no_torn_line(tmp_path, monkeypatch):
     path = tmp_path / "records.jsonl"
     log = RecordLog(path, resume=False)
-    log.append({"key": "a#0", "text": "x" * 100})
+    log.append(rec("a#0", text="x" * 100))
     real_write = os.write
 
     def full(fd, data):  # the disk fills halfway through the line
@@ -137,12 +144,12 @@ def test_a_full_disk_leaves_no_torn_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr("bench.records.os.write", full)
     with pytest.raises(BenchError, match="No space left on device.*1 finished records are intact.*resume=true"):
-        log.append({"key": "b#0", "text": "y" * 100})
+        log.append(rec("b#0", text="y" * 100))
     monkeypatch.undo()
     log.close()
     assert path.read_text() == line("a#0", text="x" * 100)
     resumed = RecordLog(path, resume=True)
-    resumed.append({"key": "b#0"})
+    resumed.append(rec("b#0"))
     resumed.close()
     assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["a#0", "b#0"]
 
