@@ -95,6 +95,24 @@ def invalid(record) -> str | None:
     return None
 
 
+def _check(n: int, line: bytes, seen: set[str]) -> tuple[dict | None, str | None]:
+    """(record, None) for a valid line whose key is not in `seen` (then added), else (None, why)."""
+    if not line.endswith(b"\n"):  # a line is complete only with its newline (one write puts both)
+        return None, "torn by a kill mid-write"
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        return None, f"not JSON ({str(e).split(':')[0]})"
+    if not (isinstance(record, dict) and isinstance(record.get("key"), str)):
+        return None, "not a record (a JSON object with a key)"
+    if why := invalid(record):
+        return None, f"invalid record ({why})"
+    if record["key"] in seen:
+        return None, f"a second record of {record['key']}"
+    seen.add(record["key"])
+    return record, None
+
+
 def parse_lines(data: bytes) -> tuple[list[tuple[dict, bytes]], list[tuple[int, bytes, str]]]:
     """(record, its line) for each valid record, the first of each key, in file order; and
     (line number, line, why) for every other non-blank line."""
@@ -102,40 +120,52 @@ def parse_lines(data: bytes) -> tuple[list[tuple[dict, bytes]], list[tuple[int, 
     bad: list[tuple[int, bytes, str]] = []
     seen: set[str] = set()
     for n, line in enumerate(data.splitlines(keepends=True), 1):
-        if not line.strip():
-            continue
-        if not line.endswith(b"\n"):  # a line is complete only with its newline (one write puts both)
-            bad.append((n, line, "torn by a kill mid-write"))
-            continue
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            bad.append((n, line, f"not JSON ({str(e).split(':')[0]})"))
-            continue
-        if not (isinstance(record, dict) and isinstance(record.get("key"), str)):
-            bad.append((n, line, "not a record (a JSON object with a key)"))
-        elif why := invalid(record):
-            bad.append((n, line, f"invalid record ({why})"))
-        elif record["key"] in seen:
-            bad.append((n, line, f"a second record of {record['key']}"))
-        else:
-            seen.add(record["key"])
-            good.append((record, line))
+        if line.strip():
+            record, why = _check(n, line, seen)
+            if why:
+                bad.append((n, line, why))
+            else:
+                good.append((record, line))
     return good, bad
 
 
-def _describe(path: Path, bad: list[tuple[int, bytes, str]]) -> str:
+def _describe(path: Path, bad: list[tuple[int, bytes, str]], count: int | None = None) -> str:
     shown = "; ".join(f"line {n}: {why}" for n, _, why in bad[:3])
-    return f"{path}: {len(bad)} damaged line(s) ({shown}{'; ...' if len(bad) > 3 else ''})"
+    count = len(bad) if count is None else count
+    return f"{path}: {count} damaged line(s) ({shown}{'; ...' if count > 3 else ''})"
+
+
+def iter_records(path: Path):
+    """The valid records of a records.jsonl, one at a time (a reader's memory does not grow with
+    the file); damaged lines are skipped with one warning on stderr at the end, never an error.
+    A path that is not a readable file is a BenchError."""
+    path = Path(path)
+    bad: list[tuple[int, bytes, str]] = []
+    count = 0
+    seen: set[str] = set()
+    try:
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                record, why = _check(n, line, seen)
+                if why:
+                    count += 1
+                    if len(bad) < 3:
+                        bad.append((n, b"", why))
+                else:
+                    yield record
+    except OSError as e:
+        raise BenchError(f"cannot read {path}: {e.strerror or e}; give a run directory whose records.jsonl is a "
+                         "readable file") from None
+    if count:
+        print(f"warning: {_describe(path, bad, count)} skipped", file=sys.stderr)
 
 
 def read_records(path: Path) -> list[dict]:
     """The valid records of a records.jsonl, for readers; damaged lines are skipped with a
     warning on stderr, never an error."""
-    good, bad = parse_lines(Path(path).read_bytes())
-    if bad:
-        print(f"warning: {_describe(Path(path), bad)} skipped", file=sys.stderr)
-    return [record for record, _ in good]
+    return list(iter_records(path))
 
 
 def _lock(path: Path) -> int:

@@ -17,7 +17,11 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from . import metrics
-from .records import read_records
+from .errors import BenchError
+from .records import iter_records
+
+# Record fields no summary reads, dropped while streaming: the bulk of a record.
+UNSUMMARIZED = ("tokens", "text", "trace", "prompt_text", "quality", "calibration", "reason", "key", "prompt_id")
 
 
 def _natural(path: Path) -> list:
@@ -29,9 +33,11 @@ def find_runs(paths: list[str]) -> list[Path]:
     runs = []
     for p in map(Path, paths):
         if not p.exists():
-            raise SystemExit(f"error: {p} does not exist")
+            raise BenchError(f"{p} does not exist; give run or sweep directories written by python -m bench")
+        if p.is_file():
+            p = p.parent if p.name == "records.jsonl" else p
         runs += sorted({f.parent for f in p.rglob("records.jsonl")}, key=_natural)
-    return runs
+    return list(dict.fromkeys(runs))
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -44,24 +50,36 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def slim(record: dict) -> dict:
+    """The fields a summary reads, with repeated strings shared."""
+    return {k: sys.intern(v) if isinstance(v, str) else v for k, v in record.items() if k not in UNSUMMARIZED}
+
+
 def load_run(run: Path, by_category: bool = False) -> tuple[pd.DataFrame, dict]:
-    records = read_records(run / "records.jsonl")  # damaged lines and second copies of a key skipped, with a warning
+    # damaged or invalid lines and second copies of a key are skipped, with a warning
+    records = [slim(r) for r in iter_records(run / "records.jsonl")]
     config = run / "config.yaml"
-    params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.exists() else {}
+    try:
+        params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.is_file() else {}
+    except Exception as e:  # unparsable YAML, unreadable file: its parameters are unknown, its records still count
+        print(f"warning: {config} is not readable YAML ({type(e).__name__}): its sweep parameters are left out",
+              file=sys.stderr)
+        params = {}
     return metrics.summarize(records, by_category=by_category), params
 
 
 def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, list[str]]:
     runs = find_runs(paths)
     if not runs:
-        raise SystemExit(f"error: no run directories (with records.jsonl) under {' '.join(paths)}")
+        raise BenchError(f"no run directories (with records.jsonl) under {' '.join(paths)}; give run or sweep "
+                         "directories written by python -m bench")
     loaded = [(run, *load_run(run, by_category)) for run in runs]
     empty = [str(run) for run, summary, _ in loaded if summary.empty]
     if empty:  # a run that failed or was killed before its first record
         print(f"warning: no finished records in {', '.join(empty)}: left out", file=sys.stderr)
     loaded = [x for x in loaded if not x[1].empty]
     if not loaded:
-        raise SystemExit(f"error: no finished records under {' '.join(paths)}")
+        raise BenchError(f"no valid records under {' '.join(paths)}: every run is empty or damaged")
     # Config keys that vary across runs are the sweep's parameters: show them.
     keys = sorted({k for _, _, p in loaded for k in p})
     varying = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for _, _, p in loaded}) > 1
@@ -76,6 +94,16 @@ def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, l
     return pd.concat(tables, ignore_index=True), varying
 
 
+def write(out: Path, table: pd.DataFrame, md: str) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "report.csv", index=False)
+        (out / "report.md").write_text(md + "\n")
+    except OSError as e:  # read-only, a file in the way, a full disk
+        raise BenchError(f"--out {out}: cannot write {e.filename or out} ({e.strerror or e}); give a writable "
+                         "directory") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="run or sweep directories")
@@ -83,16 +111,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--by-category", action="store_true",
                         help="a row per prompt category too, where prompts carry one (MT-Bench's eight)")
     args = parser.parse_args(argv)
-    table, varying = report(args.paths, args.by_category)
-    shown = [c for c in metrics.DISPLAY[:3] + varying + metrics.DISPLAY[3:] if c in table.columns]
-    md = table[shown].to_markdown(index=False, floatfmt=".4g")
+    try:
+        table, varying = report(args.paths, args.by_category)
+        shown = [c for c in metrics.DISPLAY[:3] + varying + metrics.DISPLAY[3:] if c in table.columns]
+        md = table[shown].to_markdown(index=False, floatfmt=".4g")
+        if args.out:  # before printing: a bad --out fails before any output
+            write(Path(args.out), table, md)
+    except BenchError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
     print(md)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "report.csv", index=False)
-        (out / "report.md").write_text(md + "\n")
-        print(f"\nwrote {out / 'report.csv'} and {out / 'report.md'}", file=sys.stderr)
+        print(f"\nwrote {Path(args.out) / 'report.csv'} and {Path(args.out) / 'report.md'}", file=sys.stderr)
 
 
 if __name__ == "__main__":
