@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -31,25 +32,33 @@ def iter_jsonl(path: Path):
     """(line number, object) for each non-blank line; a line that is not UTF-8 text holding one
     JSON object fails in one line naming the file and line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise BenchError(f"{path}:{lineno} is not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise BenchError(f"{path}:{lineno} is a JSON {type(row).__name__}, not an object; one object per line")
-            try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode
-                json.dumps(row, ensure_ascii=False).encode("utf-8")
-            except UnicodeEncodeError:
-                raise BenchError(f"{path}:{lineno} holds a lone surrogate escape (\\ud800-\\udfff alone), which is not text") from None
-            yield lineno, row
+    try:
+        with opener(path, "rb") as f:
+            yield from _rows(path, f)
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile, a truncated or corrupt stream, a directory
+        raise BenchError(f"{path} cannot be read ({getattr(e, 'strerror', None) or str(e) or type(e).__name__}); give a readable .jsonl"
+                         f"{' or a complete .jsonl.gz' if path.suffix == '.gz' else ''}") from None
+
+
+def _rows(path: Path, f):
+    for lineno, raw in enumerate(f, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BenchError(f"{path}:{lineno} is not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise BenchError(f"{path}:{lineno} is a JSON {type(row).__name__}, not an object; one object per line")
+        try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BenchError(f"{path}:{lineno} holds a lone surrogate escape (\\ud800-\\udfff alone), which is not text") from None
+        yield lineno, row
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -240,9 +249,12 @@ class JsonlPrompts:
             category = r.get("category")  # optional: summaries and the leaderboard break results down by it
             prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns,
                                   meta={"category": str(category)} if category is not None else {}))
-        ids = [pr.id for pr in prompts]
-        if len(set(ids)) != len(ids):
-            raise BenchError(f"{p}: ids in field {self.id_field!r} are not unique; records are keyed by id")
+        seen: set[str] = set()
+        for pr in prompts:
+            if pr.id in seen:
+                raise BenchError(f"{p}: id {pr.id!r} (field {self.id_field!r}) appears twice; ids must be unique: "
+                                 "records are keyed by id")
+            seen.add(pr.id)
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:

@@ -4,12 +4,14 @@ The new tokens are grouped by the target forward pass that committed them and co
 many that pass committed (1 = plain, as autoregressive; 2, 3, 4+ = stronger colours), as the
 lookahead decoding blog shows its demo: where a method speeds up, long coloured runs; where it
 stalls, single plain tokens. Writes a self-contained HTML page (RUN_DIR/show/<prompt>_<turn>.html
-by default) and prints the same to the terminal with ANSI colours.
+by default; an id that is not a plain short file name gets a hash) and prints the same to the terminal with ANSI colours.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import html
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +28,16 @@ LEGEND = {1: "1 token (as autoregressive)", 2: "2 tokens", 3: "3 tokens", 4: "4+
 
 def colour(n: int) -> tuple[str, int | None]:
     return COLOURS[min(max(n, 1), 4)]
+
+
+def page_name(prompt_id: str, turn: int) -> str:
+    """The HTML file's name: the id itself where it is a plain, short file name; else its safe
+    characters, cut short, plus a hash of the whole id, so that two ids (a/b, a_b) never share a
+    page and no name exceeds the file system's 255 bytes."""
+    if re.fullmatch(r"[A-Za-z0-9._-]{1,100}", prompt_id) and not prompt_id.startswith("."):
+        return f"{prompt_id}_{turn}.html"
+    digest = hashlib.sha1(prompt_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', prompt_id)[:100].lstrip('.')}-{digest}_{turn}.html"
 
 
 def load_record(run_dir: Path, prompt_id: str, turn: int) -> dict:
@@ -109,9 +121,12 @@ def show(run_dir: str | Path, prompt_id: str, turn: int = 0, out: str | Path | N
     run_dir = Path(run_dir)
     record = load_record(run_dir, prompt_id, turn)
     steps = step_texts(record, tokenizer_for(run_dir))
-    path = Path(out) if out else run_dir / "show" / f"{prompt_id.replace('/', '_')}_{turn}.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(record, steps))
+    path = Path(out) if out else run_dir / "show" / page_name(prompt_id, turn)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_html(record, steps))
+    except OSError as e:
+        raise BenchError(f"cannot write {path} ({e.strerror or e}); give a writable --out FILE") from None
     if use_colour is None:
         use_colour = sys.stdout.isatty()
     print(render_terminal(steps, use_colour))
