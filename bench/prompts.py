@@ -20,8 +20,8 @@ def rendering_for(tokenizer, prompt_format: str) -> str:
     return prompt_format
 
 
-def render(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str) -> tuple[str, list[int]]:
-    """The text and ids for `turn`, after the model's own outputs for the earlier turns."""
+def render_text(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str) -> str:
+    """The text for `turn`, after the model's own outputs for the earlier turns."""
     if rendering == "chat":
         messages = []
         for user, assistant in prompt.shots:
@@ -29,9 +29,51 @@ def render(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], re
         for i in range(turn):
             messages += [{"role": "user", "content": prompt.turns[i]}, {"role": "assistant", "content": previous_outputs[i]}]
         messages.append({"role": "user", "content": prompt.turns[turn]})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        text = "".join(prompt.raw_turns[i] + previous_outputs[i] + "\n\n" for i in range(turn)) + prompt.raw_turns[turn]
-        ids = tokenizer(text)["input_ids"]
-    return text, list(ids)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "".join(prompt.raw_turns[i] + previous_outputs[i] + "\n\n" for i in range(turn)) + prompt.raw_turns[turn]
+
+
+def encode(tokenizer, text: str, rendering: str) -> list[int]:
+    # A chat template writes its own special tokens; raw text gets the tokenizer's (a BOS, if any).
+    return list(tokenizer(text, add_special_tokens=rendering != "chat")["input_ids"])
+
+
+def render(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str) -> tuple[str, list[int]]:
+    """The text and ids for `turn`, after the model's own outputs for the earlier turns."""
+    text = render_text(tokenizer, prompt, turn, previous_outputs, rendering)
+    return text, encode(tokenizer, text, rendering)
+
+
+def _longest_token(tokenizer) -> int:
+    """The most characters one token of this vocabulary stands for (byte-level BPE spells a byte
+    as one character, SentencePiece a character as one), cached on the tokenizer."""
+    if not hasattr(tokenizer, "_bench_longest_token"):
+        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        tokenizer._bench_longest_token = max((len(t) for t in tokens if t), default=1)
+    return tokenizer._bench_longest_token
+
+
+KEPT_CHARS = 2000  # of a prompt too long to tokenize, what its skipped record keeps
+
+
+def prepare(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str, max_new: int,
+            max_context: int | None) -> tuple[str, list[int] | None, str | None]:
+    """(text, ids, why it cannot run or None). A prompt cannot run when it renders to no tokens
+    (an empty raw prompt: nothing to condition on) or when it and max_new tokens exceed the
+    context. A text too long to fit by its length alone (at least len / (2 x the longest token)
+    tokens) is not tokenized (ids None), and its text comes back cut to KEPT_CHARS: a 50 MB line costs no
+    minutes and no gigabytes."""
+    text = render_text(tokenizer, prompt, turn, previous_outputs, rendering)
+    if max_context:
+        at_least = len(text) // (2 * _longest_token(tokenizer))
+        if at_least + max_new > max_context:
+            return (text[:KEPT_CHARS] + f"... ({len(text)} characters)", None,
+                    f"prompt of {len(text)} characters (at least {at_least} tokens) + max_new_tokens {max_new} exceeds "
+                    f"the model's context of {max_context}")
+    ids = encode(tokenizer, text, rendering)
+    if not ids:
+        return text, ids, f"empty prompt: rendered as {rendering} it has no tokens to condition on"
+    if max_context and len(ids) + max_new > max_context:
+        return text, ids, (f"prompt of {len(ids)} tokens + max_new_tokens {max_new} exceeds the model's context of "
+                           f"{max_context}")
+    return text, ids, None

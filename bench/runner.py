@@ -24,7 +24,7 @@ from decoders.methods.autoregressive import autoregressive_decode, logit_gap
 
 from . import metrics, provenance
 from .errors import BenchError
-from .prompts import render, rendering_for
+from .prompts import prepare, rendering_for
 from .records import RecordLog
 
 # Keys (at any depth) that may change between a run and its resumption without changing its records.
@@ -162,16 +162,14 @@ def run_batch(lm, decoder, dataset, units: list, log, rendering: str, cfg: DictC
 def start_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig, sampling: Sampling):
     """The record before decoding (status skipped when the prompt cannot run), the prompt's ids and
     its own sampling seed."""
-    text, ids = render(lm.tokenizer, prompt, turn, previous, rendering)
+    text, ids, unfit = prepare(lm.tokenizer, prompt, turn, previous, rendering, cfg.gen.max_new_tokens, lm.max_context)
     # decoder_lossless: False for explicitly lossy variants (e.g. Medusa's typical acceptance).
-    record = _record(cfg, prompt, turn, rendering=rendering, prompt_tokens=len(ids), prompt_text=text,
+    record = _record(cfg, prompt, turn, rendering=rendering, prompt_tokens=None if ids is None else len(ids), prompt_text=text,
                      decoder_lossless=bool(decoder.lossless),
                      quality_metric=dataset.quality_metric, quality_score=None, quality=None, lossless=None,
                      reference=None)
-    max_new = cfg.gen.max_new_tokens
-    if lm.max_context and len(ids) + max_new > lm.max_context:
-        record.update(status="skipped", reason=f"prompt of {len(ids)} tokens + max_new_tokens {max_new} exceeds the "
-                                               f"model's context of {lm.max_context}")
+    if unfit:  # empty, or too long for the context: skipped with its reason, the run goes on
+        record.update(status="skipped", reason=unfit)
     return record, ids, dataclasses.replace(sampling, seed=prompt_seed(sampling.seed, record["key"]))
 
 
@@ -264,8 +262,8 @@ def _groups(units: list, log: RecordLog, size: int):
 def _warmup(lm, decoder, units, rendering, cfg, sampling) -> None:
     """One short untimed generation per method, so first-call costs (allocator growth,
     kernel selection) are not charged to the first prompt."""
-    rows = [render(lm.tokenizer, prompt, 0, [], rendering)[1] for prompt, _ in units[:cfg.gen.batch_size]]
-    rows = [ids for ids in rows if not (lm.max_context and len(ids) + 16 > lm.max_context)]
+    rows = [prepare(lm.tokenizer, prompt, 0, [], rendering, 16, lm.max_context) for prompt, _ in units[:cfg.gen.batch_size]]
+    rows = [ids for _, ids, unfit in rows if not unfit]
     if not rows:
         return
     ids = rows[0]
@@ -306,8 +304,8 @@ def _prepare(lm, decoder, dataset, scored: list, rendering, cfg) -> dict | None:
               f"scored prompts; set dataset.limit to leave some out", file=sys.stderr, flush=True)
     prompts, ids = [], []
     for prompt in candidates:
-        tokens = render(lm.tokenizer, prompt, 0, [], rendering)[1]
-        if not (lm.max_context and len(tokens) + cfg.gen.max_new_tokens > lm.max_context):
+        _, tokens, unfit = prepare(lm.tokenizer, prompt, 0, [], rendering, cfg.gen.max_new_tokens, lm.max_context)
+        if not unfit:
             prompts.append(tokens)
             ids.append(prompt.id)
         if len(prompts) == wanted:
