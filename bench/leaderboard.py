@@ -58,7 +58,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import metrics
-from .__main__ import CONF_DIR, _check_writable, _reason
+from .__main__ import CONF_DIR, GROUPS, _check_writable, _choices, _reason
 from .errors import BenchError
 from .prompts import rendering_for
 from .records import RecordLog
@@ -69,8 +69,12 @@ REFERENCE = "autoregressive"
 
 def compose_all(overrides: list[str]):
     """The leaderboard config, and per (dataset, label) the full run config."""
+    precheck(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        base = compose("leaderboard", overrides=overrides)
+        try:
+            base = compose("leaderboard", overrides=overrides)
+        except Exception as e:  # an unknown key, a bad value: Hydra's reason, in one line
+            raise BenchError(f"{' '.join(overrides)}: {_reason(e)}") from None
         board = base.leaderboard
         labels = list(board.decoders)
         if board.only:
@@ -94,6 +98,23 @@ def compose_all(overrides: list[str]):
                     raise BenchError(f"leaderboard entry {label} on {ds}: {_reason(e)}") from None
                 runs[ds, label] = cfg
     return base, labels, runs
+
+
+def precheck(overrides: list[str]) -> None:
+    """Before composing: overrides that parse, and config choices (a preset included) that exist,
+    else one line naming the choices."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:
+        raise BenchError(f"cannot parse overrides: {_reason(e)}") from None
+    for override in parsed:
+        group = override.get_key_element().lstrip("+~").split("@")[0]
+        if group in (*GROUPS, "preset") and override.value() is not None:
+            value = override.get_value_element_as_str()
+            if value not in _choices(group):
+                raise BenchError(f"unknown {group} {value!r}; choose one of: {', '.join(_choices(group))}")
 
 
 def check_resume(run_dir: Path, cfg) -> None:
