@@ -137,6 +137,7 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], output: bool | 
     HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
     try:
         check_config(cfg)
+        check_seed_and_device(cfg)
     except BenchError as e:
         fail(e)
     if output is not None:  # the first job: is its output directory writable?
@@ -146,6 +147,28 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], output: bool | 
             _check_writable("hydra.sweep.dir", cfg.hydra.sweep.dir)
         else:
             _check_writable("hydra.run.dir", cfg.hydra.run.dir)
+
+
+def check_seed_and_device(cfg) -> None:
+    """A seed torch's generators take and devices this torch can use: else one line now, not a
+    traceback at the first sampled prompt or the model's load."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from .errors import BenchError
+    from .models import resolve_device
+
+    if not 0 <= cfg.seed < 2**64:
+        raise BenchError(f"seed must be an integer from 0 to 2**64 - 1, got {cfg.seed}")
+    for key in ("device", "model.device", "draft.device"):
+        value = OmegaConf.select(cfg, key, default=None)
+        device = resolve_device(str(value)) if value is not None else None  # not a device, or CUDA without one
+        if device is not None and device.type not in ("cpu", "cuda"):
+            try:
+                torch.empty(0, device=device)
+            except (RuntimeError, AssertionError):
+                raise BenchError(f"{key}={value}: this torch build cannot use {device.type} devices; "
+                                 "use auto, cpu, cuda or cuda:N") from None
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

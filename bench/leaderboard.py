@@ -58,7 +58,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import metrics
-from .__main__ import CONF_DIR, GROUPS, _check_writable, _choices, _reason
+from .__main__ import CONF_DIR, GROUPS, _check_writable, _choices, _reason, check_seed_and_device
 from .errors import BenchError
 from .prompts import rendering_for
 from .records import RecordLog
@@ -75,6 +75,7 @@ def compose_all(overrides: list[str]):
             base = compose("leaderboard", overrides=overrides)
         except Exception as e:  # an unknown key, a bad value: Hydra's reason, in one line
             raise BenchError(f"{' '.join(overrides)}: {_reason(e)}") from None
+        check_seed_and_device(base)
         board = base.leaderboard
         labels = list(board.decoders)
         if board.only:
