@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import platform
 import itertools
 import random
@@ -165,6 +166,9 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
                 return choice
         except (OSError, ValueError, TypeError):
             pass  # a damaged cache entry is measured again
+    # Minutes on a real model: say so, or the first run looks hung.
+    print(f"[bench] model.fast_path=auto: measuring {len(candidate_labels())} kernel paths for {lm.name} on this CPU, "
+          f"once{f' (cached in {path.parent})' if path is not None else ''}", file=sys.stderr, flush=True)
     measured, notes = {}, {}
     for label in candidate_labels():
         candidate, min_rows = parse_candidate(label)
