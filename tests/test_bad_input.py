@@ -1,0 +1,322 @@
+"""Issue 30 (safety), records / bad input / resources: every defect found is a regression test here.
+
+Invalid records are set aside and regenerated; empty and huge prompts are skipped with a reason;
+bad input to bench, bench.report, bench.show, bench.leaderboard and compare_leaderboards.py is
+one line and exit code 2; bench.report streams."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from bench import report
+from bench.errors import BenchError
+from bench.records import RecordLog, invalid, iter_records, read_records
+from helpers import REPO, run_cli
+
+# One small run whose prompts are the cases: ids that collide as file names (a/b, a_b), an id over
+# 255 bytes, an empty prompt (raw rendering) and one too long to tokenize.
+LONG_ID = "x" * 300
+PROMPTS = [("a/b", "def add(a, b):"), ("a_b", "Hello"), (LONG_ID, "long id"), ("empty", ""),
+           ("huge", "word " * 200_000)]
+TINY = ["model=tiny-random", "gen.max_new_tokens=4", "prompt_format=raw", "progress=false"]
+
+
+def _dataset(tmp) -> list[str]:
+    path = tmp / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in PROMPTS))
+    return ["dataset=jsonl", f"dataset.path={path}"]
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad_input")
+    out = run_cli(*TINY, *_dataset(tmp), f"hydra.run.dir={tmp / 'run'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    return tmp / "run"
+
+
+@pytest.fixture
+def run_copy(run_dir, tmp_path):
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _records(run) -> dict:
+    return {r["key"]: r for r in (json.loads(x) for x in (run / "records.jsonl").read_text().splitlines())}
+
+
+def _rewrite(run, change: dict) -> None:
+    """Replace the records named in `change` (key -> new record) in place."""
+    records = _records(run)
+    records.update(change)
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records.values()))
+
+
+# ---- 8, 12: empty and huge prompts are skipped with their reason; the run goes on ----
+
+def test_empty_and_huge_prompts_are_skipped_with_a_reason(run_dir):
+    records = _records(run_dir)
+    assert [records[f"{i}#0"]["status"] for i, _ in PROMPTS] == ["ok", "ok", "ok", "skipped", "skipped"]
+    assert records["empty#0"]["reason"].startswith("empty prompt")
+    huge = records["huge#0"]
+    assert "1000000 characters" in huge["reason"] and "context of 2048" in huge["reason"]
+    assert huge["prompt_tokens"] is None and len(huge["prompt_text"]) < 2100  # not tokenized, not copied whole
+
+
+@pytest.mark.parametrize("decoder", [["decoder=lookahead", "gen.batch_size=2"]])
+def test_an_empty_prompt_in_a_batch_is_skipped(tmp_path, decoder):
+    out = run_cli(*TINY, *_dataset(tmp_path), "dataset.limit=4", *decoder, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [r["status"] for r in _records(tmp_path / "run").values()] == ["ok", "ok", "ok", "skipped"]
+
+
+def test_a_prompt_too_long_by_its_length_is_not_tokenized():
+    from bench.datasets import Prompt
+    from bench.prompts import prepare, rendering_for
+
+    class Tokenizer:  # a 10-character longest token; tokenizing at all fails the test
+        chat_template = None
+
+        def __len__(self):
+            return 2
+
+        def convert_ids_to_tokens(self, ids):
+            return ["a", "b" * 10]
+
+        def __call__(self, text, **kwargs):
+            raise AssertionError("tokenized")
+
+    tokenizer = Tokenizer()
+    assert rendering_for(tokenizer, "auto") == "raw"  # a base model: raw, so the empty prompt must work
+    text, ids, why = prepare(tokenizer, Prompt("p", ["x" * 50_000_000], ["x" * 50_000_000]), 0, [], "raw", 8, 2048)
+    assert ids is None and "at least 2500000 tokens" in why and len(text) < 2100
+
+
+# ---- 7: well-formed but invalid records are rejected on read, and regenerated on resume ----
+
+def _broken(record: dict, change: dict) -> dict:
+    record = json.loads(json.dumps(record))
+    for path, value in change.items():
+        node, *rest = path.split(".")
+        if rest:
+            record[node][rest[0]] = value
+        elif value is KeyError:
+            del record[node]
+        else:
+            record[node] = value
+    return record
+
+
+INVALID = {
+    "key only": ({"key": "a_b#0"}, "no prompt_id"),
+    "negative steps": ({"steps": -3}, "steps is -3, not an integer >= 1"),
+    "tokens as a string": ({"tokens": "1 2 3 4"}, "tokens is"),
+    "inf tokens/s": ({"tokens_per_s": float("inf")}, "tokens_per_s is Infinity, not a finite number >= 0"),
+    "NaN latency": ({"latency_s": float("nan")}, "latency_s is NaN"),
+    "no latency": ({"latency_s": KeyError}, "no latency_s"),
+    "a bool count": ({"new_tokens": True}, "new_tokens is true"),
+    "unknown status": ({"status": "done"}, 'status is "done"'),
+    "key not prompt#turn": ({"turn": 1}, "is not prompt_id#turn"),
+    "tokens not new_tokens": ({"new_tokens": 3}, "4 tokens but new_tokens 3"),
+    "short trace": ({"trace.accepted": [1]}, "trace column's length"),
+    "accepted over proposed": ({"accepted_draft_tokens": 9}, "more draft tokens accepted"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_an_invalid_record_names_its_field(run_dir, case):
+    change, why = INVALID[case]
+    record = _records(run_dir)["a_b#0"]
+    assert invalid(record) is None
+    broken = change if "key" in change else _broken(record, change)
+    assert why in invalid(broken)
+
+
+def test_existing_reference_records_are_valid():
+    for path in sorted((REPO / "results" / "reference").glob("*/*/*/records.jsonl"))[:40]:
+        lines = path.read_text().splitlines()
+        assert len(read_records(path)) == len(lines), path
+
+
+def test_resume_sets_invalid_records_aside_and_generates_them_again(run_dir, run_copy):
+    records = _records(run_copy)
+    bad = {"a_b#0": {"key": "a_b#0"}, "a/b#0": _broken(records["a/b#0"], {"steps": -5})}
+    _rewrite(run_copy, bad)
+    out = run_cli(*TINY, *_dataset(run_dir.parent), f"hydra.run.dir={run_copy}", "resume=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 damaged line(s)" in out.stderr and "invalid record (no prompt_id)" in out.stderr
+    again = _records(run_copy)
+    assert again["a_b#0"]["tokens"] == records["a_b#0"]["tokens"] and again["a/b#0"]["steps"] == records["a/b#0"]["steps"]
+    rejected = [json.loads(x) for x in (run_copy / "records.rejected.jsonl").read_text().splitlines()]
+    assert {r["key"]: r for r in rejected} == bad  # moved aside whole
+    summary = pd.read_csv(run_copy / "summary.csv")
+    assert len(summary) == 1 and (summary.loc[0, "records"], summary.loc[0, "skipped"]) == (3, 2)
+
+
+def test_readers_leave_an_invalid_record_out_of_the_summary(run_copy, tmp_path, capsys):
+    clean = tmp_path / "clean"
+    shutil.copytree(run_copy, clean)
+    records = _records(clean)
+    del records["a_b#0"]
+    (clean / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records.values()))
+    _rewrite(run_copy, {"a_b#0": _broken(_records(run_copy)["a_b#0"], {"tokens_per_s": float("inf")})})
+    with_inf, _ = report.report([str(run_copy)])
+    without, _ = report.report([str(clean)])
+    assert with_inf.loc[0, "tokens_per_s_median"] == without.loc[0, "tokens_per_s_median"]
+    assert "invalid record (tokens_per_s is Infinity" in capsys.readouterr().err
+
+
+# ---- 11, 12: bench.report: one line and exit 2 for bad input; it streams ----
+
+def _report_exit(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        report.main(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("error: "), err
+    return err[-1]
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "does not exist"), ("empty dir", "no run directories"), ("unrelated files", "no run directories"),
+    ("only damaged lines", "no valid records"), ("empty records", "no valid records"),
+    ("records.jsonl a directory", "Is a directory"),
+])
+def test_report_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
+    path = tmp_path / "runs"
+    if case != "missing":
+        (path / "run").mkdir(parents=True)
+    if case == "unrelated files":
+        (path / "run" / "notes.txt").write_text("hello\n")
+    elif case == "only damaged lines":
+        (path / "run" / "records.jsonl").write_text('{"key": "a#0"}\nnot json\n')
+    elif case == "empty records":
+        (path / "run" / "records.jsonl").write_text("")
+    elif case == "records.jsonl a directory":
+        (path / "run" / "records.jsonl").mkdir()
+    assert message in _report_exit(capsys, str(path))
+
+
+@pytest.mark.parametrize("out", ["a file", "/proc/bench-report"])
+def test_report_unwritable_out_is_one_line_and_exit_2(run_dir, tmp_path, capsys, out):
+    if out == "a file":
+        out = tmp_path / "report"
+        out.write_text("in the way")
+    assert "give a writable directory" in _report_exit(capsys, str(run_dir), "--out", str(out))
+
+
+def test_report_streams_records_without_their_bulk(run_dir, monkeypatch):
+    assert iter(iter_records(run_dir / "records.jsonl")) is not None  # a generator: one line at a time
+    seen = []
+    summarize = report.metrics.summarize
+    monkeypatch.setattr(report.metrics, "summarize", lambda records, **kw: seen.extend(records) or summarize(records, **kw))
+    table, _ = report.report([str(run_dir)])
+    assert table.loc[0, "records"] == 3 and len(seen) == 5
+    assert not {"tokens", "text", "trace", "prompt_text"} & {k for r in seen for k in r}
+
+
+# ---- 9, 13: bench.show ----
+
+def test_show_pages_of_ids_that_collide_or_are_long_are_distinct_and_short(run_dir, tmp_path, capsys):
+    from bench.show import main, page_name, show
+
+    pages = {show(run_dir, i, use_colour=False) for i in ("a/b", "a_b", LONG_ID)}
+    assert len(pages) == 3 and all(p.is_file() and len(p.name.encode()) <= 255 for p in pages)
+    assert page_name("HumanEval-0", 0) == "HumanEval-0_0.html"  # plain ids keep their name
+    with pytest.raises(SystemExit) as e:
+        main([str(run_dir), "--prompt", "y" * 300])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("error: no record")
+
+
+def test_show_skips_a_record_whose_tokens_are_a_string(run_copy, capsys):
+    from bench.show import main
+
+    _rewrite(run_copy, {"a_b#0": _broken(_records(run_copy)["a_b#0"], {"tokens": "1 2 3 4"})})
+    with pytest.raises(SystemExit) as e:
+        main([str(run_copy), "--prompt", "a_b"])
+    assert e.value.code == 2 and "invalid record (tokens is" in capsys.readouterr().err
+
+
+# ---- 9: bench and bench.leaderboard: one line, exit 2, before anything runs ----
+
+@pytest.mark.parametrize("override,message", [
+    ("seed=18446744073709551616", "seed must be an integer from 0 to 2**64 - 1"),
+    ("device=mps", "device=mps: this torch build cannot use mps devices"),
+])
+def test_seed_and_device_are_checked_before_the_run(capsys, override, message):
+    from bench.__main__ import precheck
+
+    with pytest.raises(SystemExit) as e:
+        precheck(["model=tiny-random", "gen.temperature=1.0", override])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("override,message", [
+    ("+preset=nope", "unknown preset 'nope'; choose one of: baselines, heads"),
+    ("leaderboard.nokey=1", "Could not override 'leaderboard.nokey'"),
+    ("nokey=1", "Could not override 'nokey'"),
+    ("seed=-1", "seed must be an integer from 0"),
+])
+def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, override, message):
+    from bench.leaderboard import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["model=tiny-random", override, f"leaderboard.out_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+# ---- 9, 13: datasets ----
+
+@pytest.mark.parametrize("content", [b"not gzip at all\n", "truncated"])
+def test_a_corrupt_gz_dataset_is_one_line(tmp_path, content):
+    import gzip
+
+    from bench.datasets import JsonlPrompts
+
+    path = tmp_path / "prompts.jsonl.gz"
+    whole = gzip.compress(b'{"id": "a", "prompt": "x"}\n' * 100)
+    path.write_bytes(whole[:30] if content == "truncated" else content)
+    with pytest.raises(BenchError, match="prompts.jsonl.gz cannot be read"):
+        JsonlPrompts(path=str(path)).load()
+
+
+def test_a_duplicate_id_is_named(tmp_path):
+    from bench.datasets import JsonlPrompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"id": "a", "prompt": "x"}\n{"id": "q7", "prompt": "y"}\n{"id": "q7", "prompt": "z"}\n')
+    with pytest.raises(BenchError, match="id 'q7' .* appears twice"):
+        JsonlPrompts(path=str(path)).load()
+
+
+def test_fast_path_auto_says_it_is_measuring(tmp_path, monkeypatch, capsys):
+    from decoders.tuning import profile
+    from helpers import tiny_lm
+
+    monkeypatch.setattr(profile, "measure_forward_latency", lambda lm, max_tokens, repeats: ([1e-3] * max_tokens, 1e-3))
+    profile.choose_fast_path(tiny_lm(), tmp_path)
+    assert "model.fast_path=auto: measuring" in capsys.readouterr().err
+
+
+# ---- 9, 10: scripts/compare_leaderboards.py ----
+
+def _compare(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "compare_leaderboards.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def test_compare_leaderboards_fails_on_missing_prompts_and_bad_paths(tmp_path):
+    jacobi = REPO / "results" / "reference" / "leaderboard" / "gsm8k" / "jacobi"
+    for side in ("before", "after"):
+        shutil.copytree(jacobi, tmp_path / side / "gsm8k" / "jacobi")
+    after = tmp_path / "after" / "gsm8k" / "jacobi" / "records.jsonl"
+    after.write_text("".join(after.read_text().splitlines(keepends=True)[:2]))  # 3 of 5 prompts lost
+    out = _compare(tmp_path / "before", tmp_path / "after")
+    assert out.returncode == 1 and "| 3 only before |" in out.stdout and "all identical: False" in out.stdout
+    for args in ([], [tmp_path / "nope", tmp_path / "after"], [tmp_path, tmp_path / "after"]):
+        out = _compare(*args)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
