@@ -252,7 +252,7 @@ class JsonlPrompts:
         seen: set[str] = set()
         for pr in prompts:
             if pr.id in seen:
-                raise BenchError(f"{p}: id {pr.id!r} (field {self.id_field!r}) appears twice; ids must be unique: "
+                raise BenchError(f"{p}: ids in field {self.id_field!r} are not unique: {pr.id!r} appears twice; "
                                  "records are keyed by id")
             seen.add(pr.id)
         return _limit(prompts, self.limit)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import platform
 import itertools
 import random
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ..core.lm import FAST_PATHS, LM
 
@@ -166,11 +166,11 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
                 return choice
         except (OSError, ValueError, TypeError):
             pass  # a damaged cache entry is measured again
-    # Minutes on a real model: say so, or the first run looks hung.
-    print(f"[bench] model.fast_path=auto: measuring {len(candidate_labels())} kernel paths for {lm.name} on this CPU, "
-          f"once{f' (cached in {path.parent})' if path is not None else ''}", file=sys.stderr, flush=True)
     measured, notes = {}, {}
-    for label in candidate_labels():
+    # Minutes on a real model: a bar on a terminal, or the first run looks hung (none in logs and
+    # tests, where stderr must stay one line for bad input).
+    for label in tqdm(candidate_labels(), desc=f"model.fast_path=auto: measuring kernels for {lm.name} (once per CPU)",
+                      unit="path", disable=None, leave=False):
         candidate, min_rows = parse_candidate(label)
         if lm.set_fast_path(candidate, min_rows) != candidate:
             notes[candidate] = lm.fast_path_note
