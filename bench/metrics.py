@@ -208,10 +208,15 @@ def batch_totals(records) -> dict:
 SUMMARY_KEYS = ["decoder", "model", "dataset"]
 
 
-def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
-    """One row per (decoder, model, dataset) from per-prompt records; by_category: one per
-    (decoder, model, dataset, category) too, where records carry a category."""
-    df = pd.DataFrame([r for r in records if r is not None])
+# The fields the per-record functions above read (mean_accepted_tokens, decode_flops_per_step, batch_totals).
+_PER_RECORD = ["new_tokens", "latency_s", "batch", "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops"]
+
+
+def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> pd.DataFrame:
+    """One row per (decoder, model, dataset) from per-prompt records (or a DataFrame of them, one
+    row a record: bench.report builds it column by column); by_category: one per (decoder, model,
+    dataset, category) too, where records carry a category."""
+    df = records if isinstance(records, pd.DataFrame) else pd.DataFrame([r for r in records if r is not None])
     if df.empty:
         return pd.DataFrame(columns=SUMMARY_KEYS)
     keys = SUMMARY_KEYS + ["category"] if by_category and "category" in df and df["category"].notna().any() else SUMMARY_KEYS
@@ -224,7 +229,7 @@ def summarize(records: list[dict], by_category: bool = False) -> pd.DataFrame:
             tokens, steps, latency = ok["new_tokens"].sum(), ok["steps"].sum(), ok["latency_s"].sum()
             busy = ok["target_time_s"].sum() + ok["draft_time_s"].sum() + ok["overhead_time_s"].sum()
             tps = ok["tokens_per_s"]
-            ok_records = ok.to_dict("records")
+            ok_records = ok[[c for c in _PER_RECORD if c in ok]].to_dict("records")
             row.update(
                 new_tokens=int(tokens), steps=int(steps),
                 tokens_per_step=_ratio(tokens, steps),

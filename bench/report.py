@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
+from array import array
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
@@ -20,8 +23,15 @@ from . import metrics
 from .errors import BenchError
 from .records import iter_records
 
-# Record fields no summary reads, dropped while streaming: the bulk of a record.
-UNSUMMARIZED = ("tokens", "text", "trace", "prompt_text", "quality", "calibration", "reason", "key", "prompt_id")
+# What bench.metrics.summarize reads of a record. While streaming, numbers go into float64 arrays
+# (8 bytes a record each) and the rest into lists of shared objects; tokens, text and traces, the
+# bulk of a record, are never kept.
+NUMBERS = ("new_tokens", "steps", "latency_s", "ttft_s", "tokens_per_s", "target_time_s", "draft_time_s",
+           "overhead_time_s", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "target_flops", "draft_flops",
+           "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops", "hit_steps", "paths", "head_flops",
+           "rescore_flops", "quality_score")
+OBJECTS = ("decoder", "model", "dataset", "category", "status", "quality_metric", "decoder_lossless", "lossless",
+           "reference", "tuned", "batch", "depth_proposed", "depth_accepted")
 
 
 def _natural(path: Path) -> list:
@@ -50,14 +60,26 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def slim(record: dict) -> dict:
-    """The fields a summary reads, with repeated strings shared."""
-    return {k: sys.intern(v) if isinstance(v, str) else v for k, v in record.items() if k not in UNSUMMARIZED}
+def columns(records) -> pd.DataFrame:
+    """One row per record, built column by column from an iterable of records."""
+    numbers = {k: array("d") for k in NUMBERS}
+    objects: dict[str, list] = {k: [] for k in OBJECTS}
+    present: set[str] = set()  # a column only where some record has the field, as pd.DataFrame(records) does
+    for record in records:
+        present.update(k for k in record if k not in present)
+        for k, column in numbers.items():
+            value = record.get(k)
+            column.append(math.nan if value is None else value)
+        for k, column in objects.items():
+            value = record.get(k)
+            column.append(sys.intern(value) if isinstance(value, str) else value)
+    table = {**{k: np.frombuffer(v, dtype=np.float64) if len(v) else np.zeros(0) for k, v in numbers.items()}, **objects}
+    return pd.DataFrame({k: v for k, v in table.items() if k in present})
 
 
 def load_run(run: Path, by_category: bool = False) -> tuple[pd.DataFrame, dict]:
     # damaged or invalid lines and second copies of a key are skipped, with a warning
-    records = [slim(r) for r in iter_records(run / "records.jsonl")]
+    records = columns(iter_records(run / "records.jsonl"))
     config = run / "config.yaml"
     try:
         params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.is_file() else {}
