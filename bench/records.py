@@ -82,8 +82,6 @@ def invalid(record) -> str | None:
         return None
     if len(record["tokens"]) != record["new_tokens"]:
         return f"{len(record['tokens'])} tokens but new_tokens {record['new_tokens']}"
-    if record["accepted_draft_tokens"] > record["draft_tokens"]:
-        return "more draft tokens accepted than proposed"
     trace = record["trace"]
     if any(not isinstance(column, list) or len(column) != record["steps"] for column in trace.values()):
         return f"a trace column's length is not steps ({record['steps']})"

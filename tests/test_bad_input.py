@@ -122,7 +122,6 @@ INVALID = {
     "key not prompt#turn": ({"turn": 1}, "is not prompt_id#turn"),
     "tokens not new_tokens": ({"new_tokens": 3}, "4 tokens but new_tokens 3"),
     "short trace": ({"trace.accepted": [1]}, "trace column's length"),
-    "accepted over proposed": ({"accepted_draft_tokens": 9}, "more draft tokens accepted"),
 }
 
 
