@@ -4,6 +4,12 @@ Finds every run directory (one holding records.jsonl) under the given paths, rec
 each summary from its records with bench.metrics, and prints one Markdown table; with
 --out also writes report.csv and report.md there. Sweep parameters that differ between
 runs are added as columns (from each run's config.yaml).
+
+Records are read one at a time (bench.records.iter_records: invalid lines skipped with a
+warning) into the columns a summary uses; tokens, text and per-step traces are never kept, so
+memory grows by under a kilobyte a record at its peak, not with the records' size (1M records,
+a 1.66 GB file: 1.2 GB peak RSS, 0.3 GB of it imports). Bad input (a missing path, no runs, no
+valid records, an unwritable --out) ends in one line and exit code 2.
 """
 from __future__ import annotations
 
