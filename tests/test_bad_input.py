@@ -13,7 +13,7 @@ import pytest
 
 from bench import report
 from bench.errors import BenchError
-from bench.records import RecordLog, invalid, iter_records, read_records
+from bench.records import invalid, iter_records, read_records
 from helpers import REPO, run_cli
 
 # One small run whose prompts are the cases: ids that collide as file names (a/b, a_b), an id over
