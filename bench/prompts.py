@@ -44,12 +44,16 @@ def render(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], re
     return text, encode(tokenizer, text, rendering)
 
 
-def _longest_token(tokenizer) -> int:
+def _longest_token(tokenizer) -> int | None:
     """The most characters one token of this vocabulary stands for (byte-level BPE spells a byte
-    as one character, SentencePiece a character as one), cached on the tokenizer."""
+    as one character, SentencePiece a character as one), cached on the tokenizer; None for a
+    tokenizer that cannot list its vocabulary."""
     if not hasattr(tokenizer, "_bench_longest_token"):
-        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        tokenizer._bench_longest_token = max((len(t) for t in tokens if t), default=1)
+        try:
+            tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+            tokenizer._bench_longest_token = max((len(t) for t in tokens if t), default=None)
+        except (AttributeError, TypeError):
+            tokenizer._bench_longest_token = None
     return tokenizer._bench_longest_token
 
 
@@ -64,8 +68,9 @@ def prepare(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], r
     tokens) is not tokenized (ids None), and its text comes back cut to KEPT_CHARS: a 50 MB line costs no
     minutes and no gigabytes."""
     text = render_text(tokenizer, prompt, turn, previous_outputs, rendering)
-    if max_context:
-        at_least = len(text) // (2 * _longest_token(tokenizer))
+    longest = _longest_token(tokenizer) if max_context else None
+    if longest:
+        at_least = len(text) // (2 * longest)
         if at_least + max_new > max_context:
             return (text[:KEPT_CHARS] + f"... ({len(text)} characters)", None,
                     f"prompt of {len(text)} characters (at least {at_least} tokens) + max_new_tokens {max_new} exceeds "
