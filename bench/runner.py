@@ -20,7 +20,7 @@ from decoders.core.batch import decode_batch, latencies
 from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
-from decoders.methods.autoregressive import autoregressive_decode, logit_gap
+from decoders.methods.autoregressive import autoregressive_decode, reference_logits
 
 from . import metrics, provenance
 from .errors import BenchError
@@ -192,12 +192,7 @@ def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen,
         ref = autoregressive_decode(lm, ids, max_new, Sampling(), lm.stop_ids)  # timed as a plain run
         lm.sync()
         ref_latency = time.perf_counter() - start
-        diverge = metrics.first_divergence(gen.tokens, ref.tokens)
-        record["lossless"] = diverge is None
-        record["first_divergence"] = diverge
-        # The reference's top1 - top2 gap there (after the clock): ~0 is a numerical near-tie, a clear gap a bug.
-        record["divergence_logit_gap"] = (logit_gap(lm, list(ids) + ref.tokens[:diverge])
-                                          if diverge is not None and diverge < len(ref.tokens) else None)
+        record.update(judge_lossless(lm, ids, gen.tokens, ref.tokens))  # after the clock
         record["reference"] = {"decoder": "autoregressive", "latency_s": ref_latency, "new_tokens": len(ref.tokens),
                                "steps": len(ref.steps), "ttft_s": ref.ttft, "tokens_per_s": len(ref.tokens) / ref_latency}
     if cfg.quality:
@@ -206,6 +201,21 @@ def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen,
             record["quality"] = scored
             record["quality_score"] = float(scored["score"])
     return record
+
+
+def judge_lossless(lm, ids, tokens: list[int], reference: list[int]) -> dict:
+    """lossless, first_divergence and, where the output departs, the verdict on that first
+    divergence from the reference's own logits there (bench/metrics.py: tie or real)."""
+    at = metrics.first_divergence(tokens, reference)
+    verdict = {"lossless": at is None, "first_divergence": at, "divergence_logit_gap": None,
+               "divergence_ulps": None, "divergence_tie": None}
+    if at is not None and at < len(reference):
+        with torch.inference_mode():
+            logits = reference_logits(lm, ids, reference, at)
+        verdict.update(metrics.judge_divergence(logits, tokens[at] if at < len(tokens) else None))
+    elif at is not None:  # the reference stopped where the decoder went on: no tie explains that
+        verdict["divergence_tie"] = False
+    return verdict
 
 
 def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:

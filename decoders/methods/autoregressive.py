@@ -33,6 +33,18 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
         feed = [token]
 
 
+def reference_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int], at: int) -> torch.Tensor:
+    """The next-token logits autoregressive_decode computed before choosing tokens[at], in the
+    model's dtype: its own forwards (the prompt, then one token at a time) replayed, so the row is
+    the reference's, not a fresh prefill's, which sums in another order and rounds differently."""
+    cache = lm.new_cache()
+    feed = list(prompt_ids)
+    for token in tokens[:at]:
+        lm.forward(feed, cache, last_only=True)
+        feed = [token]
+    return lm.forward(feed, cache, last_only=True)[-1]
+
+
 def top_two_logits(lm: LM, ids: Sequence[int]) -> tuple[float, float]:
     """The target's two largest next-token logits after `ids` (one fresh forward, untimed)."""
     top2 = torch.topk(lm.forward(list(ids), lm.new_cache(), last_only=True)[-1].float(), 2).values
