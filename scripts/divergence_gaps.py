@@ -4,12 +4,16 @@
 
 For every prompt of a leaderboard (or any directory of runs beside an autoregressive one, laid
 out as <dataset>/<decoder>/) whose output differs from the autoregressive entry's: the first
-divergent position and autoregressive's top-1 minus top-2 logit there, from one fresh forward
-at the run's model and dtype (decoders.methods.autoregressive.top_two_logits, untimed), also in units of the
-dtype's resolution at that logit (its ulp). A gap of a few ulps is a numerical tie: a k-token
-forward and a 1-token forward sum in different orders and round differently, most of all in
-bfloat16 (8 bits of mantissa). A clear gap would be a decoding error. Writes a CSV (default
-LEADERBOARD_DIR/divergences.csv) and prints it.
+divergent position and the verdict the lossless check gives there (bench/metrics.py,
+judge_divergence), from autoregressive's own logits at that position, its forwards replayed at
+the run's model and dtype (decoders.methods.autoregressive.reference_logits, untimed): the top-1
+minus top-2 logit, the top-1 minus the chosen token's logit in units of the dtype's resolution
+at the top-1 logit (divergence_ulps), and whether that is a tie (within metrics.TIE_ULPS). A
+k-token forward and a 1-token forward sum in different orders and round differently, most of
+all in bfloat16 (8 bits of mantissa); a clear gap would be a decoding error. Only the first
+divergence is judged: after it the outputs follow different paths. Writes a CSV (default
+LEADERBOARD_DIR/divergences.csv) and prints it, then each decoder's lossless_up_to_ties and
+real_divergences.
 """
 from __future__ import annotations
 
@@ -25,18 +29,14 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.metrics import first_divergence  # noqa: E402
+from bench.metrics import first_divergence, judge_divergence, lossless_columns  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records  # noqa: E402
-from decoders.methods.autoregressive import top_two_logits  # noqa: E402
+from decoders.methods.autoregressive import reference_logits  # noqa: E402
 
 REFERENCE = "autoregressive"
-
-
-def ulp(x: float, dtype: torch.dtype) -> float:
-    """The spacing of `dtype` numbers at |x|."""
-    eps = torch.finfo(dtype).eps
-    return eps * 2.0 ** math.floor(math.log2(abs(x))) if x else torch.finfo(dtype).tiny
+COLUMNS = ["dataset", "decoder", "prompt", "first_divergence", "new_tokens", "divergence_logit_gap", "top_logit",
+           "divergence_ulps", "divergence_tie", "dtype"]
 
 
 def divergences(root: Path) -> pd.DataFrame:
@@ -60,16 +60,33 @@ def divergences(root: Path) -> pd.DataFrame:
                     continue
                 at = first_divergence(r["tokens"], ref["tokens"])
                 ids = render(lm.tokenizer, prompts[r["prompt_id"]], r["turn"], [], rendering)[1]
-                context = list(ids) + ref["tokens"][:at]
-                with torch.inference_mode():
-                    top, second = top_two_logits(lm, context)
-                gap = top - second if at < len(ref["tokens"]) else math.nan
-                rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, "prompt": r["prompt_id"],
-                             "first_divergence": at, "new_tokens": len(ref["tokens"]), "logit_gap": gap,
-                             "top_logit": top, "gap_in_ulps": gap / ulp(top, lm.dtype) if not math.isnan(gap) else math.nan,
-                             "dtype": str(lm.dtype).replace("torch.", "")})
-    return pd.DataFrame(rows, columns=["dataset", "decoder", "prompt", "first_divergence", "new_tokens", "logit_gap",
-                                       "top_logit", "gap_in_ulps", "dtype"])
+                row = {"dataset": ref_dir.parent.name, "decoder": run.name, "prompt": r["prompt_id"],
+                       "first_divergence": at, "new_tokens": len(ref["tokens"]), "divergence_logit_gap": math.nan,
+                       "top_logit": math.nan, "divergence_ulps": math.nan, "divergence_tie": False,
+                       "dtype": str(lm.dtype).replace("torch.", "")}
+                if at < len(ref["tokens"]):  # else the reference stopped where the decoder went on: real
+                    with torch.inference_mode():
+                        logits = reference_logits(lm, ids, ref["tokens"], at)
+                    row.update(judge_divergence(logits, r["tokens"][at] if at < len(r["tokens"]) else None),
+                               top_logit=float(logits.float().max()))
+                rows.append(row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def per_decoder(root: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """lossless, lossless_up_to_ties and real_divergences per (dataset, decoder), the run summaries' names."""
+    rows = []
+    for ref_dir in sorted(root.glob(f"*/{REFERENCE}")):
+        reference = {r["key"] for r in read_records(ref_dir / "records.jsonl") if r["status"] == "ok"}
+        for run in sorted(p for p in ref_dir.parent.iterdir() if p.is_dir() and p.name != REFERENCE):
+            if not (run / "records.jsonl").is_file():
+                continue
+            judged = df[(df["dataset"] == ref_dir.parent.name) & (df["decoder"] == run.name)]
+            verdicts = dict(zip(judged["prompt"], judged["divergence_tie"]))
+            records = [{"lossless": r["prompt_id"] not in verdicts, "divergence_tie": verdicts.get(r["prompt_id"])}
+                       for r in read_records(run / "records.jsonl") if r["status"] == "ok" and r["key"] in reference]
+            rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, **lossless_columns(records)})
+    return pd.DataFrame(rows)
 
 
 def main(argv=None) -> None:
@@ -84,6 +101,7 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.out else root / "divergences.csv"
     df.to_csv(out, index=False)
     print(df.to_markdown(index=False, floatfmt=".3g") if len(df) else "every output equals autoregressive's")
+    print("\n" + per_decoder(root, df).to_markdown(index=False, floatfmt=".3g"))
     print(f"\nwrote {out}", file=sys.stderr)
 
 

@@ -98,7 +98,7 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     import pandas as pd
 
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "gen.max_new_tokens=8",
+    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu", "gen.max_new_tokens=8",
                             "leaderboard.limit=2", "leaderboard.datasets=[gsm8k]", "leaderboard.only=[autoregressive,jacobi]",
                             "leaderboard.verification_tokens=[1,2]", f"leaderboard.out_dir={tmp_path}"],
                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
@@ -111,7 +111,10 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     df = pd.read_csv(tmp_path / "divergences.csv")
     assert len(df) == 1 and df.loc[0, "decoder"] == "jacobi" and df.loc[0, "first_divergence"] == 3
-    assert df.loc[0, "logit_gap"] >= 0 and df.loc[0, "gap_in_ulps"] >= 0 and df.loc[0, "dtype"] == "float32"
+    assert df.loc[0, "divergence_logit_gap"] >= 0 and df.loc[0, "dtype"] == "float32"
+    # a token changed by hand is no tie: its logit is far below the reference's top-1
+    assert df.loc[0, "divergence_ulps"] > 1e3 and not df.loc[0, "divergence_tie"]
+    assert "real_divergences" in out.stdout and "lossless_up_to_ties" in out.stdout
 
 
 def test_compare_leaderboards_finds_a_changed_step(tmp_path):
