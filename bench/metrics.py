@@ -36,22 +36,24 @@
   / the summed wall time of the batches (unbatched: of the prompts), padding_waste the share of
   the token slots batched forwards computed that were padding (`batch_totals`).
 - lossless (check_lossless=true): a record is lossless when its tokens equal autoregressive
-  greedy's; first_divergence is where they first differ. There the reference's logits (its own
-  forward, replayed: `reference_logits`) judge the departure (`judge_divergence`):
-  divergence_logit_gap is the reference's top-1 minus top-2 logit, divergence_ulps the
-  reference's top-1 minus the logit of the token the decoder chose, in units of the run's dtype's
-  resolution at the top-1 logit (its ulp), and divergence_tie says it is within TIE_ULPS. Only
-  the first divergence can be judged: after a tie the two outputs follow different, equally
-  valid greedy paths, so later differences say nothing. A summary's lossless is the share of
-  identical outputs, lossless_up_to_ties the share identical or departing at a tie, and
-  real_divergences the number of outputs departing where no tie explains it (a departure that
-  cannot be judged, e.g. one output stopping early, is real).
+  greedy's; first_divergence is where they first differ. In half precision a k-token forward
+  and the reference's 1-token step round differently, so near-ties can go either way;
+  `judge_output` tells such ties from errors. At the first divergence, with the reference's own
+  logits: divergence_logit_gap (top-1 minus top-2 logit) and divergence_ulps (top-1 minus the
+  chosen token's logit, in ulps of the run's dtype at the top-1 logit). After it the outputs
+  follow different paths and the reference's tokens say nothing, so each later token is judged
+  against the target's one-token step on the output's own path: first_real_divergence is the
+  first token more than TIE_ULPS below that step's top-1, and divergence_tie says every
+  departure was a tie. A summary's lossless is the share of identical outputs,
+  lossless_up_to_ties the share identical or departing at ties only, real_divergences the number
+  of outputs with a first_real_divergence.
 - category: where prompts carry one (MT-Bench's eight, a jsonl's `category` field), every
   record keeps it and tables can be broken down by it (`summarize(by_category=True)`).
 """
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -151,18 +153,45 @@ def ulp(x: float, dtype: torch.dtype) -> float:
     return info.eps * 2.0 ** math.floor(math.log2(abs(x))) if abs(x) >= info.tiny else info.tiny
 
 
-def judge_divergence(reference_logits: torch.Tensor, chosen: int | None) -> dict:
-    """The first divergence judged from the reference's next-token logits there (in the run's
-    dtype) and the token the decoder committed instead (None: it committed none, e.g. it stopped
-    or went on where the reference did not, which no tie explains). A tie: the chosen token's
-    logit is within TIE_ULPS ulps of the reference's top-1, so it is one of the near-tied top
-    tokens; a small top-1/top-2 gap alone does not make a tie when the decoder chose a third token."""
-    row = reference_logits.detach().float().cpu()
-    top = row.topk(2).values.tolist() if row.numel() > 1 else [float(row[0]), float("nan")]
-    resolution = ulp(top[0], reference_logits.dtype)
-    ulps = (top[0] - float(row[chosen])) / resolution if chosen is not None else math.nan
-    return {"divergence_logit_gap": top[0] - top[1], "divergence_ulps": ulps,
-            "divergence_tie": bool(ulps <= TIE_ULPS)}
+def departure_ulps(logits: torch.Tensor, chosen: int) -> float:
+    """How far below the top-1 logit the chosen token's logit is, in ulps of the logits' dtype at
+    the top-1 logit: 0 for the argmax (or an exact tie), a few for a near-tie."""
+    top = float(logits.max())
+    return (top - float(logits[chosen].float())) / ulp(top, logits.dtype)
+
+
+def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.Tensor]) -> dict:
+    """The lossless check's fields for one output. rows: the target's next-token logits before
+    each of `tokens`, from one-token steps along `tokens` itself, in the run's dtype
+    (decoders.methods.autoregressive.step_logits); up to the first divergence they are the
+    reference's own. There the departure is measured (divergence_logit_gap: the reference's top-1
+    minus top-2 logit; divergence_ulps: top-1 minus the chosen token's logit, in ulps). Past it the
+    reference's tokens are no yardstick (after a tie the outputs follow different, equally valid
+    greedy paths), so every later token is judged against the target's step on the output's own
+    path: first_real_divergence is the first position whose token is more than TIE_ULPS below
+    that step's top-1 (None: none is), and divergence_tie says the output departs at ties only.
+    A difference in length at the first divergence is never a tie. rows is read lazily, and not
+    at all for an identical output."""
+    at = first_divergence(tokens, reference)
+    out = {"lossless": at is None, "first_divergence": at, "divergence_logit_gap": None, "divergence_ulps": None,
+           "first_real_divergence": None, "divergence_tie": None}
+    if at is None:
+        return out
+    if at >= len(tokens) or at >= len(reference):
+        out.update(first_real_divergence=at, divergence_tie=False)
+        return out
+    for i, row in enumerate(rows):
+        if i < at:
+            continue
+        ulps = departure_ulps(row, tokens[i])
+        if i == at:
+            top2 = row.float().topk(2).values
+            out.update(divergence_logit_gap=float(top2[0] - top2[1]), divergence_ulps=ulps)
+        if not ulps <= TIE_ULPS:  # NaN logits are no tie either
+            out["first_real_divergence"] = i
+            break
+    out["divergence_tie"] = out["first_real_divergence"] is None
+    return out
 
 
 def lossless_columns(records) -> dict:

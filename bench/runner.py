@@ -20,7 +20,7 @@ from decoders.core.batch import decode_batch, latencies
 from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
-from decoders.methods.autoregressive import autoregressive_decode, reference_logits
+from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
 from . import metrics, provenance
 from .errors import BenchError
@@ -204,18 +204,10 @@ def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen,
 
 
 def judge_lossless(lm, ids, tokens: list[int], reference: list[int]) -> dict:
-    """lossless, first_divergence and, where the output departs, the verdict on that first
-    divergence from the reference's own logits there (bench/metrics.py: tie or real)."""
-    at = metrics.first_divergence(tokens, reference)
-    verdict = {"lossless": at is None, "first_divergence": at, "divergence_logit_gap": None,
-               "divergence_ulps": None, "divergence_tie": None}
-    if at is not None and at < len(reference):
-        with torch.inference_mode():
-            logits = reference_logits(lm, ids, reference, at)
-        verdict.update(metrics.judge_divergence(logits, tokens[at] if at < len(tokens) else None))
-    elif at is not None:  # the reference stopped where the decoder went on: no tie explains that
-        verdict["divergence_tie"] = False
-    return verdict
+    """lossless, first_divergence and, where the output departs, whether it departs at ties only
+    (bench/metrics.py, judge_output), from the target's own one-token steps along the output."""
+    with torch.inference_mode():
+        return metrics.judge_output(tokens, reference, step_logits(lm, ids, tokens))
 
 
 def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:

@@ -4,21 +4,20 @@
 
 For every prompt of a leaderboard (or any directory of runs beside an autoregressive one, laid
 out as <dataset>/<decoder>/) whose output differs from the autoregressive entry's: the first
-divergent position and the verdict the lossless check gives there (bench/metrics.py,
-judge_divergence), from autoregressive's own logits at that position, its forwards replayed at
-the run's model and dtype (decoders.methods.autoregressive.reference_logits, untimed): the top-1
-minus top-2 logit, the top-1 minus the chosen token's logit in units of the dtype's resolution
-at the top-1 logit (divergence_ulps), and whether that is a tie (within metrics.TIE_ULPS). A
-k-token forward and a 1-token forward sum in different orders and round differently, most of
-all in bfloat16 (8 bits of mantissa); a clear gap would be a decoding error. Only the first
-divergence is judged: after it the outputs follow different paths. Writes a CSV (default
+divergent position and the lossless check's verdict (bench/metrics.py, judge_output), from
+autoregressive's own one-token forwards replayed along the output at the run's model and dtype
+(decoders.methods.autoregressive.step_logits, untimed): there, the top-1 minus top-2 logit and
+the top-1 minus the chosen token's logit in units of the dtype's resolution at the top-1 logit
+(divergence_ulps); past it, the first token that no tie explains (first_real_divergence), and
+whether the output departs at ties only (divergence_tie, within metrics.TIE_ULPS). A k-token
+forward and a 1-token forward sum in different orders and round differently, most of all in
+bfloat16 (8 bits of mantissa); a clear gap would be a decoding error. Writes a CSV (default
 LEADERBOARD_DIR/divergences.csv) and prints it, then each decoder's lossless_up_to_ties and
 real_divergences.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -29,14 +28,14 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.metrics import first_divergence, judge_divergence, lossless_columns  # noqa: E402
+from bench.metrics import judge_output, lossless_columns  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records  # noqa: E402
-from decoders.methods.autoregressive import reference_logits  # noqa: E402
+from decoders.methods.autoregressive import step_logits  # noqa: E402
 
 REFERENCE = "autoregressive"
-COLUMNS = ["dataset", "decoder", "prompt", "first_divergence", "new_tokens", "divergence_logit_gap", "top_logit",
-           "divergence_ulps", "divergence_tie", "dtype"]
+COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
+           "divergence_ulps", "first_real_divergence", "divergence_tie", "dtype"]
 
 
 def divergences(root: Path) -> pd.DataFrame:
@@ -54,22 +53,19 @@ def divergences(root: Path) -> pd.DataFrame:
         for run in sorted(p for p in ref_dir.parent.iterdir() if p.is_dir() and p.name != REFERENCE):
             if not (run / "records.jsonl").is_file():
                 continue
-            for r in read_records(run / "records.jsonl"):
+            records = {r["key"]: r for r in read_records(run / "records.jsonl")}
+            for r in records.values():
                 ref = reference.get(r["key"])
                 if r["status"] != "ok" or ref is None or r["tokens"] == ref["tokens"]:
                     continue
-                at = first_divergence(r["tokens"], ref["tokens"])
-                ids = render(lm.tokenizer, prompts[r["prompt_id"]], r["turn"], [], rendering)[1]
-                row = {"dataset": ref_dir.parent.name, "decoder": run.name, "prompt": r["prompt_id"],
-                       "first_divergence": at, "new_tokens": len(ref["tokens"]), "divergence_logit_gap": math.nan,
-                       "top_logit": math.nan, "divergence_ulps": math.nan, "divergence_tie": False,
-                       "dtype": str(lm.dtype).replace("torch.", "")}
-                if at < len(ref["tokens"]):  # else the reference stopped where the decoder went on: real
-                    with torch.inference_mode():
-                        logits = reference_logits(lm, ids, ref["tokens"], at)
-                    row.update(judge_divergence(logits, r["tokens"][at] if at < len(r["tokens"]) else None),
-                               top_logit=float(logits.float().max()))
-                rows.append(row)
+                # a later turn renders the run's own earlier answers, as the runner did
+                previous = [records[f"{r['prompt_id']}#{t}"]["text"] for t in range(r["turn"])]
+                ids = render(lm.tokenizer, prompts[r["prompt_id"]], r["turn"], previous, rendering)[1]
+                with torch.inference_mode():
+                    verdict = judge_output(r["tokens"], ref["tokens"], step_logits(lm, ids, r["tokens"]))
+                rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, "prompt": r["prompt_id"],
+                             "key": r["key"], "new_tokens": len(ref["tokens"]), "dtype": str(lm.dtype).replace("torch.", ""),
+                             **{k: verdict[k] for k in COLUMNS if k in verdict}})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -82,8 +78,8 @@ def per_decoder(root: Path, df: pd.DataFrame) -> pd.DataFrame:
             if not (run / "records.jsonl").is_file():
                 continue
             judged = df[(df["dataset"] == ref_dir.parent.name) & (df["decoder"] == run.name)]
-            verdicts = dict(zip(judged["prompt"], judged["divergence_tie"]))
-            records = [{"lossless": r["prompt_id"] not in verdicts, "divergence_tie": verdicts.get(r["prompt_id"])}
+            verdicts = dict(zip(judged["key"], judged["divergence_tie"]))
+            records = [{"lossless": r["key"] not in verdicts, "divergence_tie": verdicts.get(r["key"])}
                        for r in read_records(run / "records.jsonl") if r["status"] == "ok" and r["key"] in reference]
             rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, **lossless_columns(records)})
     return pd.DataFrame(rows)

@@ -100,11 +100,11 @@ def test_lossless_reference_is_timed_without_the_gap_bookkeeping(lm, monkeypatch
 
     import bench.runner
 
-    def slow_gap(*args):
+    def slow_gap(lm, ids, tokens):
         time.sleep(0.5)
-        return torch.zeros(64)
+        return iter([torch.zeros(64)] * len(tokens))
 
-    monkeypatch.setattr(bench.runner, "reference_logits", slow_gap)
+    monkeypatch.setattr(bench.runner, "step_logits", slow_gap)
     record = run_unit(lm, FlipToken(at=4), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
     assert record["divergence_logit_gap"] == 0.0
     assert record["reference"]["latency_s"] < 0.5

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -33,16 +33,16 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
         feed = [token]
 
 
-def reference_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int], at: int) -> torch.Tensor:
-    """The next-token logits autoregressive_decode computed before choosing tokens[at], in the
-    model's dtype: its own forwards (the prompt, then one token at a time) replayed, so the row is
-    the reference's, not a fresh prefill's, which sums in another order and rounds differently."""
+def step_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Iterator[torch.Tensor]:
+    """The target's next-token logits before each of `tokens`, in the model's dtype, from
+    autoregressive_decode's own forwards (the prompt, then one token at a time) along `tokens`:
+    on autoregressive's output they are its logits, replayed bitwise (a fresh prefill would sum
+    in another order and round differently). Lazy: stop reading when done."""
     cache = lm.new_cache()
     feed = list(prompt_ids)
-    for token in tokens[:at]:
-        lm.forward(feed, cache, last_only=True)
+    for token in tokens:
+        yield lm.forward(feed, cache, last_only=True)[-1]
         feed = [token]
-    return lm.forward(feed, cache, last_only=True)[-1]
 
 
 def top_two_logits(lm: LM, ids: Sequence[int]) -> tuple[float, float]:
