@@ -42,7 +42,7 @@ def test_ablation_sweeps_and_plots(tmp_path):
 def test_train_heads_and_ngram_on_tiny_random(tmp_path):
     """Both training scripts end to end (2 steps; the corpus's self-distilled answers come from
     the tiny model itself), and the files they write load into the decoders."""
-    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", f"cache_dir={tmp_path}"]
+    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}"]
     out = run_script("train_heads.py", "--steps", "2", "--heads", "2", "--seq-len", "32", "--batch", "2",
                      "--out", str(tmp_path / "heads.safetensors"), *common, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -82,7 +82,7 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert set(info["profiles"]) == set(labels) and info["copy_bandwidth_bytes_per_s"] > 0
     assert len(set(info["profiles"].values())) == 4  # each threshold its own cached profile
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
-    bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", f"cache_dir={tmp_path}")
+    bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}")
     assert bad.returncode == 2 and "prepacked>=N (N >= 1)" in bad.stderr
 
 
@@ -141,7 +141,7 @@ def test_train_eagle_on_tiny_random(tmp_path):
     out = run_script("train_eagle.py", "--chunks", "4", "--epochs", "1", "--generated-repeats", "1", "--unroll", "2",
                      "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2",
                      "--answer-tokens", "8", "--out", str(tmp_path / "eagle.safetensors"), "model=tiny-random",
-                     f"cache_dir={tmp_path}", timeout=900)
+                     "device=cpu", f"cache_dir={tmp_path}", timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "depth 3: top-1" in out.stdout and (tmp_path / "eagle.png").is_file()
     from decoders.methods.autoregressive import autoregressive_decode
@@ -164,7 +164,7 @@ def test_batch_speedup_on_tiny_random(tmp_path):
 
     out = run_script("batch_speedup.py", "--prompts", "3", "--max-new-tokens", "6", "--batch-sizes", "1", "2",
                      "--decoders", "autoregressive", "lookahead", "--widths", "1", "2", "--out", str(tmp_path),
-                     "model=tiny-random", "dataset=gsm8k")
+                     "model=tiny-random", "device=cpu", "dataset=gsm8k")
     assert out.returncode == 0, out.stderr[-2000:]
     table = pd.read_csv(tmp_path / "batch_speedup.csv")
     assert set(table.decoder) == {"autoregressive", "lookahead", "hf_generate"} and set(table.batch_size) == {1, 2}
