@@ -20,7 +20,7 @@ from decoders.core.batch import decode_batch, latencies
 from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
-from decoders.methods.autoregressive import autoregressive_decode, logit_gap
+from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
 from . import metrics, provenance
 from .errors import BenchError
@@ -190,12 +190,7 @@ def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen,
         ref = autoregressive_decode(lm, ids, max_new, Sampling(), lm.stop_ids)  # timed as a plain run
         lm.sync()
         ref_latency = time.perf_counter() - start
-        diverge = metrics.first_divergence(gen.tokens, ref.tokens)
-        record["lossless"] = diverge is None
-        record["first_divergence"] = diverge
-        # The reference's top1 - top2 gap there (after the clock): ~0 is a numerical near-tie, a clear gap a bug.
-        record["divergence_logit_gap"] = (logit_gap(lm, list(ids) + ref.tokens[:diverge])
-                                          if diverge is not None and diverge < len(ref.tokens) else None)
+        record.update(judge_lossless(lm, ids, gen.tokens, ref.tokens))  # after the clock
         record["reference"] = {"decoder": "autoregressive", "latency_s": ref_latency, "new_tokens": len(ref.tokens),
                                "steps": len(ref.steps), "ttft_s": ref.ttft, "tokens_per_s": len(ref.tokens) / ref_latency}
     if cfg.quality:
@@ -204,6 +199,13 @@ def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen,
             record["quality"] = scored
             record["quality_score"] = float(scored["score"])
     return record
+
+
+def judge_lossless(lm, ids, tokens: list[int], reference: list[int]) -> dict:
+    """lossless, first_divergence and, where the output departs, whether it departs at ties only
+    (bench/metrics.py, judge_output), from the target's own one-token steps along the output."""
+    with torch.inference_mode():
+        return metrics.judge_output(tokens, reference, step_logits(lm, ids, tokens))
 
 
 def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:

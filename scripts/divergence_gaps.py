@@ -4,17 +4,20 @@
 
 For every prompt of a leaderboard (or any directory of runs beside an autoregressive one, laid
 out as <dataset>/<decoder>/) whose output differs from the autoregressive entry's: the first
-divergent position and autoregressive's top-1 minus top-2 logit there, from one fresh forward
-at the run's model and dtype (decoders.methods.autoregressive.top_two_logits, untimed), also in units of the
-dtype's resolution at that logit (its ulp). A gap of a few ulps is a numerical tie: a k-token
+divergent position and the lossless check's verdict (bench/metrics.py, judge_output), from
+autoregressive's own one-token forwards replayed along the output at the run's model and dtype
+(decoders.methods.autoregressive.step_logits, untimed): there, the top-1 minus top-2 logit and
+the top-1 minus the chosen token's logit in units of the dtype's resolution at the top-1 logit
+(divergence_ulps); past it, the first token that no tie explains (first_real_divergence), and
+whether the output departs at ties only (divergence_tie, within metrics.TIE_ULPS). A k-token
 forward and a 1-token forward sum in different orders and round differently, most of all in
-bfloat16 (8 bits of mantissa). A clear gap would be a decoding error. Writes a CSV (default
-LEADERBOARD_DIR/divergences.csv) and prints it.
+bfloat16 (8 bits of mantissa); a clear gap would be a decoding error. Writes a CSV (default
+LEADERBOARD_DIR/divergences.csv) and prints it, then each decoder's lossless_up_to_ties and
+real_divergences.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -25,18 +28,14 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.metrics import first_divergence  # noqa: E402
+from bench.metrics import judge_output, lossless_columns  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records  # noqa: E402
-from decoders.methods.autoregressive import top_two_logits  # noqa: E402
+from decoders.methods.autoregressive import step_logits  # noqa: E402
 
 REFERENCE = "autoregressive"
-
-
-def ulp(x: float, dtype: torch.dtype) -> float:
-    """The spacing of `dtype` numbers at |x|."""
-    eps = torch.finfo(dtype).eps
-    return eps * 2.0 ** math.floor(math.log2(abs(x))) if x else torch.finfo(dtype).tiny
+COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
+           "divergence_ulps", "first_real_divergence", "divergence_tie", "dtype"]
 
 
 def divergences(root: Path) -> pd.DataFrame:
@@ -54,22 +53,36 @@ def divergences(root: Path) -> pd.DataFrame:
         for run in sorted(p for p in ref_dir.parent.iterdir() if p.is_dir() and p.name != REFERENCE):
             if not (run / "records.jsonl").is_file():
                 continue
-            for r in read_records(run / "records.jsonl"):
+            records = {r["key"]: r for r in read_records(run / "records.jsonl")}
+            for r in records.values():
                 ref = reference.get(r["key"])
                 if r["status"] != "ok" or ref is None or r["tokens"] == ref["tokens"]:
                     continue
-                at = first_divergence(r["tokens"], ref["tokens"])
-                ids = render(lm.tokenizer, prompts[r["prompt_id"]], r["turn"], [], rendering)[1]
-                context = list(ids) + ref["tokens"][:at]
+                # a later turn renders the run's own earlier answers, as the runner did
+                previous = [records[f"{r['prompt_id']}#{t}"]["text"] for t in range(r["turn"])]
+                ids = render(lm.tokenizer, prompts[r["prompt_id"]], r["turn"], previous, rendering)[1]
                 with torch.inference_mode():
-                    top, second = top_two_logits(lm, context)
-                gap = top - second if at < len(ref["tokens"]) else math.nan
+                    verdict = judge_output(r["tokens"], ref["tokens"], step_logits(lm, ids, r["tokens"]))
                 rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, "prompt": r["prompt_id"],
-                             "first_divergence": at, "new_tokens": len(ref["tokens"]), "logit_gap": gap,
-                             "top_logit": top, "gap_in_ulps": gap / ulp(top, lm.dtype) if not math.isnan(gap) else math.nan,
-                             "dtype": str(lm.dtype).replace("torch.", "")})
-    return pd.DataFrame(rows, columns=["dataset", "decoder", "prompt", "first_divergence", "new_tokens", "logit_gap",
-                                       "top_logit", "gap_in_ulps", "dtype"])
+                             "key": r["key"], "new_tokens": len(ref["tokens"]), "dtype": str(lm.dtype).replace("torch.", ""),
+                             **{k: verdict[k] for k in COLUMNS if k in verdict}})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def per_decoder(root: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """lossless, lossless_up_to_ties and real_divergences per (dataset, decoder), the run summaries' names."""
+    rows = []
+    for ref_dir in sorted(root.glob(f"*/{REFERENCE}")):
+        reference = {r["key"] for r in read_records(ref_dir / "records.jsonl") if r["status"] == "ok"}
+        for run in sorted(p for p in ref_dir.parent.iterdir() if p.is_dir() and p.name != REFERENCE):
+            if not (run / "records.jsonl").is_file():
+                continue
+            judged = df[(df["dataset"] == ref_dir.parent.name) & (df["decoder"] == run.name)]
+            verdicts = dict(zip(judged["key"], judged["divergence_tie"]))
+            records = [{"lossless": r["key"] not in verdicts, "divergence_tie": verdicts.get(r["key"])}
+                       for r in read_records(run / "records.jsonl") if r["status"] == "ok" and r["key"] in reference]
+            rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, **lossless_columns(records)})
+    return pd.DataFrame(rows)
 
 
 def main(argv=None) -> None:
@@ -84,6 +97,7 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.out else root / "divergences.csv"
     df.to_csv(out, index=False)
     print(df.to_markdown(index=False, floatfmt=".3g") if len(df) else "every output equals autoregressive's")
+    print("\n" + per_decoder(root, df).to_markdown(index=False, floatfmt=".3g"))
     print(f"\nwrote {out}", file=sys.stderr)
 
 

@@ -13,6 +13,16 @@ os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def pytest_collection_modifyitems(config, items):
+    """`cuda` tests run where CUDA is; elsewhere each is skipped, saying why."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def data_dir():
     if not (DATA_DIR / "mt_bench" / "question.jsonl").is_file() or not (DATA_DIR / "gsm8k" / "test.jsonl").is_file():

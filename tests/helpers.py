@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,10 +25,12 @@ FAST_PATH = os.environ.get("BENCH_TEST_FAST_PATH", "prepacked")
 
 
 def tiny_lm(seed: int = 0, vocab: int = 64, layers: int = 2, attn: str = "sdpa", eos: int | None = None,
-            init_std: float = 0.2, hidden: int = 64, fast_path: str = FAST_PATH) -> LM:
-    """A random Llama with a small vocabulary, no tokenizer."""
+            init_std: float = 0.2, hidden: int = 64, fast_path: str = FAST_PATH, dtype: str = "float32",
+            device: str = "cpu") -> LM:
+    """A random Llama with a small vocabulary, no tokenizer (the same weights in every dtype and
+    on every device: drawn in float32 on the CPU, then cast and moved)."""
     spec = TinyRandomModel(num_layers=layers, hidden_size=hidden, seed=seed, init_std=init_std,
-                           attn_implementation=attn, device="cpu", dtype="float32")
+                           attn_implementation=attn, device=device, dtype=dtype)
     return LM(spec.build(vocab, eos), fast_path=fast_path)
 
 
@@ -40,9 +43,16 @@ def _cli_env() -> dict:
                 WANDB_SILENT="true")
 
 
+def on_cpu(overrides) -> list[str]:
+    """The overrides, with device=cpu unless they choose a device: the suite's CLI runs are CPU
+    and float32 runs on every host (device=auto would take a GPU and float16 where there is one)."""
+    overrides = list(overrides)
+    return overrides if any(re.match(r"[+~]*device=", o) for o in overrides) else [*overrides, "device=cpu"]
+
+
 def run_cli(*overrides: str, timeout: int = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`python -m bench ...` in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "bench", *overrides], capture_output=True, text=True,
+    """`python -m bench ...` in a subprocess, as a user runs it (on the CPU unless a device is given)."""
+    return subprocess.run([sys.executable, "-m", "bench", *on_cpu(overrides)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or REPO, env=_cli_env())
 
 
@@ -51,7 +61,7 @@ def start_cli(*overrides: str, output: bool = False) -> subprocess.Popen:
     (output=True: stdout and stderr piped, as text). SIGINT is restored in the child: a shell
     that starts the suite in the background ignores it for its children."""
     pipe = subprocess.PIPE if output else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "-m", "bench", *overrides], cwd=REPO, env=_cli_env(), stdout=pipe,
+    return subprocess.Popen([sys.executable, "-m", "bench", *on_cpu(overrides)], cwd=REPO, env=_cli_env(), stdout=pipe,
                             stderr=pipe, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 

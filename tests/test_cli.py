@@ -10,7 +10,7 @@ import pytest
 
 from helpers import CACHE_DIR, REPO, run_cli, start_cli, wait_for_records
 
-TINY = ["model=tiny-random", "gen.max_new_tokens=8"]
+TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=8"]
 
 
 def records(run_dir):
@@ -60,7 +60,8 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
     assert all(r["lossless"] is True and r["first_divergence"] is None for r in recs)
     assert all(r["reference"]["decoder"] == "autoregressive" and r["reference"]["latency_s"] > 0 for r in recs)
     summary = pd.read_csv(tmp_path / "summary.csv")
-    assert summary.loc[0, "lossless"] == 1.0
+    assert summary.loc[0, "lossless"] == summary.loc[0, "lossless_up_to_ties"] == 1.0
+    assert summary.loc[0, "real_divergences"] == 0
     assert summary.loc[0, "speedup"] > 0 and summary.loc[0, "speedup_geomean"] > 0
     assert summary.loc[0, "quality_metric"] == "accuracy"
 
@@ -229,8 +230,8 @@ def test_multirun_sweep_and_report(tmp_path):
     out = run_cli("-m", *TINY, "decoder=autoregressive,hf_pld", "dataset.limit=2", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 0, out.stderr
     runs = sorted(p.parent.name for p in tmp_path.rglob("summary.csv"))
-    assert runs == ["dataset.limit=2,decoder=autoregressive,gen.max_new_tokens=8,model=tiny-random",
-                    "dataset.limit=2,decoder=hf_pld,gen.max_new_tokens=8,model=tiny-random"]
+    assert runs == ["dataset.limit=2,decoder=autoregressive,device=cpu,gen.max_new_tokens=8,model=tiny-random",
+                    "dataset.limit=2,decoder=hf_pld,device=cpu,gen.max_new_tokens=8,model=tiny-random"]
     report = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path), "--out", str(tmp_path / "rep")],
                             capture_output=True, text=True, cwd=REPO)
     assert report.returncode == 0, report.stderr

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli, start_cli, wait_for_records
 
-TINY = ["model=tiny-random", "gen.max_new_tokens=8"]
+TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=8"]
 HEADS = REPO / "adapters" / "smollm2-135m-heads4.safetensors"
 ADAPTER = REPO / "adapters" / "smollm2-135m-self4.safetensors"
 
@@ -104,7 +104,7 @@ def test_unwritable_output_directory(tmp_path):
     sweep = run_cli("-m", *TINY, "decoder=autoregressive,hf_pld", f"hydra.sweep.dir={blocker / 'sweep'}")
     one_line_error(sweep, f"hydra.sweep.dir={blocker / 'sweep'}: cannot write under {blocker}")
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random",
+    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu",
                             f"leaderboard.out_dir={blocker / 'board'}"], capture_output=True, text=True, cwd=REPO,
                            env=env, timeout=300)
     one_line_error(board, f"leaderboard.out_dir={blocker / 'board'}: cannot write under {blocker}")

@@ -2,6 +2,7 @@
 from dataclasses import dataclass
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from bench.datasets import Prompt
@@ -89,6 +90,7 @@ def test_lossless_check_reports_first_divergence_and_logit_gap(lm):
     top2 = lm.forward(ids + reference.tokens[:4], lm.new_cache())[-1].float().topk(2).values
     assert record["divergence_logit_gap"] == pytest.approx(float(top2[0] - top2[1]), rel=1e-4)
     assert record["divergence_logit_gap"] > 0
+    assert record["divergence_tie"] is False and record["divergence_ulps"] > 1e3  # a flipped token: a real divergence
     assert record["reference"]["new_tokens"] == 12
 
 
@@ -98,11 +100,11 @@ def test_lossless_reference_is_timed_without_the_gap_bookkeeping(lm, monkeypatch
 
     import bench.runner
 
-    def slow_gap(*args):
+    def slow_gap(lm, ids, tokens):
         time.sleep(0.5)
-        return 0.0
+        return iter([torch.zeros(64)] * len(tokens))
 
-    monkeypatch.setattr(bench.runner, "logit_gap", slow_gap)
+    monkeypatch.setattr(bench.runner, "step_logits", slow_gap)
     record = run_unit(lm, FlipToken(at=4), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
     assert record["divergence_logit_gap"] == 0.0
     assert record["reference"]["latency_s"] < 0.5

@@ -42,7 +42,7 @@ def test_ablation_sweeps_and_plots(tmp_path):
 def test_train_heads_and_ngram_on_tiny_random(tmp_path):
     """Both training scripts end to end (2 steps; the corpus's self-distilled answers come from
     the tiny model itself), and the files they write load into the decoders."""
-    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", f"cache_dir={tmp_path}"]
+    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}"]
     out = run_script("train_heads.py", "--steps", "2", "--heads", "2", "--seq-len", "32", "--batch", "2",
                      "--out", str(tmp_path / "heads.safetensors"), *common, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -82,7 +82,7 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert set(info["profiles"]) == set(labels) and info["copy_bandwidth_bytes_per_s"] > 0
     assert len(set(info["profiles"].values())) == 4  # each threshold its own cached profile
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
-    bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", f"cache_dir={tmp_path}")
+    bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}")
     assert bad.returncode == 2 and "prepacked>=N (N >= 1)" in bad.stderr
 
 
@@ -98,7 +98,7 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     import pandas as pd
 
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "gen.max_new_tokens=8",
+    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu", "gen.max_new_tokens=8",
                             "leaderboard.limit=2", "leaderboard.datasets=[gsm8k]", "leaderboard.only=[autoregressive,jacobi]",
                             "leaderboard.verification_tokens=[1,2]", f"leaderboard.out_dir={tmp_path}"],
                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
@@ -111,7 +111,10 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     df = pd.read_csv(tmp_path / "divergences.csv")
     assert len(df) == 1 and df.loc[0, "decoder"] == "jacobi" and df.loc[0, "first_divergence"] == 3
-    assert df.loc[0, "logit_gap"] >= 0 and df.loc[0, "gap_in_ulps"] >= 0 and df.loc[0, "dtype"] == "float32"
+    assert df.loc[0, "divergence_logit_gap"] >= 0 and df.loc[0, "dtype"] == "float32"
+    # a token changed by hand is no tie: its logit is far below the reference's top-1
+    assert df.loc[0, "divergence_ulps"] > 1e3 and not df.loc[0, "divergence_tie"]
+    assert "real_divergences" in out.stdout and "lossless_up_to_ties" in out.stdout
 
 
 def test_compare_leaderboards_finds_a_changed_step(tmp_path):
@@ -138,7 +141,7 @@ def test_train_eagle_on_tiny_random(tmp_path):
     out = run_script("train_eagle.py", "--chunks", "4", "--epochs", "1", "--generated-repeats", "1", "--unroll", "2",
                      "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2",
                      "--answer-tokens", "8", "--out", str(tmp_path / "eagle.safetensors"), "model=tiny-random",
-                     f"cache_dir={tmp_path}", timeout=900)
+                     "device=cpu", f"cache_dir={tmp_path}", timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "depth 3: top-1" in out.stdout and (tmp_path / "eagle.png").is_file()
     from decoders.methods.autoregressive import autoregressive_decode
@@ -161,7 +164,7 @@ def test_batch_speedup_on_tiny_random(tmp_path):
 
     out = run_script("batch_speedup.py", "--prompts", "3", "--max-new-tokens", "6", "--batch-sizes", "1", "2",
                      "--decoders", "autoregressive", "lookahead", "--widths", "1", "2", "--out", str(tmp_path),
-                     "model=tiny-random", "dataset=gsm8k")
+                     "model=tiny-random", "device=cpu", "dataset=gsm8k")
     assert out.returncode == 0, out.stderr[-2000:]
     table = pd.read_csv(tmp_path / "batch_speedup.csv")
     assert set(table.decoder) == {"autoregressive", "lookahead", "hf_generate"} and set(table.batch_size) == {1, 2}

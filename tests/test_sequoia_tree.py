@@ -367,7 +367,7 @@ def test_fingerprint_tells_drafts_apart():
 def test_measure_script_on_tiny_random(tmp_path):
     out_file = tmp_path / "acc.json"
     out = run_script("measure_acceptance.py", "--prompts", "2", "--max-new-tokens", "6", "--K", "3", "--out",
-                     str(out_file), "model=tiny-random", "draft.layers=1", "draft.adapter=null", "threads=1", "gen.temperature=0.8",
+                     str(out_file), "model=tiny-random", "device=cpu", "draft.layers=1", "draft.adapter=null", "threads=1", "gen.temperature=0.8",
                      f"cache_dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-2000:]
     p = load_acceptance(out_file)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -30,6 +30,18 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
         tracer.end_step(accepted=1, forward_tokens=len(feed), context_tokens=context)
         if token in stop_ids or len(tokens) >= max_new_tokens:
             return tracer.finish(tokens, stop_ids)
+        feed = [token]
+
+
+def step_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Iterator[torch.Tensor]:
+    """The target's next-token logits before each of `tokens`, in the model's dtype, from
+    autoregressive_decode's own forwards (the prompt, then one token at a time) along `tokens`:
+    on autoregressive's output they are its logits, replayed bitwise (a fresh prefill would sum
+    in another order and round differently). Lazy: stop reading when done."""
+    cache = lm.new_cache()
+    feed = list(prompt_ids)
+    for token in tokens:
+        yield lm.forward(feed, cache, last_only=True)[-1]
         feed = [token]
 
 

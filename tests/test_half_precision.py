@@ -1,0 +1,213 @@
+"""Half precision: the lossless check tells ties from bugs, every decoder equals autoregressive
+greedy up to ties, and sampling stays exact, in bfloat16 and float16.
+
+The suite runs in float32; this slice runs the same checks on tiny-random in bf16 and fp16, on
+the CPU and, under the `cuda` marker, on CUDA (skipped with a reason where there is none).
+In half precision a k-token forward and a 1-token step round differently, so greedy equality is
+checked up to ties (bench/metrics.py, judge_output: every token within TIE_ULPS of the target's
+top-1 on the output's own path).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import test_exact_verification as exact
+import test_sampling
+from bench import metrics
+from bench.runner import judge_lossless
+from decoders.core.sampling import Sampling, probs
+from decoders.methods.autoregressive import autoregressive_decode
+from helpers import chi2_pvalue, tiny_lm
+from test_greedy_equality import DECODERS, GREEDY, check_trace, tiny_case
+
+DTYPES = ["bfloat16", "float16"]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+# One configuration per method, the first test_greedy_equality lists for it: every decoder, at
+# a fraction of the float32 suite's cost.
+ONE_PER_METHOD = {}
+for _label, _decoder in DECODERS.items():
+    ONE_PER_METHOD.setdefault(_decoder.name, _label)
+
+
+# ---- the rule --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_ulp_is_the_spacing_of_the_dtype(dtype):
+    for x in (0.3, 1.0, 1.5, -7.25, 100.0):
+        v = torch.tensor(x, dtype=dtype)
+        assert float(torch.nextafter(v.abs(), torch.tensor(float("inf"), dtype=dtype)) - v.abs()) == metrics.ulp(x, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_departure_in_ulps(dtype):
+    """A token 1 ulp below the top is a tie, a third token far below is not, even when the top
+    two are tied: the chosen token must be one of the near-tied ones."""
+    top = torch.tensor(5.0, dtype=dtype)
+    below = torch.nextafter(top, torch.tensor(0.0, dtype=dtype))
+    logits = torch.stack([top, below, top - 3, top]).to(dtype)
+    assert metrics.departure_ulps(logits, 0) == 0 and metrics.departure_ulps(logits, 3) == 0
+    assert metrics.departure_ulps(logits, 1) == 1
+    assert metrics.departure_ulps(logits, 2) > 10 * metrics.TIE_ULPS
+
+
+# ---- a genuine tie against a genuine bug, through the runner's check ---------------------------
+def _greedy(lm, prompt, n, choose, change=lambda i, t, row: t):
+    """Greedy decoding with a chosen tie-breaking rule; `change` may replace the token at step i."""
+    cache, tokens, feed = lm.new_cache(), [], list(prompt)
+    for i in range(n):
+        row = lm.forward(feed, cache, last_only=True)[-1]
+        tokens.append(change(i, choose(row), row))
+        feed = [tokens[-1]]
+    return tokens
+
+
+def _first(row):
+    return int(row.argmax())
+
+
+def _last(row):  # a tie broken the other way: the last of the tied tokens
+    return len(row) - 1 - int(row.flip(0).argmax())
+
+
+@pytest.fixture(scope="module", params=[pytest.param((d, "cpu"), id=f"{d}-cpu") for d in DTYPES]
+                + [pytest.param((d, "cuda"), id=f"{d}-cuda", marks=pytest.mark.cuda) for d in DTYPES])
+def tied(request):
+    """tiny-random with one lm_head row copied onto another: two tokens' logits are exactly equal
+    at every step, and the pair is the top at step 2 or before. Returns the lm, a prompt and the
+    reference output (ties to the first index, as torch.argmax)."""
+    dtype, device = request.param
+    lm = tiny_lm(seed=1, dtype=dtype, device=device)
+    prompt = [3, 14, 15, 9, 2]
+    a = autoregressive_decode(lm, prompt, 3, GREEDY, set()).tokens[2]
+    b = (a + 17) % 64
+    with torch.no_grad():
+        head = lm.model.get_output_embeddings().weight
+        head[b] = head[a]
+    reference = autoregressive_decode(lm, prompt, 16, GREEDY, set()).tokens
+    assert reference == _greedy(lm, prompt, 16, _first)
+    return lm, prompt, reference
+
+
+def test_a_genuine_tie_is_a_tie(tied):
+    lm, prompt, reference = tied
+    tokens = _greedy(lm, prompt, 16, _last)
+    verdict = judge_lossless(lm, prompt, tokens, reference)
+    assert verdict["lossless"] is False and verdict["first_divergence"] <= 2
+    assert verdict["divergence_ulps"] == 0 and verdict["divergence_logit_gap"] == 0
+    assert verdict["divergence_tie"] is True and verdict["first_real_divergence"] is None
+
+
+def test_a_genuine_bug_is_a_real_divergence(tied):
+    """A wrong token where the gap is large (the step's lowest logit), before and after a tie:
+    the tie rule never hides it."""
+    lm, prompt, reference = tied
+    worst = lambda at: lambda i, t, row: int(row.argmin()) if i == at else t  # noqa: E731
+    bug = _greedy(lm, prompt, 16, _first, worst(6))
+    verdict = judge_lossless(lm, prompt, bug, reference)
+    assert verdict["first_divergence"] == 6 and verdict["first_real_divergence"] == 6
+    assert verdict["divergence_ulps"] > 100 * metrics.TIE_ULPS and verdict["divergence_tie"] is False
+
+    tie_then_bug = _greedy(lm, prompt, 16, _last, worst(10))
+    late = judge_lossless(lm, prompt, tie_then_bug, reference)
+    assert late["first_divergence"] <= 2 and late["divergence_ulps"] == 0  # departs at the tie...
+    assert late["first_real_divergence"] == 10 and late["divergence_tie"] is False  # ...and the bug is caught
+
+    tie = judge_lossless(lm, prompt, _greedy(lm, prompt, 16, _last), reference)
+    same = judge_lossless(lm, prompt, reference, reference)
+    assert metrics.lossless_columns([same, tie, verdict, late]) == {
+        "lossless": 0.25, "lossless_up_to_ties": 0.5, "real_divergences": 2}
+
+
+def test_summary_reports_ties_and_real_divergences():
+    base = {"decoder": "d", "model": "m", "dataset": "x", "status": "ok", "new_tokens": 4, "steps": 4,
+            "latency_s": 1.0, "tokens_per_s": 4.0, "ttft_s": 0.1, "target_time_s": 1, "draft_time_s": 0,
+            "overhead_time_s": 0, "forward_tokens": 4, "target_flops": 1, "draft_flops": 0, "draft_tokens": 0,
+            "accepted_draft_tokens": 0, "quality_metric": None, "quality_score": None, "reference": None}
+    records = [dict(base, lossless=True, divergence_tie=None), dict(base, lossless=False, divergence_tie=True),
+               dict(base, lossless=False, divergence_tie=False), dict(base, lossless=False)]  # no verdict: real
+    row = metrics.summarize(records).iloc[0]
+    assert (row["lossless"], row["lossless_up_to_ties"], row["real_divergences"]) == (0.25, 0.5, 2)
+    assert "lossless_up_to_ties" in metrics.to_markdown(metrics.summarize(records))
+
+
+# ---- every decoder: greedy equality up to ties -------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("decoder", ONE_PER_METHOD.values())
+def test_greedy_equality_up_to_ties(decoder, dtype, device):
+    lm = tiny_lm(seed=2, dtype=dtype, device=device)
+    prompt = tiny_case(2, "repetitive")  # prompt lookup and the n-gram pools find matches
+    reference = autoregressive_decode(lm, prompt, 20, GREEDY, stop_ids=set())
+    out = DECODERS[decoder].generate(lm, prompt, 20, GREEDY, set())
+    check_trace(out, 20, set())
+    verdict = judge_lossless(lm, prompt, out.tokens, reference.tokens)
+    assert verdict["first_real_divergence"] is None, verdict
+
+
+# ---- sampling stays exact ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_probs_of_half_logits_are_float32(dtype):
+    logits = (torch.randn(3, 20, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
+    s = Sampling(temperature=0.8, top_p=0.9, top_k=12)
+    out = probs(logits, s)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, test_sampling._reference_probs(logits.float(), 0.8, 12, 0.9))
+
+
+class HalfTables(exact.Tables):
+    """The exact-enumeration tables as a half-precision model gives them: each distribution
+    becomes logits rounded to the dtype, then probabilities through the production probs()."""
+
+    def __init__(self, seed: int, V: int, dtype: torch.dtype):
+        super().__init__(seed, V)
+        for table in (self.p, self.q):
+            for prefix, row in table.items():
+                logits = row.clamp_min(1e-30).log().to(dtype)
+                logits[row == 0] = torch.finfo(dtype).min  # a token top-p / top-k cut stays cut
+                rounded = probs(logits[None], Sampling(temperature=1.0))[0].double()
+                table[prefix] = rounded / rounded.sum()  # exactly normalised, as the reference joint assumes
+
+
+HALF_CASES = {name: exact.CORRECT[name] for name in
+              ("chain-3", "specinfer-k2-d2", "sequoia-2-2-1", "deterministic-dup_siblings")}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", HALF_CASES)
+def test_exact_distribution_from_half_logits(case, dtype):
+    run, n, V, seeds = HALF_CASES[case]
+    worst = 0.0
+    for seed in list(seeds)[:4]:
+        t = HalfTables(seed, V, dtype)
+        worst = max(worst, exact.l1(exact.exact_distribution(lambda oracle: run(oracle, t)), t.joint(n)))
+    assert worst < exact.EXACT
+
+
+N_HALF = 2000
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_autoregressive_samples_exact_two_token_distribution_in_half(dtype, device, one_thread):
+    """test_sampling's end-to-end check in half precision: the first two sampled tokens follow
+    the distribution the half-precision model's own logits define (chi-square, p > 1e-3)."""
+    lm = tiny_lm(seed=0, vocab=test_sampling.VOCAB, init_std=0.2, dtype=dtype, device=device)
+    s, prompt, vocab = Sampling(**test_sampling.SAMPLING), test_sampling.PROMPT, test_sampling.VOCAB
+    p1 = probs(lm.forward(prompt, lm.new_cache())[-1:], s)[0].double().cpu()
+    joint = torch.stack([p1[x] * probs(lm.forward(prompt + [x], lm.new_cache())[-1:], s)[0].double().cpu()
+                         for x in range(vocab)])
+    joint /= joint.sum()
+    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
+    for seed in range(N_HALF):
+        a, b = autoregressive_decode(lm, prompt, 2, Sampling(**test_sampling.SAMPLING, seed=seed), set()).tokens
+        counts[a, b] += 1
+    assert counts[joint == 0].sum() == 0, "a token outside the top-p nucleus was sampled"
+    assert chi2_pvalue(counts, joint) > test_sampling.ALPHA
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
