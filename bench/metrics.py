@@ -294,8 +294,10 @@ def batch_totals(records) -> dict:
 SUMMARY_KEYS = ["decoder", "model", "dataset"]
 
 
-# The fields the per-record functions above read (mean_accepted_tokens, decode_flops_per_step, batch_totals).
-_PER_RECORD = ["new_tokens", "latency_s", "batch", "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops"]
+# The fields the per-record functions above read (mean_accepted_tokens, decode_flops_per_step, batch_totals,
+# lossless_columns).
+_PER_RECORD = ["new_tokens", "latency_s", "batch", "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops",
+               "lossless", "divergence_tie"]
 
 
 def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> pd.DataFrame:

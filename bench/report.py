@@ -36,7 +36,7 @@ NUMBERS = ("new_tokens", "steps", "latency_s", "ttft_s", "tokens_per_s", "target
            "overhead_time_s", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "target_flops", "draft_flops",
            "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops", "hit_steps", "paths", "head_flops",
            "rescore_flops", "quality_score")
-OBJECTS = ("decoder", "model", "dataset", "category", "status", "quality_metric", "decoder_lossless", "lossless",
+OBJECTS = ("decoder", "model", "dataset", "category", "status", "quality_metric", "decoder_lossless", "lossless", "divergence_tie",
            "reference", "tuned", "batch", "depth_proposed", "depth_accepted")
 
 

@@ -137,3 +137,20 @@ def test_summaries_break_down_by_category():
     by = metrics.summarize(recs, by_category=True).set_index("category")
     assert by.loc["math", "records"] == 2 and by.loc["math", "tokens_per_step"] == 50 / 20
     assert by.loc["writing", "records"] == 1
+
+
+def test_streamed_columns_summarize_as_the_records_do():
+    # bench.report streams records into the columns summarize reads: every summary figure,
+    # the lossless verdicts included, must come out as from the records themselves.
+    from bench.report import columns
+    recs = [record("a", 10, 5, 1.0, ref_latency=2.0, lossless=True, score=1.0),
+            record("b", 30, 10, 2.0, ref_latency=2.0, lossless=False, score=0.0),
+            record("c", 20, 10, 2.0, ref_latency=2.0, lossless=False, score=0.0)]
+    recs[1]["divergence_tie"] = True
+    recs[2]["divergence_tie"] = False
+    direct, streamed = metrics.summarize(recs).iloc[0], metrics.summarize(columns(recs)).iloc[0]
+    assert direct["lossless"] == pytest.approx(1 / 3) and direct["lossless_up_to_ties"] == pytest.approx(2 / 3)
+    assert direct["real_divergences"] == 1
+    for name in ("lossless", "lossless_up_to_ties", "real_divergences", "tokens_per_step", "speedup",
+                 "mean_accepted_tokens", "quality"):
+        assert streamed[name] == pytest.approx(direct[name], nan_ok=True), name
