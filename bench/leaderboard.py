@@ -16,7 +16,9 @@ the reference, always among them) and sets datasets, limit (4), repeats and out_
 - lookahead: lookahead (N,W,G = 4,5,5), lookahead-w15n7, lookahead-auto, jacobi, hf_pld (2 repeats),
 - heads: medusa-auto-32/-64, medusa-chain, bpd-p1/-p4 and their n-gram rescored bpd-ngram-p1/-p4
   (bpd-neural-p4 is defined; add it to leaderboard.only),
-- baselines: autoregressive against transformers' generate() (3 repeats; decode_overhead_frac).
+- baselines: autoregressive against transformers' generate() (3 repeats; decode_overhead_frac),
+- spec_bench: Spec-Bench's protocol (its 480 questions, every turn, 1024 tokens, 3 repeats) with
+  each target's published drafts (${model.drafts.<kind>} in an entry: the model config's draft).
 A preset writes results/<preset>/ (not under version control). The checked-in tables the README
 quotes live in results/reference/<topic>/ and are remade from a clean tree with
 leaderboard.out_dir=results/reference/<topic>: a preset never writes there by default, since a
