@@ -254,3 +254,33 @@ def test_spec_bench_preset_runs_every_turn_and_writes_its_table(tmp_path, monkey
     assert (out / "leaderboard.csv").is_file()  # ours, beside it
     info = json.loads((out / "provenance.json").read_text())
     assert info["leaderboard"]["turns"] == "all" and info["dtype"] == "float32"
+
+
+def test_a_sentencepiece_only_tokenizer_loads_as_sentencepiece_encodes(tmp_path):
+    """vicuna-7b-v1.3 ships tokenizer.model alone (no tokenizer.json): transformers converts it with
+    sentencepiece and protobuf (pyproject's dependencies). A small BPE model of that kind encodes as
+    sentencepiece's own processor does."""
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from transformers import AutoTokenizer
+
+    model = pb.ModelProto()
+    model.trainer_spec.model_type = pb.TrainerSpec.BPE
+    model.trainer_spec.byte_fallback = True
+    model.normalizer_spec.name, model.normalizer_spec.add_dummy_prefix = "identity", True
+    model.normalizer_spec.remove_extra_whitespaces = False
+    pieces = [("<unk>", pb.ModelProto.SentencePiece.UNKNOWN), ("<s>", pb.ModelProto.SentencePiece.CONTROL),
+              ("</s>", pb.ModelProto.SentencePiece.CONTROL)]
+    pieces += [(f"<0x{i:02X}>", pb.ModelProto.SentencePiece.BYTE) for i in range(256)]
+    words = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "he", "ll", "lo", "▁he", "llo", "▁hello", "▁w", "or", "ld", "▁world"]
+    pieces += [(w, pb.ModelProto.SentencePiece.NORMAL) for w in words]
+    for i, (piece, kind) in enumerate(pieces):
+        p = model.pieces.add()
+        p.piece, p.type, p.score = piece, kind, -float(i) if kind == pb.ModelProto.SentencePiece.NORMAL else 0.0
+    (tmp_path / "tokenizer.model").write_bytes(model.SerializeToString())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    reference = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
+    for text in ["hello world", "hello  wor", "held Ω"]:
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == reference.encode(text), text
