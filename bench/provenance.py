@@ -47,4 +47,5 @@ def collect(lm) -> dict:
         "fast_path_note": lm.fast_path_note,
         "fast_path_extra_bytes": lm.fast_path_bytes,
         "model_flops_spec": lm.flops_spec(),
+        "model_source": getattr(lm, "source", None),  # path, revision asked for, hub commit loaded (bench/models.py)
     }

@@ -1,0 +1,127 @@
+"""The leaderboard's figures in Spec-Bench's layout (its evaluation/speed.py): one column per task
+group plus Overall, a row per method, the speedup's mean and standard deviation over the timed
+runs, and mean accepted tokens. Written beside leaderboard.csv/.md as spec_bench.csv/.md, for
+every dataset whose prompts carry a category.
+
+As in Spec-Bench, a question is one unit however many turns it has: its tokens and seconds are
+summed over its turns. Run r's speedup is `metrics.speedups` over the questions (Spec-Bench's:
+mean per-question tokens/s over the reference's, both from run r, i.e. repeat r of the
+leaderboard's rotation); the table gives its mean and sample standard deviation (ddof 1) over the
+runs. Mean accepted tokens is `metrics.mean_accepted_tokens` over every turn's steps. Only
+questions whose every turn ran for both the method and the reference count.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import metrics
+from .datasets import SPEC_BENCH_GROUPS
+from .leaderboard import REFERENCE, timed_runs
+
+OVERALL = "Overall"
+
+
+def columns(categories: list[str]) -> dict[str, tuple[str, ...]]:
+    """Column -> the categories it pools: Spec-Bench's six task groups where present, then any
+    other category as its own column, then Overall (every category)."""
+    cols = {name: tuple(c for c in cats if c in categories) for name, cats in SPEC_BENCH_GROUPS.items()}
+    cols = {name: cats for name, cats in cols.items() if cats}
+    grouped = {c for cats in cols.values() for c in cats}
+    cols.update({c: (c,) for c in categories if c not in grouped})
+    cols[OVERALL] = tuple(categories)
+    return cols
+
+
+def _questions(records: list[dict]) -> dict[str, list[dict]]:
+    """prompt_id -> its turns' records, for questions whose every recorded turn is ok."""
+    by_id: dict[str, list[dict]] = {}
+    for r in records:
+        by_id.setdefault(r["prompt_id"], []).append(r)
+    return {q: sorted(rs, key=lambda r: r["turn"]) for q, rs in by_id.items() if all(r["status"] == "ok" for r in rs)}
+
+
+def cell(records: list[dict], reference: list[dict]) -> dict:
+    """One method's figures over one column's records, against the reference's."""
+    mine, ref = _questions(records), _questions(reference)
+    common = [q for q in mine if q in ref and len(mine[q]) == len(ref[q])]
+    runs = min((len(timed_runs(r)) for q in common for r in mine[q] + ref[q]), default=0)
+    per_run = []
+    for k in range(runs):
+        pairs = [({"new_tokens": sum(r["new_tokens"] for r in mine[q]), "latency_s": sum(timed_runs(r)[k] for r in mine[q])},
+                  {"new_tokens": sum(r["new_tokens"] for r in ref[q]), "latency_s": sum(timed_runs(r)[k] for r in ref[q])})
+                 for q in common]
+        per_run.append(metrics.speedups(pairs)["speedup"])
+    return {"questions": len(common), "runs": runs,
+            "speedup_mean": float(np.mean(per_run)) if per_run else math.nan,
+            "speedup_std": float(np.std(per_run, ddof=1)) if len(per_run) > 1 else math.nan,
+            "mean_accepted_tokens": metrics.mean_accepted_tokens([r for q in common for r in mine[q]])}
+
+
+def table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+    """records: (dataset, label) -> that entry's records. A row per (dataset, decoder, column)."""
+    rows = []
+    for ds in datasets:
+        reference = records[ds, REFERENCE]
+        categories = list(dict.fromkeys(r["category"] for r in reference if r.get("category")))
+        if not categories:
+            continue
+        for label in labels:
+            for name, cats in columns(categories).items():
+                rows.append({"dataset": ds, "decoder": label, "column": name,
+                             **cell([r for r in records[ds, label] if r.get("category") in cats],
+                                    [r for r in reference if r.get("category") in cats])})
+    return pd.DataFrame(rows)
+
+
+def wide(df: pd.DataFrame, figure: str) -> pd.DataFrame:
+    """Spec-Bench's layout for one figure: a row per (dataset, decoder), a column per task group."""
+    out = df.pivot(index=["dataset", "decoder"], columns="column", values=figure)
+    rows = list(dict.fromkeys(zip(df["dataset"], df["decoder"])))
+    out = out.loc[rows, list(dict.fromkeys(df["column"]))].reset_index()  # the table's own order
+    out.columns.name = None
+    return out
+
+
+def markdown(df: pd.DataFrame) -> str:
+    parts = []
+    for ds, part in df.groupby("dataset", sort=False):
+        runs = int(part["runs"].min())
+        questions = ", ".join(f"{c} {n}" for c, n in part[part["decoder"] == REFERENCE][["column", "questions"]].values)
+        speed = part.assign(shown=[f"{m:.2f}x" + (f" ± {s:.2f}" if not math.isnan(s) else "")
+                                   for m, s in zip(part["speedup_mean"], part["speedup_std"])])
+        parts += [f"### {ds}: speedup over {REFERENCE} (mean ± std over {runs} run{'s' if runs != 1 else ''})\n",
+                  wide(speed, "shown").drop(columns="dataset").to_markdown(index=False),
+                  f"\n### {ds}: mean accepted tokens\n",
+                  wide(part, "mean_accepted_tokens").drop(columns="dataset").to_markdown(index=False, floatfmt=".2f"),
+                  f"\nquestions per column: {questions}\n"]
+    return ("Spec-Bench's layout (evaluation/speed.py): a question's turns are summed; run r's speedup is the mean "
+            "per-question tokens/s over the reference's in the same run; mean accepted tokens: new tokens per "
+            "decoding step, prefill excluded, bonus token included.\n\n" + "\n".join(parts))
+
+
+FIGURES = ("speedup_mean", "speedup_std", "mean_accepted_tokens")
+
+
+def csv_layout(df: pd.DataFrame) -> pd.DataFrame:
+    """A row per (dataset, decoder); per column `<column> <figure>` for each of FIGURES, then runs."""
+    out = None
+    for figure in FIGURES:
+        part = wide(df, figure)
+        part.columns = [c if c in ("dataset", "decoder") else f"{c} {figure}" for c in part.columns]
+        out = part if out is None else out.merge(part, on=["dataset", "decoder"], sort=False)
+    order = ["dataset", "decoder"] + [f"{c} {f}" for c in dict.fromkeys(df["column"]) for f in FIGURES]
+    runs = df.groupby(["dataset", "decoder"], sort=False)["runs"].min().reset_index()
+    return out[order].merge(runs, on=["dataset", "decoder"], sort=False)
+
+
+def write(out_dir: Path, records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+    """spec_bench.csv and spec_bench.md in Spec-Bench's layout; nothing where no dataset has categories."""
+    df = table(records, datasets, labels)
+    if len(df):
+        csv_layout(df).to_csv(out_dir / "spec_bench.csv", index=False)
+        (out_dir / "spec_bench.md").write_text(markdown(df))
+    return df
