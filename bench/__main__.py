@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def precheck(argv: list[str]) -> None:
         except Exception as e:
             fail(_reason(e))
         for i, combo in enumerate(combos[:MAX_CHECKED_COMBINATIONS]):
-            _check_job(hydra_overrides, combo, output=args.multirun if i == 0 else None)
+            _check_job(hydra_overrides, combo, args.multirun, first=i == 0)
 
 
 def _is_hydra(override) -> bool:
@@ -124,9 +125,12 @@ def _check_writable(key: str, path: str) -> None:
         fail(f"{key}={path}: cannot write under {existing} ({e.strerror or e}); choose a writable directory")
 
 
-def _check_job(hydra_overrides: list[str], overrides: list[str], output: bool | None = None) -> None:
+def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool, first: bool) -> None:
     from hydra import compose
+    from hydra.types import RunMode
+    from omegaconf import open_dict
 
+    from . import rundir
     from .errors import BenchError
     from .runner import check_config
 
@@ -135,17 +139,26 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], output: bool | 
     except Exception as e:
         fail(f"{' '.join(overrides)}: {_reason(e)}")
     HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
+    sweep = multirun or cfg.hydra.mode == RunMode.MULTIRUN
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     try:
         check_config(cfg)
+        # The job's directory, before Hydra writes anything there: only a run's own, and its records
+        # only resumed with the settings they were made with.
+        if first:
+            if sweep:
+                rundir.check_sweep_dir(Path(cfg.hydra.sweep.dir))
+            else:
+                rundir.check_owned(Path(cfg.hydra.run.dir), key)
+        job = cfg.copy()  # the config the job will run: without the hydra node, as Hydra hands it over
+        with open_dict(job):
+            del job["hydra"]
+        run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.sweep.subdir if sweep else Path(cfg.hydra.run.dir)
+        rundir.check_resume(run_dir, job, cfg.resume, key)
     except BenchError as e:
         fail(e)
-    if output is not None:  # the first job: is its output directory writable?
-        from hydra.types import RunMode
-
-        if output or cfg.hydra.mode == RunMode.MULTIRUN:
-            _check_writable("hydra.sweep.dir", cfg.hydra.sweep.dir)
-        else:
-            _check_writable("hydra.run.dir", cfg.hydra.run.dir)
+    if first:  # is its output directory writable?
+        _check_writable(key, cfg.hydra.sweep.dir if sweep else cfg.hydra.run.dir)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -155,12 +168,16 @@ def app(cfg: DictConfig) -> None:
     from .runner import build, run
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    key = "hydra.sweep.dir" if hydra_cfg.mode == RunMode.MULTIRUN else "hydra.run.dir"
     try:
         logger = build(cfg.logger, "logger")
         logger.start(cfg, run_dir)
         try:
-            summary = run(cfg, run_dir, logger)
+            summary = run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)
         finally:
             logger.finish()
     except BenchError as e:
@@ -181,7 +198,7 @@ def resume_command(run_dir: Path) -> str:
     sweep = hc.mode == RunMode.MULTIRUN
     kept = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir=", "hydra.sweep.dir="))]
     where = f"hydra.sweep.dir={hc.sweep.dir}" if sweep else f"hydra.run.dir={run_dir}"
-    return " ".join(["python -m bench", *kept, "resume=true", where])
+    return shlex.join(["python", "-m", "bench", *kept, "resume=true", where])  # pasted into a shell
 
 
 def main() -> None:
