@@ -20,6 +20,8 @@ from omegaconf import DictConfig
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
 MAX_CHECKED_COMBINATIONS = 256
+# Where Hydra itself would write files (.hydra/, log files): fixed, so that a run writes only into its directory.
+FIXED_HYDRA_KEYS = ("hydra.output_subdir", "hydra.job_logging", "hydra.hydra_logging")
 
 
 def fail(message) -> None:
@@ -85,6 +87,11 @@ def precheck(argv: list[str]) -> None:
         parsed = parser.parse_overrides(args.overrides)
     except Exception as e:
         fail(f"cannot parse overrides: {_reason(e)}")
+    for o in parsed:
+        key = o.get_key_element().lstrip("+~")
+        if key.startswith(FIXED_HYDRA_KEYS):
+            fail(f"{key}: not overridable here (a run writes only into its own directory, .hydra/ included); "
+                 "choose where with hydra.run.dir or hydra.sweep.dir")
     # With an extra search path Hydra may know choices conf/ lacks: leave those to its own error.
     local_choices = not any(o.get_key_element() == "hydra.searchpath" for o in parsed)
     if local_choices:

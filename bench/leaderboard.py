@@ -57,7 +57,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from . import metrics
+from . import metrics, rundir
 from .__main__ import CONF_DIR, _check_writable, _reason
 from .errors import BenchError
 from .prompts import rendering_for
@@ -99,13 +99,17 @@ def compose_all(overrides: list[str]):
 def check_resume(run_dir: Path, cfg) -> None:
     """A rerun into the same out_dir resumes only a run made with the same settings, so that no
     table mixes records of two configurations."""
-    config_file = run_dir / "config.yaml"
-    if (run_dir / "records.jsonl").is_file() and config_file.is_file():
-        # The leaderboard's own keys and the prompt count may change: raising the limit extends a run.
-        diff = config_difference(config_file, cfg, ignore=("leaderboard", "dataset.limit"))
-        if diff:
-            raise BenchError(f"{run_dir} holds records made with other settings ({diff}); rerun with the same "
-                             "settings to resume, or choose a new leaderboard.out_dir")
+    if not (rundir.check_owned(run_dir, "leaderboard.out_dir") and rundir.has_records(run_dir)):
+        return  # new, or a run's directory without records
+    found = rundir.recorded_config(run_dir, "leaderboard.out_dir")
+    if found is None:
+        raise BenchError(f"{run_dir} holds records but no config.yaml saying how they were made; restore it, "
+                         "or choose a new leaderboard.out_dir")
+    # The leaderboard's own keys and the prompt count may change: raising the limit extends a run.
+    diff = config_difference(found[1], cfg, ignore=("leaderboard", "dataset.limit"))
+    if diff:
+        raise BenchError(f"{run_dir} holds records made with other settings ({diff}); rerun with the same "
+                         "settings to resume, or choose a new leaderboard.out_dir")
 
 
 def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict,
@@ -127,7 +131,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         run_dir = out_dir / ds / label
         run_dir.mkdir(parents=True, exist_ok=True)
         logs[label] = RecordLog(run_dir / "records.jsonl", resume=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        rundir.write_run_files(run_dir, cfg)  # the marker and config.yaml, whole or not at all
     keys = [f"{p.id}#0" for p in prompts]
     todo = [(p, label) for p in prompts for label in labels if f"{p.id}#0" not in logs[label]]
 
