@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -204,8 +205,18 @@ def resume_command(run_dir: Path) -> str:
     hc = HydraConfig.get()
     sweep = hc.mode == RunMode.MULTIRUN
     kept = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir=", "hydra.sweep.dir="))]
-    where = f"hydra.sweep.dir={hc.sweep.dir}" if sweep else f"hydra.run.dir={run_dir}"
+    where = f"hydra.sweep.dir={hydra_quote(hc.sweep.dir)}" if sweep else f"hydra.run.dir={hydra_quote(run_dir)}"
     return shlex.join(["python", "-m", "bench", *kept, "resume=true", where])  # pasted into a shell
+
+
+def hydra_quote(value) -> str:
+    """`value` as an override's value Hydra reads back unchanged: quoted where it has more than
+    word characters, dots, dashes and slashes (a space, a comma, a quote)."""
+    value = str(value)
+    if re.fullmatch(r"[\w./-]+", value):
+        return value
+    # In Hydra's quoted strings a quote is escaped, and so are the backslashes before a quote or the end.
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 
 
 def main() -> None:

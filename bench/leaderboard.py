@@ -129,9 +129,9 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     logs = {}
     for label, cfg in cfgs.items():
         run_dir = out_dir / ds / label
-        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.claim(run_dir)
         logs[label] = RecordLog(run_dir / "records.jsonl", resume=True)
-        rundir.write_run_files(run_dir, cfg)  # the marker and config.yaml, whole or not at all
+        rundir.write_run_files(run_dir, cfg)  # config.yaml, whole or not at all
     keys = [f"{p.id}#0" for p in prompts]
     todo = [(p, label) for p in prompts for label in labels if f"{p.id}#0" not in logs[label]]
 

@@ -136,15 +136,22 @@ def check_resume(run_dir: Path, cfg, resume: bool, key: str, ignore: tuple[str, 
                          f"settings or choose a new {key}")
 
 
+def claim(run_dir: Path) -> None:
+    """Marks a directory that check_resume let this run have as a run's, before anything else is
+    written there: whatever happens next (a full disk, a kill), it is recognised as a run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / MARKER).is_file():
+        write_atomic(run_dir / MARKER, json.dumps({"harness": "decoding-bench",
+                                                   "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+
 def write_run_files(run_dir: Path, cfg, hydra=None) -> None:
-    """Once the run holds the directory's lock: the marker, config.yaml (resolved, as run) and, for
-    python -m bench, what Hydra would have written into .hydra/ (conf/config.yaml turns Hydra's own
-    writing off, so that a refused run cannot overwrite an existing run's)."""
+    """Once the run holds the directory's lock: config.yaml (resolved, as run) and, for python -m
+    bench, what Hydra would have written into .hydra/ (conf/config.yaml turns Hydra's own writing
+    off, so that a refused run cannot overwrite an existing run's)."""
     from omegaconf import OmegaConf
 
     run_dir = Path(run_dir)
-    if not (run_dir / MARKER).is_file():
-        write_atomic(run_dir / MARKER, json.dumps({"harness": "decoding-bench", "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
     write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if hydra is not None:
         hydra_dir = run_dir / ".hydra"

@@ -228,6 +228,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         raise BenchError(f"dataset {cfg.dataset.name} has no prompts")
 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
+    rundir.claim(run_dir)
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume)
     try:
         rundir.write_run_files(run_dir, cfg, hydra)
