@@ -153,11 +153,8 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool,
         check_config(cfg)
         # The job's directory, before Hydra writes anything there: only a run's own, and its records
         # only resumed with the settings they were made with.
-        if first:
-            if sweep:
-                rundir.check_sweep_dir(Path(cfg.hydra.sweep.dir))
-            else:
-                rundir.check_owned(Path(cfg.hydra.run.dir), key)
+        if first and sweep:
+            rundir.check_sweep_dir(Path(cfg.hydra.sweep.dir))
         job = cfg.copy()  # the config the job will run: without the hydra node, as Hydra hands it over
         with open_dict(job):
             del job["hydra"]
@@ -175,15 +172,14 @@ def app(cfg: DictConfig) -> None:
     from .metrics import to_markdown
     from .runner import build, run
 
-    logging.getLogger("transformers").setLevel(logging.ERROR)
     from hydra.types import RunMode
 
+    logging.getLogger("transformers").setLevel(logging.ERROR)
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     key = "hydra.sweep.dir" if hydra_cfg.mode == RunMode.MULTIRUN else "hydra.run.dir"
     try:
-        logger = build(cfg.logger, "logger")
-        logger.start(cfg, run_dir)
+        logger = build(cfg.logger, "logger")  # started by run(), once the directory is the run's
         try:
             summary = run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)
         finally:

@@ -216,8 +216,8 @@ def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen,
 
 def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = None,
         key: str = "hydra.run.dir") -> pd.DataFrame:
-    """`hydra`: Hydra's config of this job, saved into .hydra/ once the run holds the directory;
-    `key`: the setting that chose run_dir, for messages."""
+    """`logger` is started once the run holds the directory; `hydra`: Hydra's config of this job,
+    saved into .hydra/ then; `key`: the setting that chose run_dir, for messages."""
     run_dir = Path(run_dir)
     sampling, decoder = check_config(cfg)
     if cfg.threads:
@@ -231,6 +231,8 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
     rundir.claim(run_dir)
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume)
     try:
+        if logger is not None:  # now, not before: wandb writes into the directory
+            logger.start(cfg, run_dir)
         rundir.write_run_files(run_dir, cfg, hydra)
     except BaseException:
         log.close()
