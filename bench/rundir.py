@@ -165,7 +165,8 @@ def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
     there); each of its run directories is then checked as a run's."""
     path = Path(sweep_dir)
     if os.path.lexists(path) and not path.exists():
-        raise BenchError(f"{key}={sweep_dir}: a symbolic link that leads nowhere (dangling, or a loop); give a directory")
+        raise BenchError(f"{key}={sweep_dir}: a symbolic link that leads nowhere (dangling, or a loop); "
+                         "give a directory")
     if not path.exists():
         return
     if not path.is_dir():
@@ -173,8 +174,9 @@ def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
     try:
         entries = sorted(p.name for p in path.iterdir())
     except OSError as e:
-        raise BenchError(f"{key}={sweep_dir}: cannot read it ({e.strerror or e}); choose a readable directory") from None
+        raise BenchError(f"{key}={sweep_dir}: cannot read it ({e.strerror or e}); "
+                         "choose a readable directory") from None
     if entries and "multirun.yaml" not in entries:
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise BenchError(f"{key}={sweep_dir} exists and is not a sweep directory of python -m bench (it holds {shown}); "
-                         "choose a new or empty directory")
+        raise BenchError(f"{key}={sweep_dir} exists and is not a sweep directory of python -m bench "
+                         f"(it holds {shown}); choose a new or empty directory")

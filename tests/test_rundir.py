@@ -261,7 +261,8 @@ def test_only_project_classes_may_be_targets(key, target):
 
 
 def test_hydra_may_name_its_own_classes_and_ours():
-    check_targets(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
+    launcher = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+    check_targets(OmegaConf.create({"hydra": {"launcher": {"_target_": launcher},
                                               "callbacks": {"stop": {"_target_": "bench.slurm.StopOnSlurmSignal"}}},
                                     "items": [{"_target_": "bench.datasets.HumanEval"}]}))
     with pytest.raises(BenchError, match=r"hydra.callbacks.x._target_=builtins.print"):
@@ -333,5 +334,5 @@ def test_resume_hint_is_shell_quoted(tmp_path, monkeypatch):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         HydraConfig.instance().set_config(compose("config", overrides=argv[1:], return_hydra_config=True))
     words = shlex.split(resume_command(run))  # as a shell splits the pasted line
-    assert words[:4] == ["python", "-m", "bench", "model=tiny-random"] and words[4:6] == ["dataset.path='a b.jsonl'", "resume=true"]
+    assert words[:6] == ["python", "-m", "bench", "model=tiny-random", "dataset.path='a b.jsonl'", "resume=true"]
     assert OverridesParser.create().parse_overrides(words[6:])[0].value() == str(run)  # as Hydra reads it
