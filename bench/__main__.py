@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from omegaconf import DictConfig
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
 MAX_CHECKED_COMBINATIONS = 256
+# Where Hydra itself would write files (.hydra/, log files): fixed, so that a run writes only into its directory.
+FIXED_HYDRA_KEYS = ("hydra.output_subdir", "hydra.job_logging", "hydra.hydra_logging")
 
 
 def fail(message) -> None:
@@ -84,6 +88,11 @@ def precheck(argv: list[str]) -> None:
         parsed = parser.parse_overrides(args.overrides)
     except Exception as e:
         fail(f"cannot parse overrides: {_reason(e)}")
+    for o in parsed:
+        key = o.get_key_element().lstrip("+~")
+        if key.startswith(FIXED_HYDRA_KEYS):
+            fail(f"{key}: not overridable here (a run writes only into its own directory, .hydra/ included); "
+                 "choose where with hydra.run.dir or hydra.sweep.dir")
     # With an extra search path Hydra may know choices conf/ lacks: leave those to its own error.
     local_choices = not any(o.get_key_element() == "hydra.searchpath" for o in parsed)
     if local_choices:
@@ -102,7 +111,7 @@ def precheck(argv: list[str]) -> None:
         except Exception as e:
             fail(_reason(e))
         for i, combo in enumerate(combos[:MAX_CHECKED_COMBINATIONS]):
-            _check_job(hydra_overrides, combo, output=args.multirun if i == 0 else None)
+            _check_job(hydra_overrides, combo, args.multirun, first=i == 0)
 
 
 def _is_hydra(override) -> bool:
@@ -124,9 +133,12 @@ def _check_writable(key: str, path: str) -> None:
         fail(f"{key}={path}: cannot write under {existing} ({e.strerror or e}); choose a writable directory")
 
 
-def _check_job(hydra_overrides: list[str], overrides: list[str], output: bool | None = None) -> None:
+def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool, first: bool) -> None:
     from hydra import compose
+    from hydra.types import RunMode
+    from omegaconf import open_dict
 
+    from . import rundir
     from .errors import BenchError
     from .runner import check_config
 
@@ -135,18 +147,24 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], output: bool | 
     except Exception as e:
         fail(f"{' '.join(overrides)}: {_reason(e)}")
     HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
+    sweep = multirun or cfg.hydra.mode == RunMode.MULTIRUN
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     try:
         check_config(cfg)
         check_seed_and_device(cfg)
+        # The job's directory, before Hydra writes anything there: only a run's own, and its records
+        # only resumed with the settings they were made with.
+        if first and sweep:
+            rundir.check_sweep_dir(Path(cfg.hydra.sweep.dir))
+        job = cfg.copy()  # the config the job will run: without the hydra node, as Hydra hands it over
+        with open_dict(job):
+            del job["hydra"]
+        run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.sweep.subdir if sweep else Path(cfg.hydra.run.dir)
+        rundir.check_resume(run_dir, job, cfg.resume, key)
     except BenchError as e:
         fail(e)
-    if output is not None:  # the first job: is its output directory writable?
-        from hydra.types import RunMode
-
-        if output or cfg.hydra.mode == RunMode.MULTIRUN:
-            _check_writable("hydra.sweep.dir", cfg.hydra.sweep.dir)
-        else:
-            _check_writable("hydra.run.dir", cfg.hydra.run.dir)
+    if first:  # is its output directory writable?
+        _check_writable(key, cfg.hydra.sweep.dir if sweep else cfg.hydra.run.dir)
 
 
 def check_seed_and_device(cfg) -> None:
@@ -177,13 +195,16 @@ def app(cfg: DictConfig) -> None:
     from .metrics import to_markdown
     from .runner import build, run
 
+    from hydra.types import RunMode
+
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    key = "hydra.sweep.dir" if hydra_cfg.mode == RunMode.MULTIRUN else "hydra.run.dir"
     try:
-        logger = build(cfg.logger, "logger")
-        logger.start(cfg, run_dir)
+        logger = build(cfg.logger, "logger")  # started by run(), once the directory is the run's
         try:
-            summary = run(cfg, run_dir, logger)
+            summary = run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)
         finally:
             logger.finish()
     except BenchError as e:
@@ -203,8 +224,18 @@ def resume_command(run_dir: Path) -> str:
     hc = HydraConfig.get()
     sweep = hc.mode == RunMode.MULTIRUN
     kept = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir=", "hydra.sweep.dir="))]
-    where = f"hydra.sweep.dir={hc.sweep.dir}" if sweep else f"hydra.run.dir={run_dir}"
-    return " ".join(["python -m bench", *kept, "resume=true", where])
+    where = f"hydra.sweep.dir={hydra_quote(hc.sweep.dir)}" if sweep else f"hydra.run.dir={hydra_quote(run_dir)}"
+    return shlex.join(["python", "-m", "bench", *kept, "resume=true", where])  # pasted into a shell
+
+
+def hydra_quote(value) -> str:
+    """`value` as an override's value Hydra reads back unchanged: quoted where it has more than
+    word characters, dots, dashes and slashes (a space, a comma, a quote)."""
+    value = str(value)
+    if re.fullmatch(r"[\w./-]+", value):
+        return value
+    # In Hydra's quoted strings a quote is escaped, and so are the backslashes before a quote or the end.
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
 
 
 def main() -> None:

@@ -63,7 +63,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from . import metrics
+from . import metrics, rundir
 from .__main__ import CONF_DIR, GROUPS, _check_writable, _choices, _reason, check_seed_and_device
 from .errors import BenchError
 from .prompts import rendering_for
@@ -155,13 +155,17 @@ def with_drafts(board, model, labels: list[str]) -> dict[str, list[str]]:
 def check_resume(run_dir: Path, cfg) -> None:
     """A rerun into the same out_dir resumes only a run made with the same settings, so that no
     table mixes records of two configurations."""
-    config_file = run_dir / "config.yaml"
-    if (run_dir / "records.jsonl").is_file() and config_file.is_file():
-        # The leaderboard's own keys and the prompt count may change: raising the limit extends a run.
-        diff = config_difference(config_file, cfg, ignore=("leaderboard", "dataset.limit"))
-        if diff:
-            raise BenchError(f"{run_dir} holds records made with other settings ({diff}); rerun with the same "
-                             "settings to resume, or choose a new leaderboard.out_dir")
+    if not (rundir.check_owned(run_dir, "leaderboard.out_dir") and rundir.has_records(run_dir)):
+        return  # new, or a run's directory without records
+    found = rundir.recorded_config(run_dir, "leaderboard.out_dir")
+    if found is None:
+        raise BenchError(f"{run_dir} holds records but no config.yaml saying how they were made; restore it, "
+                         "or choose a new leaderboard.out_dir")
+    # The leaderboard's own keys and the prompt count may change: raising the limit extends a run.
+    diff = config_difference(found[1], cfg, ignore=("leaderboard", "dataset.limit"))
+    if diff:
+        raise BenchError(f"{run_dir} holds records made with other settings ({diff}); rerun with the same "
+                         "settings to resume, or choose a new leaderboard.out_dir")
 
 
 def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict,
@@ -182,9 +186,9 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     logs = {}
     for label, cfg in cfgs.items():
         run_dir = out_dir / ds / label
-        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.claim(run_dir)
         logs[label] = RecordLog(run_dir / "records.jsonl", resume=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        rundir.write_run_files(run_dir, cfg)  # config.yaml, whole or not at all
     units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
     keys = [f"{p.id}#{t}" for p, t in units]
     todo = [key for key in keys for label in labels if key not in logs[label]]
@@ -353,8 +357,8 @@ def write_summaries(out_dir: Path, records: dict) -> None:
     for (ds, label), recs in records.items():
         if recs:
             summary = metrics.summarize(recs)
-            summary.to_csv(out_dir / ds / label / "summary.csv", index=False)
-            (out_dir / ds / label / "summary.md").write_text(metrics.to_markdown(summary) + "\n")
+            rundir.write_atomic(out_dir / ds / label / "summary.csv", summary.to_csv(index=False))
+            rundir.write_atomic(out_dir / ds / label / "summary.md", metrics.to_markdown(summary) + "\n")
 
 
 def verification_cost(lm, tokens: list[int]) -> pd.DataFrame:
@@ -389,30 +393,30 @@ def main(argv: list[str] | None = None) -> None:
         by_category = category_table(records, list(board.datasets), labels)
         if not greedy:  # equal tokens under sampling need equal random streams: not a losslessness test
             df, by_category = (d.rename(columns={"lossless": "identical_to_ar"}) for d in (df, by_category))
-        df.to_csv(out_dir / "leaderboard.csv", index=False)
-        tuning_table(df, records).to_csv(out_dir / "tuning.csv", index=False)  # auto-tuners: forecast vs measured
+        rundir.write_atomic(out_dir / "leaderboard.csv", df.to_csv(index=False))
+        rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))  # auto-tuners: forecast vs measured
         from . import spec_bench_table  # imports this module: loaded here, not at the top
 
         spec_bench_table.write(out_dir, records, list(board.datasets), labels)  # Spec-Bench's layout, where prompts have categories
         if len(by_category):
-            by_category.to_csv(out_dir / "leaderboard_by_category.csv", index=False)
-            (out_dir / "leaderboard_by_category.md").write_text(
+            rundir.write_atomic(out_dir / "leaderboard_by_category.csv", by_category.to_csv(index=False))
+            rundir.write_atomic(out_dir / "leaderboard_by_category.md",
                 by_category[[c for c in CATEGORY_COLUMNS if c in by_category]].to_markdown(index=False, floatfmt=".3g") + "\n")
         from .leaderboard_plots import plot_all
 
         lm = lm_cache.get("lm") or build(runs[board.datasets[0], REFERENCE].model, "model").load()
         cost = verification_cost(lm, list(board.verification_tokens))
-        cost.to_csv(out_dir / "verification_cost.csv", index=False)
+        rundir.write_atomic(out_dir / "verification_cost.csv", cost.to_csv(index=False))
         plot_all(out_dir, list(board.datasets), labels, df, list(board.sweeps), records)
         from . import provenance
         info = provenance.collect(lm)
         # how the table was asked for: the command line (a preset: +preset=<name>) and the entries it ran
         info["leaderboard"] = {"overrides": overrides, "labels": labels, "datasets": list(board.datasets),
                                "limit": board.limit, "repeats": board.repeats, "turns": board.get("turns", "first")}
-        (out_dir / "provenance.json").write_text(json.dumps(info, indent=2))
-        (out_dir / "leaderboard.yaml").write_text(OmegaConf.to_yaml(base, resolve=True))
+        rundir.write_atomic(out_dir / "provenance.json", json.dumps(info, indent=2))
+        rundir.write_atomic(out_dir / "leaderboard.yaml", OmegaConf.to_yaml(base, resolve=True))
         md = markdown(df, cost, base, lm)
-        (out_dir / "leaderboard.md").write_text(md)
+        rundir.write_atomic(out_dir / "leaderboard.md", md)
         print(md)
     except BenchError as e:
         print(f"error: {' '.join(_reason(e).split())}", file=sys.stderr)

@@ -22,17 +22,20 @@ from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
 from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
-from . import metrics, provenance
+from . import metrics, provenance, rundir
 from .errors import BenchError
 from .prompts import prepare, rendering_for
 from .records import RecordLog
+from .targets import check_targets
 
 # Keys (at any depth) that may change between a run and its resumption without changing its records.
 RESUME_FREE = {"resume", "progress", "logger", "data_dir", "cache_dir"}
 
 
 def build(node: DictConfig, what: str):
-    """hydra.utils.instantiate, with invalid hyper-parameters reported as one line."""
+    """hydra.utils.instantiate, with invalid hyper-parameters reported as one line; only this
+    project's classes may be built (bench/targets.py)."""
+    check_targets(node, f"{what}.", resolve=True)
     try:
         return instantiate(node, _convert_="all")
     except InstantiationException as e:
@@ -65,6 +68,7 @@ def sampling_from(cfg: DictConfig) -> Sampling:
 def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     """Everything that can be checked without loading a model or data: used before a
     (multi)run starts and again by each run. Returns the sampling settings and the decoder."""
+    check_targets(cfg)  # before anything is instantiated
     sampling = sampling_from(cfg)
     decoder = build(cfg.decoder, "decoder")
     if not isinstance(decoder, Decoder):
@@ -96,10 +100,12 @@ def _comparable(cfg: DictConfig) -> dict:
     return strip(OmegaConf.to_container(cfg, resolve=True))
 
 
-def config_difference(config_file: Path, cfg: DictConfig, ignore: tuple[str, ...] = ()) -> str | None:
-    """The first setting in which `cfg` differs from the run saved in `config_file`, or None.
-    RESUME_FREE keys (at any depth) and the dotted paths in `ignore` may differ."""
-    saved, now = _comparable(OmegaConf.load(config_file)), _comparable(cfg)
+def config_difference(saved: Path | DictConfig, cfg: DictConfig, ignore: tuple[str, ...] = ()) -> str | None:
+    """The first setting in which `cfg` differs from the run's saved config (a file or its
+    contents), or None. RESUME_FREE keys (at any depth) and the dotted paths in `ignore` may differ."""
+    if not isinstance(saved, DictConfig):
+        saved = OmegaConf.load(saved)
+    saved, now = _comparable(saved), _comparable(cfg)
     for path in ignore:
         *parents, leaf = path.split(".")
         for tree in (saved, now):
@@ -208,7 +214,10 @@ def judge_lossless(lm, ids, tokens: list[int], reference: list[int]) -> dict:
         return metrics.judge_output(tokens, reference, step_logits(lm, ids, tokens))
 
 
-def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
+def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = None,
+        key: str = "hydra.run.dir") -> pd.DataFrame:
+    """`logger` is started once the run holds the directory; `hydra`: Hydra's config of this job,
+    saved into .hydra/ then; `key`: the setting that chose run_dir, for messages."""
     run_dir = Path(run_dir)
     sampling, decoder = check_config(cfg)
     if cfg.threads:
@@ -218,30 +227,32 @@ def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
     if not prompts:
         raise BenchError(f"dataset {cfg.dataset.name} has no prompts")
 
-    config_file = run_dir / "config.yaml"
-    if cfg.resume and config_file.exists():
-        diff = config_difference(config_file, cfg)
-        if diff:
-            raise BenchError(f"resume=true, but {run_dir} holds a run with another config ({diff}); "
-                             "resume with the same settings or choose a new hydra.run.dir")
+    rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
+    rundir.claim(run_dir)
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume)
-    config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    try:
+        if logger is not None:  # now, not before: wandb writes into the directory
+            logger.start(cfg, run_dir)
+        rundir.write_run_files(run_dir, cfg, hydra)
+    except BaseException:
+        log.close()
+        raise
 
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
             lm = build(cfg.model, "model").load()
-            (run_dir / "provenance.json").write_text(json.dumps(provenance.collect(lm), indent=2))
+            rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
             _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
     finally:
         log.close()
     records = [log.get(f"{p.id}#{t}") for p, t in units]
     summary = metrics.summarize(records)
-    summary.to_csv(run_dir / "summary.csv", index=False)
-    (run_dir / "summary.md").write_text(metrics.to_markdown(summary) + "\n")
+    rundir.write_atomic(run_dir / "summary.csv", summary.to_csv(index=False))
+    rundir.write_atomic(run_dir / "summary.md", metrics.to_markdown(summary) + "\n")
     if any(r.get("category") for r in records):  # MT-Bench's eight, or a jsonl's category field
         by_category = metrics.summarize(records, by_category=True)
-        by_category.to_csv(run_dir / "summary_by_category.csv", index=False)
+        rundir.write_atomic(run_dir / "summary_by_category.csv", by_category.to_csv(index=False))
     if logger is not None:
         logger.log_summary(summary)
     return summary

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from .errors import BenchError
 from .records import read_records
+from .targets import check_targets
 
 # tokens committed by one pass -> (HTML background, ANSI 256-colour background)
 COLOURS = {1: ("#eeeeee", None), 2: ("#c6e9ff", 153), 3: ("#9fd99f", 114), 4: ("#ffd27f", 222)}
@@ -61,7 +62,13 @@ def tokenizer_for(run_dir: Path):
     config = run_dir / "config.yaml"
     if not config.is_file():
         raise BenchError(f"{run_dir} has no config.yaml to find the run's tokenizer")
-    spec = instantiate(OmegaConf.load(config).model)
+    try:
+        model = OmegaConf.load(config).model
+    except Exception as e:
+        raise BenchError(f"{config} is damaged ({' '.join(str(e).split()[:30]) or type(e).__name__}); "
+                         "it must hold the run's model: settings") from None
+    check_targets(model, "model.", resolve=True)  # a run directory's config may name only our classes
+    spec = instantiate(model)
     return spec.load_tokenizer() if hasattr(spec, "load_tokenizer") else spec.load().tokenizer
 
 

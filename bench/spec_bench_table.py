@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import metrics
+from . import metrics, rundir
 from .datasets import SPEC_BENCH_GROUPS
 from .leaderboard import REFERENCE, timed_runs
 
@@ -122,6 +122,6 @@ def write(out_dir: Path, records: dict, datasets: list[str], labels: list[str]) 
     """spec_bench.csv and spec_bench.md in Spec-Bench's layout; nothing where no dataset has categories."""
     df = table(records, datasets, labels)
     if len(df):
-        csv_layout(df).to_csv(out_dir / "spec_bench.csv", index=False)
-        (out_dir / "spec_bench.md").write_text(markdown(df))
+        rundir.write_atomic(out_dir / "spec_bench.csv", csv_layout(df).to_csv(index=False))
+        rundir.write_atomic(out_dir / "spec_bench.md", markdown(df))
     return df

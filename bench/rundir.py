@@ -1,0 +1,182 @@
+"""A run directory is the run's own (tests/test_rundir.py injects each fault):
+- A directory that exists and is not a run of this harness (nor empty) is refused, in one line,
+  before anything is written: `hydra.run.dir=conf` must not replace conf/config.yaml.
+- Before anything is written into an existing run, its records are checked against the settings
+  the run recorded (config.yaml, else Hydra's .hydra/config.yaml); a run whose config is missing
+  or damaged is refused with a hint, never resumed on trust.
+- Every file a run writes besides records.jsonl (which records.py guards) is written whole or not
+  at all: a temporary file in the same directory, fsynced, then renamed over the old one.
+A run is recognised by MARKER (written by every run once it holds the directory's lock), or, for
+runs made before the marker existed, by a records.jsonl beside a recorded config.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+from .errors import BenchError
+
+MARKER = ".bench-run"
+HYDRA_LOG = "__main__.log"  # Hydra's job log for python -m bench, created before the run starts
+CONFIG_FILES = ("config.yaml", ".hydra/config.yaml")
+
+
+def write_atomic(path: Path, data: str | bytes, hint: str = "make room and rerun with resume=true") -> None:
+    """`path` holds `data` whole, or is left as it was (a full disk, a kill mid-write)."""
+    path = Path(path)
+    data = data.encode() if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:  # the rename itself survives a crash
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise BenchError(f"cannot write {path} ({e.strerror or e}); it is left as it was: {hint}") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    done = 0
+    while done < len(data):
+        done += os.write(fd, data[done:])
+
+
+def is_run(run_dir: Path) -> bool:
+    run_dir = Path(run_dir)
+    return (run_dir / MARKER).is_file() or (
+        (run_dir / "records.jsonl").is_file() and any((run_dir / name).is_file() for name in CONFIG_FILES))
+
+
+def check_owned(run_dir: Path, key: str) -> bool:
+    """Whether `run_dir` holds a run of this harness (False: it does not exist or is empty). Anything
+    else that exists there (a file, a broken link, someone's directory) is refused in one line."""
+    path = Path(run_dir)
+    try:
+        if os.path.lexists(path) and not path.exists():
+            raise BenchError(f"{key}={run_dir}: a symbolic link that leads nowhere (dangling, or a loop); "
+                             "give a directory")
+        if not path.exists():
+            return False
+        if not path.is_dir():
+            raise BenchError(f"{key}={run_dir}: a file, not a directory; choose a new or empty directory")
+        entries = sorted(p.name for p in path.iterdir())
+    except OSError as e:  # e.g. ELOOP from a link inside the path, or no permission to list it
+        raise BenchError(f"{key}={run_dir}: cannot read it ({e.strerror or e}); choose a readable directory") from None
+    records = path / "records.jsonl"
+    if os.path.lexists(records) and not records.is_file():
+        raise BenchError(f"{records} is not a file, so {run_dir} is not a run directory of python -m bench; "
+                         f"remove it or choose a new {key}")
+    if entries in ([], [HYDRA_LOG]):  # empty, or left by a run refused before it started
+        return False
+    if is_run(path):
+        return True
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    raise BenchError(f"{key}={run_dir} exists and is not a run directory of python -m bench (it holds {shown}); "
+                     "a run writes only into a new or empty directory, or its own to resume: choose another")
+
+
+def has_records(run_dir: Path) -> bool:
+    records = Path(run_dir) / "records.jsonl"
+    return records.is_file() and records.stat().st_size > 0
+
+
+def recorded_config(run_dir: Path, key: str):
+    """(file, config) of the settings the run recorded, or None if it recorded none. A damaged file
+    (unparsable, empty, not a mapping) is refused: the records cannot be checked against it."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for name in CONFIG_FILES:
+        path = Path(run_dir) / name
+        if not os.path.lexists(path):
+            continue
+        try:
+            cfg = OmegaConf.load(path)
+            if not isinstance(cfg, DictConfig) or not cfg:
+                raise ValueError("empty, or not a mapping of settings")
+            OmegaConf.to_container(cfg, resolve=True)  # its interpolations must resolve to compare
+        except Exception as e:
+            reason = " ".join(str(e).split()[:30]) or type(e).__name__
+            raise BenchError(f"{path} is damaged ({reason}), so {run_dir}'s records cannot be checked against "
+                             f"these settings; restore it, or choose a new {key}") from None
+        return path, cfg
+    return None
+
+
+def check_resume(run_dir: Path, cfg, resume: bool, key: str, ignore: tuple[str, ...] = ()) -> None:
+    """May this run write into `run_dir`? Its records (if any) must be resumed, with the settings
+    they were made with (RESUME_FREE keys and `ignore` may differ). Writes nothing."""
+    from .runner import config_difference
+
+    if not check_owned(run_dir, key) or not has_records(run_dir):
+        return
+    if not resume:
+        raise BenchError(f"{Path(run_dir) / 'records.jsonl'} already holds records; pass resume=true to continue "
+                         f"that run, or choose a new {key}")
+    found = recorded_config(run_dir, key)
+    if found is None:
+        raise BenchError(f"{run_dir} holds records but no config.yaml (nor .hydra/config.yaml) saying how they were "
+                         f"made, so resuming could mix settings; restore it, or choose a new {key}")
+    diff = config_difference(found[1], cfg, ignore=ignore)
+    if diff:
+        raise BenchError(f"resume=true, but {run_dir} holds a run with another config ({diff}); resume with the same "
+                         f"settings or choose a new {key}")
+
+
+def claim(run_dir: Path) -> None:
+    """Marks a directory that check_resume let this run have as a run's, before anything else is
+    written there: whatever happens next (a full disk, a kill), it is recognised as a run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / MARKER).is_file():
+        write_atomic(run_dir / MARKER, json.dumps({"harness": "decoding-bench",
+                                                   "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+
+def write_run_files(run_dir: Path, cfg, hydra=None) -> None:
+    """Once the run holds the directory's lock: config.yaml (resolved, as run) and, for python -m
+    bench, what Hydra would have written into .hydra/ (conf/config.yaml turns Hydra's own writing
+    off, so that a refused run cannot overwrite an existing run's)."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    if hydra is not None:
+        hydra_dir = run_dir / ".hydra"
+        write_atomic(hydra_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+        write_atomic(hydra_dir / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra})))
+        write_atomic(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hydra.overrides.task))))
+
+
+def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
+    """A sweep writes into a new or empty directory, or into a sweep's (Hydra's multirun.yaml is
+    there); each of its run directories is then checked as a run's."""
+    path = Path(sweep_dir)
+    if os.path.lexists(path) and not path.exists():
+        raise BenchError(f"{key}={sweep_dir}: a symbolic link that leads nowhere (dangling, or a loop); "
+                         "give a directory")
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise BenchError(f"{key}={sweep_dir}: a file, not a directory; choose a new or empty directory")
+    try:
+        entries = sorted(p.name for p in path.iterdir())
+    except OSError as e:
+        raise BenchError(f"{key}={sweep_dir}: cannot read it ({e.strerror or e}); "
+                         "choose a readable directory") from None
+    if entries and "multirun.yaml" not in entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise BenchError(f"{key}={sweep_dir} exists and is not a sweep directory of python -m bench "
+                         f"(it holds {shown}); choose a new or empty directory")
