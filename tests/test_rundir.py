@@ -20,7 +20,7 @@ from bench.errors import BenchError
 from bench.targets import check_targets
 from helpers import REPO, _cli_env, run_cli
 
-TINY = ["model=tiny-random", "gen.max_new_tokens=4", "dataset.limit=2", "progress=false"]
+TINY = ["model=tiny-random", "gen.max_new_tokens=4", "dataset.limit=2", "progress=false", "device=cpu"]
 ALLOWED = "_target_ may name only a class in decoders.methods.*, bench.models.*"
 
 
