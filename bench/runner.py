@@ -217,6 +217,8 @@ def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
     prompts = dataset.load()
     if not prompts:
         raise BenchError(f"dataset {cfg.dataset.name} has no prompts")
+    if cfg.quality and hasattr(dataset, "check_scoring"):
+        dataset.check_scoring()  # e.g. HumanEval's sandbox: refuse now, not after the first generation
 
     config_file = run_dir / "config.yaml"
     if cfg.resume and config_file.exists():
