@@ -186,20 +186,21 @@ def _init(root: str) -> None:
         f.write(_WRAPPER)
     # Output goes to a file on the size-limited tmpfs, not a pipe: a grandchild holding a pipe
     # cannot keep anyone waiting, and a flood of output costs the harness nothing.
-    with open(root + "/tmp/output", "w") as output:
-        os.fchown(output.fileno(), NOBODY if _OUTSIDE_ROOT else 0, -1)
-        proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py"], stdin=subprocess.DEVNULL,
-                                stdout=output, stderr=subprocess.STDOUT, close_fds=True,
-                                env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
-                                preexec_fn=lambda: _confine(root, timeout))
+    output = os.open(root + "/tmp/output", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.fchown(output, NOBODY if _OUTSIDE_ROOT else 0, -1)
+    proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py"], stdin=subprocess.DEVNULL,
+                            stdout=output, stderr=subprocess.STDOUT, close_fds=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
+                            preexec_fn=lambda: _confine(root, timeout))
     deadline = time.monotonic() + timeout
     try:
         code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         code = None
-    with open(root + "/tmp/output", "rb") as f:
-        f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-        tail = f.read().decode(errors="replace").strip().splitlines()
+    # Read through the descriptor, not the name: the program may have replaced the file by a FIFO
+    # or a link to /dev/zero. The inode is a regular file on the size-limited tmpfs.
+    size = os.fstat(output).st_size
+    tail = os.pread(output, 4096, max(0, size - 4096)).decode(errors="replace").strip().splitlines()
     if code is None:
         result = "timed out"
     elif code == 0 and tail and tail[-1] == PASSED:
