@@ -91,8 +91,8 @@ def run(program: str, timeout: float) -> dict:
     if not as_root:  # mounts need CAP_SYS_ADMIN: take it in a user namespace of our own
         namespaces = ["--user", "--map-root-user", *namespaces]
     root = tempfile.mkdtemp(prefix="bench-sandbox-")  # the mount point of its tmpfs root (empty outside)
-    job = json.dumps({"program": program, "timeout": timeout, "drop_to_nobody": as_root, "python": os.path.realpath(sys._base_executable),
-                      "prefix": os.path.realpath(sys.base_prefix)})
+    job = json.dumps({"program": program, "timeout": timeout, "drop_to_nobody": as_root,
+                      "python": os.path.realpath(sys._base_executable), "prefix": os.path.realpath(sys.base_prefix)})
     try:
         proc = subprocess.Popen([unshare, *namespaces, sys.executable, "-I", "-S", os.path.abspath(__file__), root],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
