@@ -22,6 +22,9 @@ emits most, as in FR-Spec and EAGLE-3): a full 49k-row head costs this 135M targ
 of its own step, paid again at every depth. A token outside it is never drafted; verification is
 unchanged. Candidates are deterministic (top-k), so greedy is exact and sampling uses
 deterministic-candidate acceptance, which keeps the target's distribution.
+
+`head` may also be a published EAGLE-1/2 or EAGLE-3 checkpoint (published.py): the proposer reads
+any draft through the same few members (`reads`, `from_target`, forward, `logits`, `vocab`, `flops`).
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ model's own head predicts t + 1). Each head is Medusa's residual block, h + SiLU
 W zero-initialised, followed by the model's own output projection (tied, so it is neither
 trained nor stored): an untrained head repeats the model's next-token prediction. The K
 blocks' outputs go through the shared projection as one (K, d) x (d, V) matmul, so the
-vocabulary matrix is read once per step whatever K is.
+vocabulary matrix is read once per step whatever K is. Published Medusa-1 heads (published.py)
+may have several blocks per head and an output layer each.
 """
 from __future__ import annotations
 
