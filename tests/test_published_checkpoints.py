@@ -292,8 +292,8 @@ def test_greedy_equality_with_published_checkpoints(checkpoints, name, seed):
     ckpt, which, make = DECODERS[name]
     lm = small if which == "small" else deep
     prompt = torch.randint(0, 64, (3 + 7 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
-    reference = autoregressive_decode(lm, prompt, 24, GREEDY, stop_ids=set())
-    out = make(str(root / ckpt)).generate(lm, prompt, 24, GREEDY, set())
+    reference = autoregressive_decode(lm, prompt, 16, GREEDY, stop_ids=set())
+    out = make(str(root / ckpt)).generate(lm, prompt, 16, GREEDY, set())
     assert out.tokens == reference.tokens
     assert sum(s.draft_tokens for s in out.steps) > 0
 
@@ -305,8 +305,8 @@ def test_batched_rows_with_eagle3_equal_batch_1(checkpoints):
     root, _, deep = checkpoints
     decoder = DECODERS["eagle3-dynamic"][2](str(root / "eagle3"))
     prompts = [[1, 2, 3], list(range(5, 30)), [7] * 9]
-    alone = [decoder.generate(deep, p, 16, GREEDY, set()).tokens for p in prompts]
-    gens, _ = decode_batch(decoder, deep, prompts, 16, [GREEDY] * 3, set())
+    alone = [decoder.generate(deep, p, 10, GREEDY, set()).tokens for p in prompts]
+    gens, _ = decode_batch(decoder, deep, prompts, 10, [GREEDY] * 3, set())
     assert [g.tokens for g in gens] == alone
 
 
@@ -317,8 +317,8 @@ def stat_target(layers: int):
 
 
 SAMPLING_CASES = {  # every token is a depth-1 candidate (top_k / ranks = VOCAB), so candidates are tried every step
-    "eagle1-t0.8": ("eagle1", 2, lambda p: Eagle(head=p, tree_size=12, depth=2, top_k=VOCAB), dict(temperature=0.8)),
-    "eagle3-t1.0-topp0.9": ("eagle3", 8, lambda p: Eagle(head=p, tree_size=10, depth=2, top_k=VOCAB),
+    "eagle1-t0.8": ("eagle1", 2, lambda p: Eagle(head=p, tree_size=8, depth=1, top_k=VOCAB), dict(temperature=0.8)),
+    "eagle3-t1.0-topp0.9": ("eagle3", 7, lambda p: Eagle(head=p, tree_size=8, depth=1, top_k=VOCAB),
                             dict(temperature=1.0, top_p=0.9)),
     "medusa1-t0.8": ("medusa1", 2, lambda p: Medusa(heads=p, choices=[[r] for r in range(VOCAB)] + [[0, 0]]),
                      dict(temperature=0.8)),
@@ -351,13 +351,21 @@ def test_a_checkpoint_for_another_target_is_refused_in_one_line(tmp_path):
              (lambda: load_heads(lm, tmp_path / "wide"), "vocabulary of 80 tokens; tiny-llama has 64"),
              (lambda: load_draft(tiny_lm(seed=0, hidden=32), tmp_path / "e1"), "hidden size 64; model has 32"),
              (lambda: load_draft(lm, tmp_path / "e1"), "made for base model other/model"),
-             (lambda: load_draft(lm, tmp_path / "vicuna"), "neither an EAGLE-1/2 draft"),
+             (lambda: load_draft(lm, tmp_path / "vicuna"), "vicuna holds none of pytorch_model.bin, model.safetensors"),
+             (lambda: load_draft(lm, _not_eagle(tmp_path)), "neither an EAGLE-1/2 draft"),
              (lambda: load_draft(target(layers=2), _eagle3(tmp_path)), "at least 7 are needed")]
     for load, message in cases:
         with pytest.raises(ValueError, match=message) as e:
             load()
         assert "\n" not in str(e.value) and str(e.value).startswith("decoder.")
     assert load_heads(lm, tmp_path / "vicuna", check_base=False).k == 3  # the same model under another name
+
+
+def _not_eagle(tmp_path):
+    (tmp_path / "other").mkdir()
+    save_file({"lm_head.weight": torch.zeros(64, 64)}, str(tmp_path / "other" / "model.safetensors"))
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"hidden_size": 64, "vocab_size": 64}))
+    return tmp_path / "other"
 
 
 def _eagle3(tmp_path):
