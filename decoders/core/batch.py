@@ -114,7 +114,7 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
         t0 = time.perf_counter()
         outputs = lm.forward_batch([f[0] for f in feeds], cache, [f[1] for f in feeds], [f[2] for f in feeds],
                                    [f[3] for f in feeds], hidden=any(p.hidden for p in proposals),
-                                   features=any(p.features for p in proposals))
+                                   features=next((p.features for p in proposals if p.features), False))
         lm.sync()
         target_time = time.perf_counter() - t0
         width = max(len(f[0]) for f in feeds)

@@ -347,6 +347,25 @@ class LM:
     def _capture_features(self, module, args):
         self._features = args[0]
 
+    def _hook_features(self, features: bool | tuple[int, ...]) -> list:
+        """Hooks, for one call only, that leave in self._features what `features` asks for: True, the
+        final norm's input; layer indices, those layers' inputs concatenated (assembled when the final
+        norm is reached, after every layer has run)."""
+        if not features:
+            return []
+        if features is True:
+            return [self.final_norm.register_forward_pre_hook(self._capture_features)]
+        layers, parts = self.model.base_model.layers, {}
+
+        def grab(i):
+            return lambda module, args, kwargs: parts.__setitem__(i, args[0] if args else kwargs["hidden_states"])
+
+        def assemble(module, args):
+            self._features = torch.cat([parts[i] for i in features], -1)
+
+        hooks = [layers[i].register_forward_pre_hook(grab(i), with_kwargs=True) for i in sorted(set(features))]
+        return hooks + [self.final_norm.register_forward_pre_hook(assemble)]
+
     @property
     def final_norm(self) -> nn.Module:
         """The norm between the last layer and the output head (features -> hidden state)."""
@@ -367,7 +386,7 @@ class LM:
     @torch.inference_mode()
     def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None,
                 last_only: bool = False, hidden: bool = False, logits_last: int | None = None,
-                logits_rows: Sequence[int] | None = None, features: bool = False):
+                logits_rows: Sequence[int] | None = None, features: bool | tuple[int, ...] = False):
         """Feed new tokens after the cache; they are appended to it.
 
         input_ids: 1D ids (list or tensor). position_ids: 1D, default cache length onward.
@@ -377,7 +396,8 @@ class LM:
         `logits_rows`, in that order, if given), and the last hidden state of the same rows
         too when hidden=True. Rows left out skip the vocabulary projection. features=True returns
         instead (logits, features of every fed row): the last layer's output before the final
-        norm (EAGLE's draft reads and predicts these).
+        norm (EAGLE's draft reads and predicts these); features=(i, j, ...): the inputs of those
+        layers, concatenated in that order (EAGLE-3's fused low / mid / high features).
         """
         if hidden and features:
             raise ValueError("ask for hidden or features, not both")
@@ -400,12 +420,12 @@ class LM:
         self._want_hidden = hidden
         # Hooked for this call only: a permanent hook would tie the norm to this wrapper (a deepcopy
         # of the norm, as a self-draft's exit adapter makes, would copy the whole model).
-        handle = self.final_norm.register_forward_pre_hook(self._capture_features) if features else None
+        handles = self._hook_features(features)
         try:
             out = self.model(input_ids=ids, **{self.cache_kw: cache.hf}, use_cache=True, **kwargs)
         finally:
             self._want_hidden = False
-            if handle is not None:
+            for handle in handles:
                 handle.remove()
         logits = out.logits[0]
         if features:
@@ -425,7 +445,7 @@ class LM:
     @torch.inference_mode()
     def forward_batch(self, feeds: Sequence[Sequence[int]], cache: BatchKVCache, positions: Sequence[torch.Tensor],
                       masks: Sequence[torch.Tensor | None], rows: Sequence[Sequence[int]], hidden: bool = False,
-                      features: bool = False) -> list[tuple]:
+                      features: bool | tuple[int, ...] = False) -> list[tuple]:
         """One forward over B rows, each feeding its own tokens after its own cached ones.
 
         feeds[r]: row r's new token ids; positions[r] their positions; masks[r] a bool (q_r, q_r) mask
@@ -463,14 +483,14 @@ class LM:
         elif self.attn_implementation != "sdpa":
             raise ValueError(f"batched decoding needs attn_implementation 'sdpa' or 'eager', not {self.attn_implementation!r}")
         self._want_hidden = hidden
-        handle = self.final_norm.register_forward_pre_hook(self._capture_features) if features else None
+        handles = self._hook_features(features)
         try:
             out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), attention_mask=mask.to(self.device),
                              **{self.cache_kw: cache.hf}, use_cache=True, logits_to_keep=keep)
             h, f = self._hidden, self._features
         finally:
             self._want_hidden, self._hidden, self._features = False, None, None
-            if handle is not None:
+            for handle in handles:
                 handle.remove()
         cache.valid = torch.cat([cache.valid, real], 1)
         results = []

@@ -45,7 +45,7 @@ class Proposal:
     without_replacement: bool = False  # siblings were drawn without replacement (Sequoia)
     side: SideBranch | None = None
     hidden: bool = False  # return the target's last hidden state for each tree node (heads read it)
-    features: bool = False  # return the target's features (before the final norm) for every row but the side branch
+    features: bool | tuple[int, ...] = False  # the target's features (LM.forward's `features`) for every row but the side branch
     draft_forward_tokens: int = 0  # tokens fed to a draft model or heads for this proposal
     draft_flops: float = 0.0
     draft_prefill_flops: float = 0.0  # of draft_flops, the draft's own pass over the prompt

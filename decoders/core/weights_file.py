@@ -1,7 +1,10 @@
 """Small trained add-ons (exit adapters, Medusa heads) as safetensors files tagged with a format
-name, so that a file of one kind given where another is expected fails with a clear message."""
+name, so that a file of one kind given where another is expected fails with a clear message; and
+checkpoints published by others (a directory or a hub id: config.json + weights), with the checks
+that they were made for this target."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from torch import nn
@@ -43,3 +46,75 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
         article = "an" if kind[0].lower() in "aeiou" else "a"
         raise ValueError(f"{key}: {path} is not {article} {kind} (format {meta.get('format')!r})")
     return meta, state
+
+
+# ---- checkpoints published by others (EAGLE, Medusa): a directory, or a hub id ----------------------
+def is_checkpoint_dir(path: str | Path) -> bool:
+    """A published checkpoint (a directory, local or a hub id), as opposed to one of our files."""
+    p = addon_path(path)
+    return p.is_dir() or (not p.exists() and p.suffix not in (".safetensors", ".pt", ".bin", ".gz"))
+
+
+def checkpoint_dir(name: str | Path, key: str, files: list[str]) -> Path:
+    """A local directory as is; anything else is a hub id, fetched (only `files`) with huggingface_hub's
+    snapshot_download into its cache."""
+    p = addon_path(name)
+    if p.is_dir():
+        return p
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=str(name), allow_patterns=files))
+    except Exception as e:  # not a hub id, no such repository, or no network
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"{key}: {name} is neither a local directory nor a hub id that could be fetched ({reason})") from None
+
+
+def read_config(directory: Path, key: str) -> dict:
+    path = directory / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{key}: {directory} has no readable config.json ({type(e).__name__}); "
+                         "a published checkpoint directory holds config.json and its weights") from None
+
+
+def read_state(directory: Path, names: list[str], key: str) -> dict:
+    """The state dict of the first of `names` present in `directory` (safetensors, or a pickled torch
+    state dict loaded with weights_only=True: tensors, never code)."""
+    import torch
+
+    path = next((directory / n for n in names if (directory / n).is_file()), None)
+    if path is None:
+        raise ValueError(f"{key}: {directory} holds none of {', '.join(names)}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"{key}: {path} could not be read ({reason})") from None
+
+
+def _base_name(name: str) -> str:
+    return str(name).rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def check_target(lm, key: str, where, *, vocab: int | None = None, hidden: int | None = None,
+                 base: str | None = None, check_base: bool = True) -> None:
+    """One line naming both sides when an add-on was made for another target: vocabulary size, hidden
+    size, and the base model's name where the file records one (compared by its last path component
+    with the target's config name and the path it was loaded from)."""
+    cfg = lm.config.get_text_config()
+    if vocab is not None and int(vocab) != lm.vocab_size:
+        raise ValueError(f"{key}: {where} was made for a vocabulary of {vocab} tokens; {lm.name} has {lm.vocab_size}")
+    if hidden is not None and int(hidden) != cfg.hidden_size:
+        raise ValueError(f"{key}: {where} was trained for hidden size {hidden}; {lm.name} has {cfg.hidden_size}")
+    if base and check_base:
+        names = {_base_name(n) for n in (lm.name, getattr(lm.config, "_name_or_path", "")) if n}
+        if _base_name(base) not in names:
+            loaded = getattr(lm.config, "_name_or_path", "") or lm.name
+            raise ValueError(f"{key}: {where} was made for base model {base}; the target is {lm.name} ({loaded}); "
+                             f"use a checkpoint for this target, or decoder.check_base=false if it is the same model "
+                             f"under another name")

@@ -22,6 +22,9 @@ emits most, as in FR-Spec and EAGLE-3): a full 49k-row head costs this 135M targ
 of its own step, paid again at every depth. A token outside it is never drafted; verification is
 unchanged. Candidates are deterministic (top-k), so greedy is exact and sampling uses
 deterministic-candidate acceptance, which keeps the target's distribution.
+
+`head` may also be a published EAGLE-1/2 or EAGLE-3 checkpoint (published.py): the proposer reads
+any draft through the same few members (`reads`, `from_target`, forward, `logits`, `vocab`, `flops`).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
-from ..core.weights_file import addon_path, load_weights, save_weights
+from ..core.weights_file import addon_path, check_target, is_checkpoint_dir, load_weights, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
 
@@ -89,6 +92,17 @@ class FeatureDraft(nn.Module):
         self.target = [lm, readout, type(base.rotary_emb)(config=cfg)]
         self.info: dict = {}
         self.dense_params = sum(m.weight.numel() for m in (self.fuse, *self.layer.modules()) if isinstance(m, nn.Linear))
+
+    # What the proposer asks of a draft (the published layouts in published.py answer the same):
+    reads = True  # the target's features it reads (LM.forward's `features`): the last layer's output, pre-norm
+
+    def from_target(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features -> the draft's input features (here the same)."""
+        return features
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fuse.weight.dtype
 
     @property
     def readout(self) -> nn.Linear:
@@ -143,27 +157,33 @@ def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = Non
 def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:
     full = draft.target[0].vocab_size
     vocab = None if len(draft.vocab) == full and bool((draft.vocab == torch.arange(full)).all()) else draft.vocab.tolist()
-    save_weights(draft, path, EAGLE_FORMAT, {"hidden_size": str(draft.fuse.weight.shape[0]),
+    save_weights(draft, path, EAGLE_FORMAT, {"hidden_size": str(draft.fuse.weight.shape[0]), "vocab_size": str(full),
                                              "vocab": json.dumps(vocab), "info": json.dumps(info)})
 
 
-def load_draft(lm: LM, path: str | Path) -> FeatureDraft:
-    p = addon_path(path)
-    meta, state = load_weights(p, EAGLE_FORMAT, "decoder.head", "EAGLE draft file",
-                               "train one with scripts/train_eagle.py or set decoder.head=null for an untrained draft")
-    hidden = lm.config.get_text_config().hidden_size
-    if int(meta["hidden_size"]) != hidden:
-        raise ValueError(f"decoder.head: {p} was trained for hidden size {meta['hidden_size']}; {lm.name} has {hidden}")
-    draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
-    draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
-    draft.info = json.loads(meta.get("info", "{}"))
+def load_draft(lm: LM, path: str | Path, check_base: bool = True):
+    """Our draft file, or a published EAGLE-1/2 or EAGLE-3 checkpoint (a directory or a hub id)."""
+    if is_checkpoint_dir(path):
+        from .published import load_eagle
+
+        draft = load_eagle(lm, path, check_base)
+    else:
+        p = addon_path(path)
+        meta, state = load_weights(p, EAGLE_FORMAT, "decoder.head", "EAGLE draft file",
+                                   "train one with scripts/train_eagle.py or set decoder.head=null for an untrained draft")
+        info = json.loads(meta.get("info", "{}"))
+        check_target(lm, "decoder.head", p, vocab=meta.get("vocab_size"), hidden=meta["hidden_size"],
+                     base=info.get("model"), check_base=check_base)
+        draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
+        draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
+        draft.info = info
     lm.accelerate(draft.readout)
     return lm.accelerate(draft)
 
 
-def draft_for(lm: LM, path: str | None, seed: int | None) -> FeatureDraft:
-    """The draft file at `path`, or an untrained (seed: random) draft without one."""
-    return load_draft(lm, path) if path else lm.accelerate(new_draft(lm, seed=seed))
+def draft_for(lm: LM, path: str | None, seed: int | None, check_base: bool = True):
+    """The draft at `path` (our file or a published checkpoint), or an untrained (seed: random) draft without one."""
+    return load_draft(lm, path, check_base) if path else lm.accelerate(new_draft(lm, seed=seed))
 
 
 class FeatureDraftProposer:
@@ -179,10 +199,10 @@ class FeatureDraftProposer:
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         if self.pending is None:
-            return Proposal(TokenTree.chain(sequence[-1], []), features=True)
+            return Proposal(TokenTree.chain(sequence[-1], []), features=self.draft.reads)
         with torch.inference_mode():
             tree = self._draft(sequence, room)
-        return Proposal(tree, features=True, draft_forward_tokens=self.fed, draft_flops=self.flops)
+        return Proposal(tree, features=self.draft.reads, draft_forward_tokens=self.fed, draft_flops=self.flops)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
         first = self.pending is None and len(self.cache) == 0
@@ -214,7 +234,7 @@ class FeatureDraftProposer:
         n = len(tokens)
         # The committed rows, causally; the last one (the root's input) predicts the root's features.
         mask = torch.ones(n, base + n, dtype=torch.bool).tril(base)
-        root_g = self._feed(feats.to(self.draft.fuse.weight.dtype), tokens, range(base, base + n), mask)[-1]
+        root_g = self._feed(self.draft.from_target(feats.to(self.draft.dtype)), tokens, range(base, base + n), mask)[-1]
         base += n
         if base != len(sequence) - 1:
             raise RuntimeError(f"EAGLE draft cache holds {base} positions, expected {len(sequence) - 1}")
@@ -308,12 +328,13 @@ class FeatureDraftProposer:
 
 @dataclass
 class Eagle:
-    head: str | None = "adapters/smollm2-135m-eagle.safetensors"  # scripts/train_eagle.py; null = untrained
+    head: str | None = "adapters/smollm2-135m-eagle.safetensors"  # ours, or an EAGLE-1/2/3 dir or hub id; null = untrained
     head_seed: int | None = None  # head=null: a random draft from this seed (exactness tests)
     tree: str = "dynamic"  # dynamic (EAGLE-2) | static (EAGLE-1)
     tree_size: int = 24  # draft nodes verified (verification width - 1)
     depth: int = 6  # deepest draft node
     top_k: int = 8  # dynamic: nodes expanded per depth and children per node; static: ranks per depth
+    check_base: bool = True  # refuse a draft made for another base model (by the name its file records)
     name: str = "eagle"
     _draft: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
@@ -327,7 +348,7 @@ class Eagle:
 
     def load_addons(self, lm: LM) -> FeatureDraft:
         """The draft, built before any timing (a bad file fails in one line)."""
-        return self._draft.get(lm, lambda: draft_for(lm, self.head, self.head_seed))
+        return self._draft.get(lm, lambda: draft_for(lm, self.head, self.head_seed, self.check_base))
 
     def shape(self, draft: FeatureDraft):
         """Static tree: (parents, slots) from the draft's measured accuracy, or the prior."""

@@ -6,7 +6,8 @@ model's own head predicts t + 1). Each head is Medusa's residual block, h + SiLU
 W zero-initialised, followed by the model's own output projection (tied, so it is neither
 trained nor stored): an untrained head repeats the model's next-token prediction. The K
 blocks' outputs go through the shared projection as one (K, d) x (d, V) matmul, so the
-vocabulary matrix is read once per step whatever K is.
+vocabulary matrix is read once per step whatever K is. Published Medusa-1 heads (published.py)
+may have several blocks per head and an output layer each.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ..core.loop import Accept, Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
-from ..core.weights_file import addon_path, load_weights, save_weights
+from ..core.weights_file import addon_path, check_target, is_checkpoint_dir, load_weights, save_weights
 
 HEADS_FORMAT = "medusa-heads-v1"
 
@@ -39,12 +40,18 @@ class ResBlock(nn.Module):
 
 
 class Heads(nn.Module):
-    """K residual blocks sharing the target's (frozen) output projection."""
+    """K heads of `layers` residual blocks each, sharing the target's (frozen) output projection, or
+    (own_outputs: published Medusa-1 heads) each with its own output layer."""
 
-    def __init__(self, lm_head: nn.Module, hidden_size: int, k: int):
+    def __init__(self, lm_head: nn.Module, hidden_size: int, k: int, layers: int = 1, own_outputs: bool = False):
         super().__init__()
-        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(k))
+        # One block per head is a bare ResBlock, so that our files' keys stay blocks.{i}.linear.*.
+        self.blocks = nn.ModuleList(ResBlock(hidden_size) if layers == 1 else
+                                    nn.Sequential(*(ResBlock(hidden_size) for _ in range(layers))) for _ in range(k))
+        vocab = lm_head.weight.shape[0]
+        self.outputs = nn.ModuleList(nn.Linear(hidden_size, vocab, bias=False) for _ in range(k)) if own_outputs else None
         self.lm_head = [lm_head]  # a list: not a submodule, so neither trained nor saved
+        self.layers = layers
         self.info: dict = {}
 
     @property
@@ -53,14 +60,16 @@ class Heads(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (..., d) -> logits (K, ..., V)."""
-        stacked = torch.stack([block(hidden) for block in self.blocks])
-        return self.lm_head[0](stacked)
+        stacked = [block(hidden) for block in self.blocks]
+        if self.outputs is not None:
+            return torch.stack([out(x) for out, x in zip(self.outputs, stacked)])
+        return self.lm_head[0](torch.stack(stacked))
 
     def flops(self) -> float:
-        """FLOPs of one application (one hidden state): K blocks and K vocabulary projections."""
-        d = self.blocks[0].linear.weight.shape[0]
+        """FLOPs of one application (one hidden state): K heads' blocks and vocabulary projections."""
+        d = self.lm_head[0].weight.shape[1]
         vocab = self.lm_head[0].weight.shape[0]
-        return self.k * (2.0 * d * d + 2.0 * d * vocab)
+        return self.k * (self.layers * 2.0 * d * d + 2.0 * d * vocab)
 
     def accuracy(self) -> list[list[float]] | None:
         """Measured top-r accuracy per head (rows: heads; columns: rank r's hit rate), if recorded."""
@@ -82,27 +91,34 @@ def new_heads(lm: LM, k: int, seed: int | None = None) -> Heads:
 
 
 def save_heads(heads: Heads, path: str | Path, info: dict) -> None:
+    if heads.layers != 1 or heads.outputs is not None:
+        raise ValueError("our heads format holds one residual block per head on the target's output layer")
     save_weights(heads, path, HEADS_FORMAT, {"k": str(heads.k), "hidden_size": str(heads.blocks[0].linear.weight.shape[0]),
+                                             "vocab_size": str(heads.lm_head[0].weight.shape[0]),
                                              "info": json.dumps(info)})
 
 
-def load_heads(lm: LM, path: str | Path) -> Heads:
+def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
+    """Our heads file, or a published Medusa-1 checkpoint (a directory or a hub id)."""
+    if is_checkpoint_dir(path):
+        from .published import load_medusa
+
+        return lm.accelerate(load_medusa(lm, path, check_base))
     path = addon_path(path)
     meta, state = load_weights(path, HEADS_FORMAT, "decoder.heads", "heads file",
                                "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads")
-    hidden = lm.config.get_text_config().hidden_size
-    if int(meta["hidden_size"]) != hidden:
-        raise ValueError(f"decoder.heads: {path} was trained for hidden size {meta['hidden_size']}; "
-                         f"{lm.name} has {hidden}")
+    info = json.loads(meta.get("info", "{}"))
+    check_target(lm, "decoder.heads", path, vocab=meta.get("vocab_size"), hidden=meta["hidden_size"],
+                 base=info.get("model"), check_base=check_base)
     heads = new_heads(lm, int(meta["k"]))
     heads.load_state_dict({k: v.to(heads.blocks[0].linear.weight.dtype) for k, v in state.items()})
-    heads.info = json.loads(meta.get("info", "{}"))
+    heads.info = info
     return lm.accelerate(heads)
 
 
-def heads_for(lm: LM, path: str | None, k: int, seed: int | None) -> Heads:
-    """The heads file at `path`, or untrained (seed: random) heads without one."""
-    return load_heads(lm, path) if path else new_heads(lm, k, seed)
+def heads_for(lm: LM, path: str | None, k: int, seed: int | None, check_base: bool = True) -> Heads:
+    """The heads at `path` (our file or a published checkpoint), or untrained (seed: random) heads without one."""
+    return load_heads(lm, path, check_base) if path else new_heads(lm, k, seed)
 
 
 # build(committed sequence, heads' logits (K, V)) -> (the tree to verify, drafting FLOPs beyond the

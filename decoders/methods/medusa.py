@@ -53,7 +53,7 @@ def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, thre
 
 @dataclass
 class Medusa:
-    heads: str | None = None  # a heads file (scripts/train_heads.py); null = untrained heads
+    heads: str | None = None  # a heads file (scripts/train_heads.py), a Medusa-1 directory or hub id; null = untrained
     num_heads: int = 4  # heads to build when heads=null
     heads_seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
     choices: Any = "auto"  # auto | chain | prior | a list of rank paths
@@ -62,6 +62,7 @@ class Medusa:
     accept_rule: str = "exact"  # exact | typical (lossy)
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    check_base: bool = True  # refuse heads made for another base model (by the name their file records)
     name: str = "medusa"
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
@@ -86,7 +87,7 @@ class Medusa:
 
     def load_addons(self, lm: LM):
         """The heads, built before any timing (a bad heads file fails in one line)."""
-        return self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed))
+        return self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed, self.check_base))
 
     def paths(self, heads) -> tuple[list[tuple[int, ...]], str, float | None]:
         """The tree's rank paths, where they came from, and (auto / prior) the mean accepted tokens

@@ -1,0 +1,271 @@
+"""Drafts and heads published by their authors, read in the layouts they publish (a local directory
+or a hub id holding config.json and the weights); each is checked against the target first.
+
+- EAGLE-1/2 (SafeAILab/EAGLE, `cnets1.py`; `eagle.model.cnets` in eagle-llm 1.2): `fc` (2d -> d,
+  bias unless config `bias` is false) over [embedding(token t+1), features t], then Llama decoder
+  layers whose first has no input norm. Its features are the target's last hidden state *after*
+  the final norm, and the target's head reads the draft's output directly (no norm between).
+- EAGLE-3 (`cnets.py`): the target's features are the inputs of its layers 2, L // 2 and L - 3,
+  concatenated (low, mid, high) and fused by `fc` (3d -> d, no bias). One layer: `hidden_norm` of
+  the features and `input_layernorm` of the embedding, concatenated [embedding, features] (2d) into
+  the attention; the residual is the fused features. Its own `norm` and `lm_head` read a draft
+  vocabulary; draft id i is target id i + d2t[i]. A drafted node feeds back the layer's output
+  (already d wide: no `fc`).
+- Medusa-1 (FasterDecoding/Medusa, `medusa_model.py`): `medusa_lm_head.safetensors` or `.pt`; head i
+  is `medusa_num_layers` ResBlocks (h + SiLU(W h + b)) then its own Linear(d, V) (`{i}.{layers}.weight`);
+  older files without it use the target's head. The heads read the last hidden state (after the
+  final norm), as ours do.
+
+The embedding is the file's `embed_tokens` where it has one (a copy of the target's), else the
+target's. How drafts become trees stays in eagle.py's proposer; heads' trees in medusa.py.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
+                                                      apply_rotary_pos_emb)
+
+from ..core.lm import LM, KVCache, cache_kwarg
+from ..core.weights_file import check_target, checkpoint_dir, read_config, read_state
+from .heads import Heads
+
+
+def _llama_config(config: dict, lm: LM) -> LlamaConfig:
+    known = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type", "torch_dtype")}
+    cfg = LlamaConfig(**known)
+    cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads  # as the authors' attention computes it
+    cfg._attn_implementation = lm.attn_implementation
+    return cfg
+
+
+def _load(module: nn.Module, state: dict, key: str, where) -> None:
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:  # missing, unexpected or misshapen tensors: the first of them
+        detail = " ".join(str(e).split("\n\t")[1:2]).strip() or str(e).splitlines()[0]
+        raise ValueError(f"{key}: {where} does not hold the layout its config.json describes ({detail[:200]})") from None
+
+
+def _embedding(module: nn.Module, lm: LM, state: dict, key: str, where) -> None:
+    """The file's embed_tokens (checked against the target's vocabulary) or the target's own."""
+    if "embed_tokens.weight" in state:
+        check_target(lm, key, where, vocab=state["embed_tokens.weight"].shape[0])
+        module.embed_tokens = nn.Embedding(*state["embed_tokens.weight"].shape)
+    else:
+        module.target.append(lm.model.get_input_embeddings())
+
+
+class Eagle1Draft(nn.Module):
+    """EAGLE-1/2's published draft, read by FeatureDraftProposer like our FeatureDraft."""
+
+    reads = True  # the final norm's input; from_target applies the norm (EAGLE-1/2 read the normed state)
+
+    def __init__(self, lm: LM, config: dict, state: dict, where):
+        super().__init__()
+        cfg = _llama_config(config, lm)
+        d = cfg.hidden_size
+        self.target = [lm]  # not submodules: neither loaded nor moved
+        _embedding(self, lm, state, "decoder.head", where)
+        self.fc = nn.Linear(2 * d, d, bias=bool(config.get("bias", True)))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, layer_idx=i) for i in range(cfg.num_hidden_layers))
+        self.layers[0].input_layernorm = nn.Identity()  # absent in the published layer 0
+        _load(self, state, "decoder.head", where)
+        self.rotary = LlamaRotaryEmbedding(config=cfg)
+        self.vocab = torch.arange(lm.vocab_size)
+        self.info: dict = {}
+        self.dense_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def readout(self) -> nn.Module:
+        return self.target[0].model.get_output_embeddings()
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return (self.embed_tokens if hasattr(self, "embed_tokens") else self.target[1])(tokens)
+
+    def from_target(self, features: torch.Tensor) -> torch.Tensor:
+        return self.target[0].final_norm(features)
+
+    def forward(self, features, tokens, positions, mask, cache: KVCache | None = None) -> torch.Tensor:
+        batched = features.dim() == 3
+        if not batched:
+            features, tokens = features[None], tokens[None]
+        x = self.fc(torch.cat([self.embed(tokens).to(features.dtype), features], -1))  # embedding first
+        pos = positions.reshape(1, -1).to(x.device)
+        rope, mask4 = self.rotary(x, pos), self.target[0].mask_4d(mask)
+        for layer in self.layers:
+            out = layer(x, attention_mask=mask4, position_ids=pos, position_embeddings=rope, use_cache=cache is not None,
+                        **{cache_kwarg(layer): cache.hf if cache is not None else None})
+            x = out[0] if isinstance(out, tuple) else out
+        return x if batched else x[0]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.readout(features)  # no norm: the draft predicts the normed state
+
+    def flops(self, rows: int, context: int, logit_rows: int) -> float:
+        attn = self.layers[0].self_attn.o_proj.weight.shape[1] * len(self.layers)
+        attended = rows * context + rows * (rows + 1) / 2
+        return 2.0 * self.dense_params * rows + 4.0 * attn * attended + 2.0 * self.readout.weight.numel() * logit_rows
+
+    def accuracy(self):
+        return None
+
+
+class _WideAttention(nn.Module):
+    """EAGLE-3's attention: queries, keys and values from the 2d-wide [embedding, features]."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(2 * d, cfg.num_attention_heads * hd, bias=False)
+        self.k_proj = nn.Linear(2 * d, cfg.num_key_value_heads * hd, bias=False)
+        self.v_proj = nn.Linear(2 * d, cfg.num_key_value_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
+        self.head_dim = hd
+
+    def forward(self, x, rope, mask, cache: KVCache | None):
+        b, q, _ = x.shape
+        qs, ks, vs = (p(x).view(b, q, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        qs, ks = apply_rotary_pos_emb(qs, ks, *rope)
+        if cache is not None:
+            ks, vs = cache.hf.update(ks, vs, 0)
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask.to(x.device), enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q, -1))
+
+
+class Eagle3Draft(nn.Module):
+    """EAGLE-3's published draft, read by FeatureDraftProposer like our FeatureDraft."""
+
+    def __init__(self, lm: LM, config: dict, state: dict, where):
+        super().__init__()
+        cfg = _llama_config(config, lm)
+        d, layers = cfg.hidden_size, lm.config.get_text_config().num_hidden_layers
+        self.reads = (2, layers // 2, layers - 3)  # the target layers whose inputs ea_model.py fuses
+        if len(set(self.reads)) < 3 or layers - 3 < 0:
+            raise ValueError(f"decoder.head: {where} is an EAGLE-3 draft, which reads the inputs of the target's "
+                             f"layers 2, L/2 and L-3; {lm.name} has {layers} layers (at least 7 are needed)")
+        self.target = [lm]
+        _embedding(self, lm, state, "decoder.head", where)
+        target_hidden = int(config.get("target_hidden_size", d))
+        self.fc = nn.Linear(3 * target_hidden, d, bias=False)
+        self.midlayer = nn.Module()
+        self.midlayer.self_attn = _WideAttention(cfg)
+        self.midlayer.mlp = LlamaMLP(cfg)
+        for name in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
+            setattr(self.midlayer, name, LlamaRMSNorm(d, eps=cfg.rms_norm_eps))
+        self.norm = LlamaRMSNorm(d, eps=cfg.rms_norm_eps)
+        draft_vocab = int(config.get("draft_vocab_size", cfg.vocab_size))
+        self.lm_head = nn.Linear(d, draft_vocab, bias=False)
+        d2t = state.pop("d2t", torch.zeros(draft_vocab, dtype=torch.long))  # absent when the vocabularies agree
+        state.pop("t2d", None)  # its inverse (a membership mask): not needed to draft
+        _load(self, state, "decoder.head", where)
+        self.vocab = torch.arange(draft_vocab) + d2t.long().cpu()
+        if len(d2t) != draft_vocab or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= lm.vocab_size:
+            raise ValueError(f"decoder.head: {where}: its d2t maps {draft_vocab} draft ids outside the target's "
+                             f"vocabulary of {lm.vocab_size}")
+        self.rotary = LlamaRotaryEmbedding(config=cfg)
+        self.info: dict = {}
+        self.dense_params = sum(m.weight.numel() for m in self.midlayer.modules() if isinstance(m, nn.Linear))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def readout(self) -> nn.Module:
+        return self.lm_head
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return (self.embed_tokens if hasattr(self, "embed_tokens") else self.target[1])(tokens)
+
+    def from_target(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(features)  # low, mid, high (3d) -> d
+
+    def forward(self, features, tokens, positions, mask, cache: KVCache | None = None) -> torch.Tensor:
+        batched = features.dim() == 3
+        if not batched:
+            features, tokens = features[None], tokens[None]
+        m = self.midlayer
+        x = torch.cat([m.input_layernorm(self.embed(tokens).to(features.dtype)), m.hidden_norm(features)], -1)
+        pos = positions.reshape(1, -1).to(x.device)
+        h = features + m.self_attn(x, self.rotary(x, pos), mask, cache)
+        h = h + m.mlp(m.post_attention_layernorm(h))
+        return h if batched else h[0]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(features))
+
+    def flops(self, rows: int, context: int, logit_rows: int) -> float:
+        attn = self.midlayer.self_attn.o_proj.weight.shape[1]
+        attended = rows * context + rows * (rows + 1) / 2
+        # fc is charged on every row, though drafted rows skip it: a bound, and fc is one of six matmuls
+        return (2.0 * (self.dense_params + self.fc.weight.numel()) * rows + 4.0 * attn * attended
+                + 2.0 * self.lm_head.weight.numel() * logit_rows)
+
+    def accuracy(self):
+        return None
+
+
+def load_eagle(lm: LM, name: str | Path, check_base: bool = True) -> nn.Module:
+    """A published EAGLE-1/2 or EAGLE-3 draft, its layout told by its tensors."""
+    key = "decoder.head"
+    directory = checkpoint_dir(name, key, ["config.json", "pytorch_model.bin", "model.safetensors"])
+    config = read_config(directory, key)
+    state = read_state(directory, ["pytorch_model.bin", "model.safetensors"], key)  # the authors' order
+    eagle3 = any(k.startswith("midlayer.") for k in state)
+    if not eagle3 and not ("fc.weight" in state and any(k.startswith("layers.0.") for k in state)):
+        raise ValueError(f"{key}: {directory} is neither an EAGLE-1/2 draft (fc, layers.0.*) nor an EAGLE-3 one "
+                         f"(fc, midlayer.*)")
+    hidden = config.get("target_hidden_size", config.get("hidden_size")) if eagle3 else config.get("hidden_size")
+    check_target(lm, key, directory, vocab=config.get("vocab_size"), hidden=hidden,
+                 base=config.get("base_model_name_or_path"), check_base=check_base)
+    draft = (Eagle3Draft if eagle3 else Eagle1Draft)(lm, config, state, directory)
+    draft.info = {"layout": "eagle3" if eagle3 else "eagle1", "source": str(name)}
+    ref = lm.model.get_input_embeddings().weight
+    draft.requires_grad_(False)
+    return draft.to(device=ref.device, dtype=ref.dtype).eval()
+
+
+_MEDUSA_KEY = re.compile(r"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
+
+
+def load_medusa(lm: LM, name: str | Path, check_base: bool = True) -> Heads:
+    """Published Medusa-1 heads. The number of heads and blocks is read from the tensors: some
+    published config.json files give fewer heads than their weights hold."""
+    key = "decoder.heads"
+    directory = checkpoint_dir(name, key, ["config.json", "medusa_lm_head.safetensors", "medusa_lm_head.pt"])
+    config = read_config(directory, key)
+    state = read_state(directory, ["medusa_lm_head.safetensors", "medusa_lm_head.pt"], key)
+    state = {k.removeprefix("medusa_head."): v for k, v in state.items()}
+    bad = [k for k in state if not _MEDUSA_KEY.fullmatch(k)]
+    if bad or "0.0.linear.weight" not in state:
+        raise ValueError(f"{key}: {directory} is not a Medusa-1 head file (tensors {{head}}.{{block}}.linear.* and "
+                         f"{{head}}.{{layers}}.weight; found {(bad or sorted(state))[0]!r})")
+    k = 1 + max(int(_MEDUSA_KEY.fullmatch(x).group(1)) for x in state)
+    layers = sum(1 for x in state if x.startswith("0.") and x.endswith(".linear.weight"))
+    own = f"0.{layers}.weight" in state
+    check_target(lm, key, directory, vocab=state[f"0.{layers}.weight"].shape[0] if own else None,
+                 hidden=state["0.0.linear.weight"].shape[1], base=config.get("base_model_name_or_path"),
+                 check_base=check_base)
+    heads = Heads(lm.model.get_output_embeddings(), lm.config.get_text_config().hidden_size, k, layers, own)
+    renamed = {}
+    for x, v in state.items():
+        i, j, part = _MEDUSA_KEY.fullmatch(x).groups()
+        if part == "weight":
+            renamed[f"outputs.{i}.weight"] = v
+        else:
+            renamed[f"blocks.{i}.{part}" if layers == 1 else f"blocks.{i}.{j}.{part}"] = v
+    _load(heads, renamed, key, directory)
+    heads.info = {"layout": "medusa1", "source": str(name)}
+    ref = lm.model.get_input_embeddings().weight
+    heads.requires_grad_(False)
+    return heads.to(device=ref.device, dtype=ref.dtype).eval()
