@@ -230,7 +230,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None) -> pd.DataFrame:
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
-            lm = build(cfg.model, "model").load()
+            lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size)
             (run_dir / "provenance.json").write_text(json.dumps(provenance.collect(lm), indent=2))
             _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
     finally:
