@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from tqdm.auto import tqdm
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loss_curve import save_loss_curve  # noqa: E402
-from training_target import add_target_args, grad_scaler, optimizer_step, precision, request_ids, target_overrides  # noqa: E402
+from training_target import (add_target_args, grad_scaler, load_target, optimizer_step, precision, request_ids,  # noqa: E402
+                             target_overrides)
 from decoders.methods.draft_model import new_exit_adapter, save_adapter  # noqa: E402
 
 # Instructions for self-distillation: general chat, code and arithmetic requests written for
@@ -142,7 +142,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     layers = int(cfg.draft.layers)
-    lm = instantiate(cfg.model).load()
+    lm = load_target(cfg.model)
     for p in lm.model.parameters():
         p.requires_grad_(False)
     total_layers = len(lm.model.base_model.layers)

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from train_exit_adapter import INSTRUCTIONS, chunks, stdlib_files
-from training_target import request_ids
+from training_target import load_target, request_ids
 
 CODE_TASKS = [
     "returns the n-th Fibonacci number iteratively", "checks whether a word is a palindrome",
@@ -109,14 +109,13 @@ def frozen_target(overrides: list[str], seed: int):
     """(config, LM): the run's config (Hydra overrides as `python -m bench` takes them), threads
     set, torch seeded, the target loaded with every parameter frozen."""
     from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
 
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(seed)
-    lm = instantiate(cfg.model).load()
+    lm = load_target(cfg.model)
     for p in lm.model.parameters():
         p.requires_grad_(False)
     return cfg, lm

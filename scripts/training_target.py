@@ -33,6 +33,20 @@ def target_overrides(args: argparse.Namespace, overrides: list[str]) -> list[str
     return [*overrides, *extra]
 
 
+def load_target(model_cfg):
+    """The target LM from the run config's model group; a usage error (a device this machine lacks, a
+    model that does not fit) is one line on stderr and exit code 2, as `python -m bench` does."""
+    from hydra.utils import instantiate
+
+    from bench.errors import BenchError
+
+    try:
+        return instantiate(model_cfg).load()
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def precision(lm, bf16: bool = False):
     """Autocast for a forward through the frozen target and the add-on: in the target's dtype when it
     is half precision; bfloat16 for a float32 target when `bf16` (faster on CPUs with AVX-512 BF16);
