@@ -95,10 +95,14 @@ def free_bytes(device: torch.device, spread: bool = False) -> int | None:
 
 
 def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, batch: int, tokens: int,
-                 packed: bool, spread: bool) -> dict:
+                 packed: bool, spread: bool) -> dict | None:
     """Estimate weights (+ the CPU fast path's packed copies) + KV cache for `batch` rows of `tokens`
-    positions; refuse in one line what will not fit. Returns the estimate in bytes."""
-    weights, linear = weight_bytes(config, dtype)
+    positions; refuse in one line what will not fit. Returns the estimate in bytes (None: a model
+    class that cannot be built from its config on the meta device goes unchecked)."""
+    try:
+        weights, linear = weight_bytes(config, dtype)
+    except Exception:  # an architecture transformers cannot build bare; from_pretrained reports it properly
+        return None
     need = {"weights": weights, "packed_copies": linear if packed else 0,
             "kv_cache": kv_cache_bytes(config, dtype, batch, tokens)}
     free = free_bytes(device, spread)
@@ -199,8 +203,8 @@ class PretrainedModel:
             if not self.offload:  # the runner admits prompts up to max_context: the cache may hold that many per row
                 tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
                 memory = check_memory(self.name, config, dtype, device, batch, tokens,
-                                           packed=device.type == "cpu" and self.fast_path != "none",
-                                           spread=device_map is not None)
+                                      packed=device.type == "cpu" and self.fast_path != "none",
+                                      spread=device_map is not None)
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except BenchError:
             raise

@@ -521,7 +521,7 @@ class LM:
         draft_spec = assistant.flops_spec() if assistant is not None else None
         if not sampling.greedy:  # generate() draws from the device's global RNG; seed it before the clock starts
             if self.device.type == "cuda":
-                torch.cuda.manual_seed(sampling.seed)
+                torch.cuda.manual_seed_all(sampling.seed)  # it draws on the head's GPU, which a device_map may make another one
             else:
                 torch.default_generator.manual_seed(sampling.seed)
         self.sync()
