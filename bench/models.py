@@ -44,6 +44,89 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+# Tree and batched decoding pass custom 4D masks, which flash_attention_2 cannot take: refused at
+# load for every method (one rule; the hf_* peers then run the same kernels as ours).
+ATTENTION = ("sdpa", "eager")
+
+
+def check_attention(name: str, attn_implementation: str) -> None:
+    if attn_implementation not in ATTENTION:
+        raise BenchError(f"model {name}: model.attn_implementation={attn_implementation!r} is not supported (tree and "
+                         f"batched decoding pass custom attention masks); use {' or '.join(ATTENTION)}")
+
+
+GiB = 2 ** 30
+
+
+def kv_cache_bytes(config, dtype: torch.dtype, batch: int, tokens: int) -> int:
+    """A full-attention KV cache of `batch` rows x `tokens` positions: layers x 2 (K, V) x kv_heads x head_dim."""
+    cfg = config.get_text_config()
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return batch * tokens * cfg.num_hidden_layers * 2 * kv_heads * head_dim * dtype.itemsize
+
+
+def weight_bytes(config, dtype: torch.dtype) -> tuple[int, int]:
+    """(all weights, linear layers' weights) of the model `config` describes in `dtype`, counted on the
+    meta device (nothing allocated); tied weights count once."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return sum(unique.values()) * dtype.itemsize, sum(linear.values()) * dtype.itemsize
+
+
+def free_bytes(device: torch.device, spread: bool = False) -> int | None:
+    """Memory a model may take on `device` (all visible GPUs when `spread` over them by a device_map):
+    free GPU memory, or the RAM the kernel reports available; None where unknown."""
+    if device.type == "cuda":
+        indices = range(torch.cuda.device_count()) if spread else [device.index or 0]
+        return sum(torch.cuda.mem_get_info(i)[0] for i in indices)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, batch: int, tokens: int,
+                 packed: bool, spread: bool) -> dict | None:
+    """Estimate weights (+ the CPU fast path's packed copies) + KV cache for `batch` rows of `tokens`
+    positions; refuse in one line what will not fit. Returns the estimate in bytes (None: a model
+    class that cannot be built from its config on the meta device goes unchecked)."""
+    try:
+        weights, linear = weight_bytes(config, dtype)
+    except Exception:  # an architecture transformers cannot build bare; from_pretrained reports it properly
+        return None
+    need = {"weights": weights, "packed_copies": linear if packed else 0,
+            "kv_cache": kv_cache_bytes(config, dtype, batch, tokens)}
+    free = free_bytes(device, spread)
+    if free is not None and sum(need.values()) > free:
+        where = "the GPUs" if spread and device.type == "cuda" else str(device)
+        parts = ", ".join(f"{k.replace('_', ' ')} {v / GiB:.1f}" for k, v in need.items() if v)
+        raise BenchError(f"model {name}: needs about {sum(need.values()) / GiB:.1f} GiB ({parts}; KV cache for {batch} "
+                         f"x {tokens} tokens) but {where} has {free / GiB:.1f} GiB free; lower gen.batch_size or "
+                         "model.max_context, use a smaller dtype, spread it with model.device_map=auto, or allow "
+                         "offloading to CPU with model.offload=true")
+    return need
+
+
+def check_placement(name: str, device: torch.device, model, offload: bool) -> None:
+    """A GPU run whose device_map left modules on cpu or disk is offloaded (slow, every timing changes):
+    only when model.offload=true asked for it."""
+    placed = getattr(model, "hf_device_map", None) or {}
+    off = sorted({str(v) for v in placed.values() if str(v) in ("cpu", "disk")})
+    if off and device.type == "cuda" and not offload:
+        n = sum(str(v) in off for v in placed.values())
+        raise BenchError(f"model {name}: the device_map put {n} of {len(placed)} modules on {' and '.join(off)} (the "
+                         "model does not fit the GPUs); set model.offload=true to allow offloading, or use more GPU memory")
+
+
 def check_fast_path(name: str, fast_path: str) -> None:
     if fast_path not in ("auto", *FAST_PATHS):
         raise BenchError(f"model {name}: model.fast_path={fast_path!r} is not allowed; use auto, {', '.join(FAST_PATHS)}")
@@ -78,6 +161,7 @@ class PretrainedModel:
     device: str = "auto"
     dtype: str = "auto"
     device_map: Any = None  # passed to accelerate (e.g. "auto" to spread over several GPUs)
+    offload: bool = False  # let the device_map put modules on CPU / disk (device_map auto when none is given)
     attn_implementation: str = "sdpa"
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     max_context: int | None = None  # default: config.max_position_embeddings
@@ -92,10 +176,12 @@ class PretrainedModel:
         source = str(local) if local.is_dir() else self.path
         return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template)
 
-    def load(self) -> LM:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def load(self, batch: int = 1) -> LM:
+        """Load for decoding up to `batch` rows at once (the memory estimate's batch)."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         check_fast_path(self.name, self.fast_path)
+        check_attention(self.name, self.attn_implementation)
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
         local = Path(self.path).expanduser()
@@ -106,11 +192,23 @@ class PretrainedModel:
             raise BenchError(f"model {self.name}: model.path={self.path} is not a model directory (no config.json); give "
                              "a directory written by save_pretrained, or a hub id")
         kwargs = dict(dtype=dtype, attn_implementation=self.attn_implementation, revision=self.revision)
-        if self.device_map is not None:
-            kwargs["device_map"] = self.device_map
+        device_map = "auto" if self.offload and self.device_map is None else self.device_map
+        if device_map is not None:
+            kwargs["device_map"] = device_map
+        if self.offload:
+            kwargs["offload_folder"] = str(Path(self.cache_dir or "~/.cache/decoding-bench").expanduser() / "offload" / self.name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
+            config = AutoConfig.from_pretrained(source, revision=self.revision)
+            memory = None
+            if not self.offload:  # the runner admits prompts up to max_context: the cache may hold that many per row
+                tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
+                memory = check_memory(self.name, config, dtype, device, batch, tokens,
+                                      packed=device.type == "cpu" and self.fast_path != "none",
+                                      spread=device_map is not None)
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        except BenchError:
+            raise
         except Exception as e:  # a missing hub id, or a damaged local file (truncated weights, bad JSON)
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             if local.is_dir():
@@ -118,13 +216,15 @@ class PretrainedModel:
                                  "are damaged or incomplete: write the directory again with save_pretrained") from None
             raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); without hub access, download it elsewhere "
                              f"and pass model.path=/local/dir") from None
-        if self.device_map is None:
+        if device_map is None:
             model.to(device)
+        check_placement(self.name, device, model, self.offload)
         lm = LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name, max_context=self.max_context)
         # What was loaded, for provenance: the revision asked for and the hub commit it resolved to
         # (None for a local directory, which is read as it is).
         lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision,
                      "commit": getattr(model.config, "_commit_hash", None)}
+        lm.memory_estimate = memory  # provenance records what the check assumed
         return put_on_fast_path(lm, self.fast_path, self.cache_dir)
 
 
@@ -199,12 +299,12 @@ class GGUFPackageModel:
 
         return _apply_chat_template(AutoTokenizer.from_pretrained(self.local_dir()), self.chat_template)
 
-    def load(self) -> LM:
+    def load(self, batch: int = 1) -> LM:
         check_fast_path(self.name, self.fast_path)
         spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
                                max_context=self.max_context, fast_path=self.fast_path, cache_dir=self.cache_dir)
-        lm = spec.load()
+        lm = spec.load(batch)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package), "gguf_file": self.gguf_file}
         return lm
 
@@ -254,8 +354,9 @@ class TinyRandomModel:
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
 
-    def load(self) -> LM:
+    def load(self, batch: int = 1) -> LM:
         check_fast_path(self.name, self.fast_path)
+        check_attention(self.name, self.attn_implementation)
         tokenizer = self.load_tokenizer()
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)

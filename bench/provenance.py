@@ -22,6 +22,33 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def cuda_driver() -> str:
+    """The NVIDIA driver's version (pynvml if installed, else nvidia-smi), or "unknown"."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # not installed, or no NVML here
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else "unknown"
+
+
+def gpus(lm) -> dict:
+    """The GPUs the model runs on (names), the CUDA runtime torch was built with, and the driver."""
+    if not lm.cuda_devices:
+        return {"gpu_names": [], "cuda_version": torch.version.cuda, "cuda_driver": None}
+    return {"gpu_names": [torch.cuda.get_device_name(d) for d in lm.cuda_devices], "cuda_version": torch.version.cuda,
+            "cuda_driver": cuda_driver()}
+
+
 def collect(lm) -> dict:
     versions = {}
     for name in PACKAGES:
@@ -38,6 +65,9 @@ def collect(lm) -> dict:
         "packages": versions,
         "device": str(device),
         "device_name": device_name(device),
+        "device_map": lm.device_map(),  # device -> modules holding weights there ("disk": offloaded)
+        **gpus(lm),
+        "memory_estimate_bytes": getattr(lm, "memory_estimate", None),  # what the load-time fit check assumed
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "dtype": str(lm.dtype).replace("torch.", ""),

@@ -243,7 +243,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
-            lm = build(cfg.model, "model").load()
+            lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size)
             rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
             _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
     finally:

@@ -53,8 +53,10 @@ def cost_curve(lm, batch_sizes, widths, context: int = 256, repeats: int = 5) ->
         for q in widths:
             times = []
             for _ in range(repeats + 1):  # the first is untimed: a new shape's first call
+                lm.sync()  # CUDA runs asynchronously: time from an idle device to a finished forward
                 t0 = time.perf_counter()
                 lm.forward_batch([[7] * q] * b, cache, [range(context, context + q)] * b, [None] * b, [list(range(q))] * b)
+                lm.sync()
                 times.append(time.perf_counter() - t0)
                 cache.keep_tail(context, [[]] * b)  # back to the context
             rows.append({"batch_size": b, "tokens_per_row": q, "seconds": statistics.median(times[1:])})
@@ -156,9 +158,11 @@ def main() -> None:
                     widths, drafting = [], 0.0  # tokens each row fed per decode step (prefill left out); drafting seconds
                     for i, batch in enumerate(batches):
                         refs = reference[i * b:i * b + len(batch)]
+                        lm.sync()
                         t0 = time.perf_counter()
                         if name == "hf_generate":
                             outs = lm.hf_generate_batch(batch, max_new, stop)
+                            lm.sync()
                             wall += time.perf_counter() - t0
                         else:
                             gens, stats = decode_batch(decoders[name], lm, batch, max_new, [greedy] * len(batch), stop)

@@ -1,7 +1,7 @@
 """Train an EAGLE feature draft on a frozen target (self-distillation), for decoder=eagle.
 
     python scripts/train_eagle.py [--chunks 1200] [--epochs 2] [--unroll 3] [--draft-vocab 8192]
-        [--out adapters/smollm2-135m-eagle.safetensors] [model=...]
+        [--out adapters/smollm2-135m-eagle.safetensors] [--device auto] [--dtype auto] [model=...]
 
 The draft (decoders/methods/eagle.py) reads the target's features at t and the embedding of token
 t+1 and predicts the features at t+1. The target's features are computed once per chunk
@@ -44,6 +44,7 @@ from loss_curve import save_loss_curve  # noqa: E402
 from decoders.core.lm import KVCache  # noqa: E402
 from decoders.methods.eagle import new_draft, save_draft  # noqa: E402
 from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  # noqa: E402
+from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 
 RANKS = 10
 
@@ -54,11 +55,11 @@ def features(lm, ids: torch.Tensor, bf16: bool) -> torch.Tensor:
     captured = {}
     handle = lm.final_norm.register_forward_pre_hook(lambda m, a: captured.update(f=a[0]))
     try:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        with precision(lm, bf16):
+            lm.model(input_ids=ids.to(lm.device), use_cache=False, logits_to_keep=1)
     finally:
         handle.remove()
-    return captured["f"]
+    return captured["f"].to(lm.output_device)  # the last layer's device, where the draft sits
 
 
 def target_features(lm, chunks: list[list[int]], batch: int, bf16: bool) -> torch.Tensor:
@@ -121,16 +122,20 @@ def depth_accuracy(lm, draft, sequences: list[list[int]], depth: int, bf16: bool
     in_vocab[draft.vocab] = True
     for seq in sequences:
         feats = features(lm, torch.tensor([seq]), bf16).float()
-        full = lm.model.get_output_embeddings()(lm.final_norm(feats))  # (1, L, V)
-        greedy = full[0].argmax(-1)  # greedy[t]: the target's token after position t
+        with precision(lm):
+            full = lm.model.get_output_embeddings()(lm.final_norm(feats))  # (1, L, V)
+        greedy = full[0].argmax(-1).cpu()  # greedy[t]: the target's token after position t
         covered += int(in_vocab[greedy].sum())
         counted += len(greedy)
         ids = torch.tensor([seq])
-        for j, g in enumerate(unrolled_levels(draft, feats, ids, depth)):
+        with precision(lm):
+            levels = unrolled_levels(draft, feats, ids, depth)
+        for j, g in enumerate(levels):
             rows = len(seq) - 1 - j - 1  # row t predicts the token after position t+1+j, which must exist
             if rows <= 0:
                 break
-            top = draft.vocab[draft.logits(g[0, :rows]).topk(RANKS, -1).indices]
+            with precision(lm):
+                top = draft.vocab[draft.logits(g[0, :rows]).topk(RANKS, -1).indices.cpu()]
             hits[j] += (top == greedy[1 + j:1 + j + rows, None]).float().sum(0)
             total[j] += rows
     return (hits / total.clamp(min=1)[:, None]).tolist(), covered / max(counted, 1)
@@ -152,12 +157,13 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: adapters/<model>-eagle.safetensors")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                        help="bfloat16 autocast for the target's forward")
+                        help="bfloat16 autocast for a float32 target's forward (a half-precision one runs in its own dtype)")
+    add_target_args(parser)
     args, overrides = parser.parse_known_args()
     for key in ("chunks", "epochs", "unroll", "batch", "depth"):
         if getattr(args, key) < 1:
             raise SystemExit(f"error: --{key} must be >= 1, got {getattr(args, key)}")
-    cfg, lm = frozen_target(overrides, args.seed)
+    cfg, lm = frozen_target(target_overrides(args, overrides), args.seed)
     lm.set_fast_path("none")  # training needs autograd through the draft's linears
     rng = random.Random(args.seed)
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-eagle.safetensors")
@@ -184,13 +190,14 @@ def main() -> None:
     feats = target_features(lm, chunks, args.batch, args.bf16)
     tokens = torch.tensor(chunks)
     scale = float(feats[:64].float().pow(2).mean().sqrt())
-    draft = new_draft(lm, vocab).float()
+    draft = new_draft(lm, vocab).float()  # float32 master weights; forwards run under precision()
     before, coverage = depth_accuracy(lm, draft, heldout, args.depth, args.bf16)
     draft.requires_grad_(True)
     draft.train()
     order = list(range(len(own))) * args.generated_repeats + list(range(len(own), len(chunks)))
     steps = args.epochs * (len(order) // args.batch)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
+    scaler = grad_scaler(lm)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=steps, pct_start=0.05)
     losses = []
     bar = tqdm(total=steps, desc=f"EAGLE draft, {args.unroll} levels")
@@ -199,12 +206,10 @@ def main() -> None:
         for i in range(0, len(order) - args.batch + 1, args.batch):
             idx = torch.tensor(order[i:i + args.batch])
             f, x = feats[idx].float(), tokens[idx]
-            parts = level_losses(draft, f, x, teacher(draft, f), scale, args.unroll)
-            loss = sum(0.8 ** j * (kl + reg) for j, (kl, reg) in enumerate(parts))
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-            optimizer.step()
+            with precision(lm):
+                parts = level_losses(draft, f, x, teacher(draft, f), scale, args.unroll)
+                loss = sum(0.8 ** j * (kl + reg) for j, (kl, reg) in enumerate(parts))
+            optimizer_step(scaler, optimizer, loss, clip=1.0)
             schedule.step()
             losses.append([float(kl.detach()) for kl, _ in parts])
             recent = losses[-20:]

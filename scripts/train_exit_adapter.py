@@ -1,7 +1,8 @@
 """Train the self-draft's exit adapter: self-distillation with the backbone frozen.
 
     python scripts/train_exit_adapter.py [--steps 300] [--seq-len 128] [--batch 4] [--lr 1e-3]
-        [--generated 16] [--out adapters/smollm2-135m-self4.safetensors] [model=... draft.layers=4]
+        [--generated 16] [--out adapters/smollm2-135m-self4.safetensors] [--device auto] [--dtype auto]
+        [model=... draft.layers=4]
 
 The draft is the target's first k layers + its final norm and head; the adapter
 (RMSNorm + a d x d residual projection, decoders/methods/draft_model.py) sits between layer k and the final
@@ -27,13 +28,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from tqdm.auto import tqdm
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loss_curve import save_loss_curve  # noqa: E402
+from training_target import (add_target_args, grad_scaler, load_target, optimizer_step, precision, request_ids,  # noqa: E402
+                             target_overrides)
 from decoders.methods.draft_model import new_exit_adapter, save_adapter  # noqa: E402
 
 # Instructions for self-distillation: general chat, code and arithmetic requests written for
@@ -83,15 +85,13 @@ def text_chunks(tokenizer, files: list[Path], seq_len: int, limit: int) -> list[
 
 
 def generated_chunks(lm, n: int, seq_len: int) -> list[list[int]]:
-    """The target's own greedy answers, rendered as in a benchmark run (chat template)."""
+    """The target's own greedy answers, rendered as in a benchmark run (chat template, or raw text without one)."""
     from decoders.methods.autoregressive import autoregressive_decode
     from decoders.core.sampling import Sampling
 
     out = []
     for text in tqdm(INSTRUCTIONS[:n], desc="self-distillation answers", leave=False):
-        rendered = lm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                    tokenize=False)
-        ids = lm.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        ids = request_ids(lm.tokenizer, text)
         gen = autoregressive_decode(lm, ids, seq_len, Sampling(), lm.stop_ids)
         seq = (ids + gen.tokens)[-seq_len:]
         if len(seq) == seq_len:
@@ -114,9 +114,9 @@ def draft_logits(lm, adapter, hidden: torch.Tensor) -> torch.Tensor:
 def agreement(lm, adapter, data: list[list[int]], layers: int, batch: int) -> float:
     hits = total = 0
     for i in range(0, len(data), batch):
-        ids = torch.tensor(data[i:i + batch])
-        target, hidden = teacher(lm, ids, layers)
-        with torch.no_grad():
+        ids = torch.tensor(data[i:i + batch], device=lm.device)
+        with torch.no_grad(), precision(lm):
+            target, hidden = teacher(lm, ids, layers)
             draft = draft_logits(lm, adapter, hidden)
         hits += int((draft.argmax(-1) == target.argmax(-1)).sum())
         total += target.shape[0] * target.shape[1]
@@ -133,15 +133,16 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=16, help="held-out chunks")
     parser.add_argument("--out", default=None, help="default: adapters/<model>-self<k>.safetensors")
     parser.add_argument("--seed", type=int, default=0)
+    add_target_args(parser)
     args, overrides = parser.parse_known_args()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+        cfg = compose("config", overrides=target_overrides(args, overrides))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     layers = int(cfg.draft.layers)
-    lm = instantiate(cfg.model).load()
+    lm = load_target(cfg.model)
     for p in lm.model.parameters():
         p.requires_grad_(False)
     total_layers = len(lm.model.base_model.layers)
@@ -157,25 +158,25 @@ def main() -> None:
           f"held-out: {len(heldout)} chunks of other stdlib modules", flush=True)
     before = agreement(lm, None, heldout, layers, args.batch)
 
-    adapter = new_exit_adapter(lm.model).float()
+    adapter = new_exit_adapter(lm.model, layers).float()  # float32 master weights; forwards run under precision()
     for p in adapter.parameters():  # its norm is a copy of the (frozen) final norm: train it too
         p.requires_grad_(True)
     adapter.train()
     optimizer = torch.optim.Adam(adapter.parameters(), lr=args.lr)
+    scaler = grad_scaler(lm)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps)
     losses = []
     bar = tqdm(range(args.steps), desc=f"exit adapter, layer {layers}")
     for step in bar:
-        batch = torch.tensor(random.sample(train, args.batch))
-        target, hidden = teacher(lm, batch, layers)
-        logits = draft_logits(lm, adapter, hidden)
-        loss = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(target, -1).flatten(0, 1),
-                        log_target=True, reduction="batchmean")
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        batch = torch.tensor(random.sample(train, args.batch), device=lm.device)
+        with precision(lm):
+            target, hidden = teacher(lm, batch, layers)
+            logits = draft_logits(lm, adapter, hidden)
+            loss = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(target, -1).flatten(0, 1),
+                            log_target=True, reduction="batchmean")
+        optimizer_step(scaler, optimizer, loss)
         schedule.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     adapter.eval()
     after = agreement(lm, adapter, heldout, layers, args.batch)

@@ -1,7 +1,7 @@
 """Train Medusa-style heads on a frozen target (self-distillation), for decoder=medusa and decoder=bpd.
 
     python scripts/train_heads.py [--heads 4] [--steps 400] [--seq-len 128] [--batch 4] [--lr 1e-3]
-        [--out adapters/smollm2-135m-heads4.safetensors] [model=...]
+        [--out adapters/smollm2-135m-heads4.safetensors] [--device auto] [--dtype auto] [model=...]
 
 Head i (decoders/methods/heads.py) reads the hidden state at position t and predicts the token at
 t + i + 2. Loss: KL(target's distribution for that token || head's), where the target's
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loss_curve import save_loss_curve  # noqa: E402
 from decoders.methods.heads import new_heads, save_heads  # noqa: E402
 from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  # noqa: E402
+from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 
 RANKS = 10  # top-r accuracy recorded per head
 
@@ -68,10 +69,11 @@ def accuracy(lm, heads, sequences: list[list[int]], ranks: int = RANKS) -> list[
     hits = torch.zeros(heads.k, ranks)
     total = torch.zeros(heads.k)
     for seq in sequences:
-        ids = torch.tensor([seq])
-        logp, hidden = teacher(lm, ids)
-        greedy = logp[0].argmax(-1)  # greedy[t] = the target's token for position t + 1
-        top = heads(hidden[0]).topk(ranks, dim=-1).indices  # (K, L, ranks)
+        ids = torch.tensor([seq], device=lm.device)
+        with precision(lm):
+            logp, hidden = teacher(lm, ids)
+            greedy = logp[0].argmax(-1).cpu()  # greedy[t] = the target's token for position t + 1
+            top = heads(hidden[0]).topk(ranks, dim=-1).indices.cpu()  # (K, L, ranks)
         for i in range(heads.k):
             span = len(seq) - i - 1
             if span <= 0:
@@ -94,11 +96,13 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: adapters/<model>-heads<K>.safetensors")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                        help="bfloat16 autocast for the matmuls (about 2x faster on CPUs with AVX-512 BF16)")
+                        help="bfloat16 autocast for the matmuls of a float32 target (about 2x faster on CPUs with "
+                             "AVX-512 BF16); a half-precision target runs in its own dtype")
+    add_target_args(parser)
     args, overrides = parser.parse_known_args()
     if args.heads < 1 or args.steps < 1:
         raise SystemExit(f"error: --heads and --steps must be >= 1, got {args.heads} and {args.steps}")
-    cfg, lm = frozen_target(overrides, args.seed)
+    cfg, lm = frozen_target(target_overrides(args, overrides), args.seed)
     rng = random.Random(args.seed)
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-heads{args.heads}.safetensors")
 
@@ -112,23 +116,22 @@ def main() -> None:
     print("train chunks of " + str(args.seq_len) + " tokens: " + ", ".join(f"{k} {len(v)}" for k, v in sources.items())
           + f"; held out: {len(heldout)} self-distilled answers", flush=True)
 
-    heads = new_heads(lm, args.heads).float()
+    heads = new_heads(lm, args.heads).float()  # float32 master weights; forwards run under precision()
     before = accuracy(lm, heads, heldout)
     heads.requires_grad_(True)
     heads.train()
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
+    scaler = grad_scaler(lm)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=args.steps, pct_start=0.05)
     losses = []
     bar = tqdm(range(args.steps), desc=f"{args.heads} heads")
     for _ in bar:
         names = rng.choices(list(mix), weights=list(mix.values()), k=args.batch)
-        batch = torch.tensor([rng.choice(sources[n]) for n in names])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        batch = torch.tensor([rng.choice(sources[n]) for n in names], device=lm.device)
+        with precision(lm, args.bf16):
             logp, hidden = teacher(lm, batch)
             loss, parts = head_loss(heads, hidden.float(), logp)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        optimizer_step(scaler, optimizer, loss)
         schedule.step()
         losses.append(parts)
         recent = losses[-20:]

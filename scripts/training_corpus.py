@@ -2,8 +2,8 @@
 
 - Python standard-library source (this interpreter's own; train / held-out split by file name),
 - GSM8K's train split (question + worked answer),
-- self-distillation: the target's own greedy answers, rendered with its chat template as a
-  benchmark run renders prompts, to coding requests written for this script, to the exit
+- self-distillation: the target's own greedy answers, rendered as a benchmark run renders prompts
+  (its chat template, or the raw text for a tokenizer without one), to coding requests written for this script, to the exit
   adapter script's instructions, and to GSM8K train questions.
 
 Generation is batched (left padding) and cached, so the heads and the n-gram LM scripts share it.
@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from train_exit_adapter import INSTRUCTIONS, chunks, stdlib_files
+from training_target import load_target, request_ids
 
 CODE_TASKS = [
     "returns the n-th Fibonacci number iteratively", "checks whether a word is a palindrome",
@@ -64,15 +65,14 @@ def gsm8k_train_rows(data_dir: str | None) -> list[dict]:
 def self_distilled(lm, texts: list[str], max_new_tokens: int, batch: int) -> list[list[int]]:
     """The target's greedy answers (prompt + answer ids), in batches with left padding."""
     tok = lm.tokenizer
-    rendered = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
-                for t in texts]
+    rendered = [request_ids(tok, t) for t in texts]
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(lm.stop_ids)
     out: list[list[int]] = []
     for i in tqdm(range(0, len(rendered), batch), desc="self-distillation answers", unit="batch"):
-        ids = [tok(r, add_special_tokens=False)["input_ids"] for r in rendered[i:i + batch]]
+        ids = rendered[i:i + batch]
         width = max(map(len, ids))
-        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=lm.device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=lm.device)
         gen = lm.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                 do_sample=False, pad_token_id=pad, eos_token_id=sorted(lm.stop_ids))
         for x, row in zip(ids, gen[:, width:].tolist()):
@@ -109,14 +109,13 @@ def frozen_target(overrides: list[str], seed: int):
     """(config, LM): the run's config (Hydra overrides as `python -m bench` takes them), threads
     set, torch seeded, the target loaded with every parameter frozen."""
     from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
 
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(seed)
-    lm = instantiate(cfg.model).load()
+    lm = load_target(cfg.model)
     for p in lm.model.parameters():
         p.requires_grad_(False)
     return cfg, lm

@@ -5,6 +5,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from helpers import CACHE_DIR, DATA_DIR, REPO
 
 
@@ -39,12 +42,28 @@ def test_ablation_sweeps_and_plots(tmp_path):
     assert (tmp_path / "plots" / "sampling_robustness.png").stat().st_size > 0
 
 
-def test_train_heads_and_ngram_on_tiny_random(tmp_path):
+@pytest.fixture(scope="module")
+def base_tokenizer(tmp_path_factory) -> list[str]:
+    """Overrides giving tiny-random a tokenizer without a chat template (a base model's, e.g. codellama-7b)."""
+    from bench.models import TinyRandomModel
+
+    tokenizer = TinyRandomModel().load_tokenizer()
+    tokenizer.chat_template = None
+    path = tmp_path_factory.mktemp("base-tokenizer")
+    tokenizer.save_pretrained(path)
+    return ["model.tokenizer._target_=bench.models.PretrainedModel", "+model.tokenizer.name=base",
+            f"+model.tokenizer.path={path}"]
+
+
+def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     """Both training scripts end to end (2 steps; the corpus's self-distilled answers come from
-    the tiny model itself), and the files they write load into the decoders."""
-    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}"]
+    the tiny model itself, rendered raw: its tokenizer has no chat template; the heads train on a
+    bfloat16 target), and the files they write load into the decoders."""
+    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}",
+              *base_tokenizer]
     out = run_script("train_heads.py", "--steps", "2", "--heads", "2", "--seq-len", "32", "--batch", "2",
-                     "--out", str(tmp_path / "heads.safetensors"), *common, timeout=900)
+                     "--device", "cpu", "--dtype", "bfloat16", "--out", str(tmp_path / "heads.safetensors"), *common,
+                     timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "head 1 (token t+3)" in out.stdout and (tmp_path / "heads.png").is_file()
     out = run_script("train_ngram.py", "--order", "3", "--out", str(tmp_path / "ngram.json.gz"), *common, timeout=900)
@@ -63,6 +82,21 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path):
     dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"), paths=2)
     reference = autoregressive_decode(lm, [5, 6, 7], 6, Sampling(), set()).tokens
     assert dec.generate(lm, [5, 6, 7], 6, Sampling(), set()).tokens == reference
+
+
+def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_tokenizer):
+    """scripts/train_exit_adapter.py end to end (2 steps, float32 target), its self-distilled requests
+    rendered raw, and its file loads into draft=self."""
+    out = run_script("train_exit_adapter.py", "--steps", "2", "--seq-len", "32", "--batch", "2", "--generated", "2",
+                     "--heldout", "2", "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "self1.safetensors"),
+                     "model=tiny-random", "draft.layers=1", f"cache_dir={tmp_path}", *base_tokenizer, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "held-out top-1 agreement" in out.stdout
+    from decoders.methods.draft_model import SelfDraft
+    from helpers import tiny_lm
+
+    draft = SelfDraft(layers=1, adapter=str(tmp_path / "self1.safetensors")).build(tiny_lm(seed=0, vocab=49152))
+    assert draft.model.base_model.norm[0].proj.weight.dtype == torch.float32
 
 
 def test_profile_device_prints_both_paths_side_by_side(tmp_path):
@@ -137,9 +171,11 @@ def test_compare_leaderboards_finds_a_changed_step(tmp_path):
 
 
 def test_train_eagle_on_tiny_random(tmp_path):
-    """scripts/train_eagle.py end to end (a few steps, a draft vocabulary), and its file drives decoder=eagle."""
+    """scripts/train_eagle.py end to end (a few steps, a draft vocabulary, a float16 target: fp32 master
+    weights under autocast with loss scaling), and its file drives decoder=eagle."""
     out = run_script("train_eagle.py", "--chunks", "4", "--epochs", "1", "--generated-repeats", "1", "--unroll", "2",
                      "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2",
+                     "--device", "cpu", "--dtype", "float16",
                      "--answer-tokens", "8", "--out", str(tmp_path / "eagle.safetensors"), "model=tiny-random",
                      "device=cpu", f"cache_dir={tmp_path}", timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -106,8 +106,10 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
         proposals, feeds = [], []
         for r in active:
             row = rows[r]
+            lm.sync()  # a draft timer starts and stops with the device idle, like the target's
             t0 = time.perf_counter()
             proposals.append(row.proposer.propose(row.sequence, max_new_tokens - len(row.tokens) - 1))
+            lm.sync()
             draft_time += time.perf_counter() - t0
             feeds.append(_feed(row, proposals[-1]))
         lm.sync()
@@ -133,8 +135,10 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
             new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(row.tokens))
             row.tokens += new
             row.sequence += new
+            lm.sync()
             t1 = time.perf_counter()
             info = row.proposer.commit(proposal, scores, path, row.sequence)
+            lm.sync()
             draft_time += time.perf_counter() - t1
             s = len(side.tokens) if side is not None else 0
             fields.append(dict(accepted=len(new), forward_tokens=len(feed), context_tokens=row.cached,

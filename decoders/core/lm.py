@@ -255,8 +255,14 @@ class LM:
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config
+        # The one placement rule (add-ons and per-step tensors follow it): inputs go to `device`, the
+        # embedding's; logits, hidden states and features come out on `output_device`, the head's
+        # (the same device unless model.device_map spread the layers). `dtype` is the weights' dtype.
         self.device = model.get_input_embeddings().weight.device
+        self.output_device = model.get_output_embeddings().weight.device
         self.dtype = model.dtype
+        self.cuda_devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"},
+                                   key=lambda d: d.index or 0)
         self.attn_implementation = model.config._attn_implementation
         self.cache_kw = cache_kwarg(model)
         self.max_context = max_context or getattr(self.config, "max_position_embeddings", None)
@@ -332,9 +338,27 @@ class LM:
                 ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
         return frozenset(int(i) for i in ids)
 
+    def device_map(self) -> dict[str, int]:
+        """Where the model's modules are (device -> number of modules), for provenance: accelerate's
+        device_map when one placed the model (its "cpu" / "disk" entries are offloaded), else the
+        modules holding parameters, by their parameters' device."""
+        where: dict[str, int] = {}
+        placed = getattr(self.model, "hf_device_map", None)
+        if placed:
+            for device in placed.values():
+                key = f"cuda:{device}" if isinstance(device, int) else str(device)
+                where[key] = where.get(key, 0) + 1
+            return where
+        for module in self.model.modules():
+            own = next(module.parameters(recurse=False), None)
+            if own is not None:
+                where[str(own.device)] = where.get(str(own.device), 0) + 1
+        return where
+
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        """Wait for every CUDA device the model runs on (a timer read before that would stop early)."""
+        for device in self.cuda_devices:
+            torch.cuda.synchronize(device)
 
     # ---- forward ------------------------------------------------------------------------
     def new_cache(self) -> KVCache:
@@ -416,7 +440,8 @@ class LM:
         if logits_last is not None:
             kwargs["logits_to_keep"] = int(logits_last)
         if logits_rows is not None:
-            kwargs["logits_to_keep"] = torch.as_tensor(logits_rows, dtype=torch.long, device=self.device)
+            # it indexes the last hidden state, which is on the head's side
+            kwargs["logits_to_keep"] = torch.as_tensor(logits_rows, dtype=torch.long, device=self.output_device)
         self._want_hidden = hidden
         # Hooked for this call only: a permanent hook would tie the norm to this wrapper (a deepcopy
         # of the norm, as a self-draft's exit adapter makes, would copy the whole model).
@@ -429,10 +454,10 @@ class LM:
                 handle.remove()
         logits = out.logits[0]
         if features:
-            f, self._features = self._features[0], None
+            f, self._features = self._features[0].to(self.output_device), None
             return logits, f
         if hidden:
-            h = self._hidden[0]
+            h = self._hidden[0].to(self.output_device)
             self._hidden = None
             if logits_rows is not None:
                 return logits, h[kwargs["logits_to_keep"]]
@@ -477,7 +502,7 @@ class LM:
         if columns == list(range(width - len(columns), width)):
             keep = len(columns)  # a suffix: transformers slices, no gather
         else:
-            keep = torch.as_tensor(columns, dtype=torch.long, device=self.device)
+            keep = torch.as_tensor(columns, dtype=torch.long, device=self.output_device)
         if self.attn_implementation == "eager":
             mask = torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
         elif self.attn_implementation != "sdpa":
@@ -487,7 +512,7 @@ class LM:
         try:
             out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), attention_mask=mask.to(self.device),
                              **{self.cache_kw: cache.hf}, use_cache=True, logits_to_keep=keep)
-            h, f = self._hidden, self._features
+            h, f = (x.to(self.output_device) if x is not None else None for x in (self._hidden, self._features))
         finally:
             self._want_hidden, self._hidden, self._features = False, None, None
             for handle in handles:
@@ -516,14 +541,16 @@ class LM:
         draft_spec = assistant.flops_spec() if assistant is not None else None
         if not sampling.greedy:  # generate() draws from the device's global RNG; seed it before the clock starts
             if self.device.type == "cuda":
-                torch.cuda.manual_seed(sampling.seed)
+                torch.cuda.manual_seed_all(sampling.seed)  # it draws on the head's GPU, which a device_map may make another one
             else:
                 torch.default_generator.manual_seed(sampling.seed)
+        self.sync()
         start = time.perf_counter()
 
         def pre_hook(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
             cache = passed_cache(kwargs)
+            self.sync()  # generate()'s own work before this forward is overhead, not target time
             pending.update(t0=time.perf_counter(), tokens=int(ids.shape[-1]),
                            context=cache.get_seq_length() if cache is not None else 0)
 
@@ -538,6 +565,7 @@ class LM:
         def draft_pre_hook(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
             cache = passed_cache(kwargs)
+            self.sync()
             drafted["t0"] = time.perf_counter()
             n = int(ids.shape[-1]) if ids is not None else 0
             context = cache.get_seq_length() if cache is not None else 0

@@ -37,7 +37,7 @@ def lattice_beam_search(head_logp: torch.Tensor, top_k: int, width: int, weight:
     head_logp: (positions, V) log-probabilities. score_next(beams, candidates (beams, k)) ->
     LM log-scores of each candidate after its beam, or None to rank by the heads alone."""
     beams: list[tuple[int, ...]] = [()]
-    scores = torch.zeros(1)
+    scores = head_logp.new_zeros(1)  # per-step tensors live where the heads' scores do
     for i in range(head_logp.shape[0]):
         lp, cand = torch.topk(head_logp[i], top_k)
         cand_tokens = cand.expand(len(beams), -1)
@@ -145,7 +145,7 @@ class BPD:
 
                 def score_next(beams, cands):
                     return torch.tensor([[ngram.score(context + list(b), int(t)) for t in row]
-                                         for b, row in zip(beams, cands.tolist())])
+                                         for b, row in zip(beams, cands.tolist())], device=cands.device)
             elif neural is not None:
                 first, f0 = neural.start(sequence)
                 flops[0] += f0
@@ -156,7 +156,7 @@ class BPD:
                     else:
                         logp, f = neural.step(beams)
                         flops[0] += f
-                    return torch.gather(logp, 1, cands)
+                    return torch.gather(logp.to(cands.device), 1, cands)  # the scorer's head may sit elsewhere
             beams = lattice_beam_search(head_logp, self.ranks_per_head, self.paths, self.weight, score_next)
             if neural is not None:
                 neural.finish()

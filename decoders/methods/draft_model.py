@@ -78,11 +78,13 @@ def self_draft_model(target, layers: int, adapter: nn.Module | None = None):
     return draft.eval()
 
 
-def new_exit_adapter(target) -> ExitAdapter:
-    _, _, norm, _, _ = _decoder_parts(target)
+def new_exit_adapter(target, layers: int | None = None) -> ExitAdapter:
+    """An untrained adapter for the output of layer `layers` (default: the last), on that layer's
+    device (where its input comes from, when model.device_map spreads the layers) in the target's dtype."""
+    _, blocks, norm, _, _ = _decoder_parts(target)
     adapter = ExitAdapter(copy.deepcopy(norm), target.config.get_text_config().hidden_size)
-    ref = target.get_input_embeddings().weight
-    return adapter.to(device=ref.device, dtype=ref.dtype)
+    ref = next(blocks[(layers or len(blocks)) - 1].parameters())
+    return adapter.to(device=ref.device, dtype=target.dtype)
 
 
 def save_adapter(adapter: ExitAdapter, path: str | Path, layers: int, info: dict) -> None:
@@ -93,7 +95,7 @@ def save_adapter(adapter: ExitAdapter, path: str | Path, layers: int, info: dict
 def load_adapter(target, path: str | Path, layers: int) -> ExitAdapter:
     meta, state = load_weights(Path(path).expanduser(), ADAPTER_FORMAT, "draft.adapter", "exit adapter",
                                "train one with scripts/train_exit_adapter.py or set draft.adapter=null for the plain truncation")
-    adapter = new_exit_adapter(target)
+    adapter = new_exit_adapter(target, layers)
     if int(meta["layers"]) != layers or int(meta["hidden_size"]) != adapter.proj.weight.shape[0]:
         raise ValueError(f"draft.adapter: {path} was trained for {meta['layers']} layers and hidden size "
                          f"{meta['hidden_size']}; this draft has {layers} layers and hidden size {adapter.proj.weight.shape[0]}")

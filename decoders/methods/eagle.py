@@ -117,9 +117,10 @@ class FeatureDraft(nn.Module):
         batched = features.dim() == 3
         if not batched:
             features, tokens = features[None], tokens[None]
-        x = self.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens).to(features.dtype)], -1))
+        # The embedding sits at the model's input (lm.device), the features at its output (lm.output_device).
+        x = self.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens.to(lm.device)).to(features)], -1))
         pos = positions.reshape(1, -1).to(x.device)
-        out = self.layer(x, attention_mask=lm.mask_4d(mask), position_ids=pos,
+        out = self.layer(x, attention_mask=lm.mask_4d(mask).to(x.device), position_ids=pos,
                          **{cache_kwarg(self.layer): cache.hf if cache is not None else None}, use_cache=cache is not None,
                          position_embeddings=rotary(x, pos))
         out = out[0] if isinstance(out, tuple) else out
@@ -149,9 +150,9 @@ def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = Non
         with torch.no_grad():
             for p in draft.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.3)
-    ref = lm.model.get_input_embeddings().weight
     draft.requires_grad_(False)  # trained only by scripts/train_eagle.py, which turns this back on
-    return draft.to(device=ref.device, dtype=ref.dtype).eval()
+    # Beside its input (the last layer's features), the final norm and the head: lm.output_device.
+    return draft.to(device=lm.output_device, dtype=lm.dtype).eval()
 
 
 def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:

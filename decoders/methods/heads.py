@@ -85,9 +85,9 @@ def new_heads(lm: LM, k: int, seed: int | None = None) -> Heads:
         gen = torch.Generator().manual_seed(seed)
         for p in heads.parameters():
             p.data = torch.randn(p.shape, generator=gen) * 0.5
-    ref = lm.model.get_input_embeddings().weight
     heads.requires_grad_(False)  # trained only by scripts/train_heads.py, which turns this back on
-    return heads.to(device=ref.device, dtype=ref.dtype).eval()
+    # Beside their input (the last hidden state) and the head they share: lm.output_device.
+    return heads.to(device=lm.output_device, dtype=lm.dtype).eval()
 
 
 def save_heads(heads: Heads, path: str | Path, info: dict) -> None:

@@ -1,0 +1,150 @@
+"""Device and dtype placement, GPU sync, the load-time memory and placement checks, and the
+hardware provenance records. This machine has no GPU: placement is checked by construction (a
+head moved to the meta device stands for a model whose device_map ends on another GPU), CUDA
+queries are monkeypatched, and the end-to-end GPU equality runs under the `cuda` marker."""
+import functools
+
+import pytest
+import torch
+
+from bench import provenance
+from bench.errors import BenchError
+from bench.models import (PretrainedModel, TinyRandomModel, check_memory, check_placement, kv_cache_bytes,
+                          weight_bytes)
+from decoders.core.lm import LM
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.bpd import BPD
+from decoders.methods.draft_model import SelfDraft, new_exit_adapter
+from decoders.methods.eagle import Eagle, new_draft
+from decoders.methods.heads import new_heads
+from decoders.methods.medusa import Medusa
+from helpers import tiny_lm
+
+
+def split_lm(dtype=torch.bfloat16) -> LM:
+    """A tiny LM whose head sits on another device than its input (meta here): what a device_map
+    spreading the layers over GPUs makes."""
+    spec = TinyRandomModel(num_layers=2, seed=0, device="cpu", dtype="float32")
+    model = spec.build(64).to(dtype)
+    model.lm_head.to("meta")
+    return LM(model)
+
+
+def test_lm_reports_input_and_output_devices():
+    lm = split_lm()
+    assert lm.device == torch.device("cpu") and lm.output_device == torch.device("meta")
+    assert lm.dtype == torch.bfloat16 and lm.cuda_devices == []
+    assert lm.device_map()["meta"] == 1 and lm.device_map()["cpu"] > 1
+
+
+def test_addons_sit_where_their_input_comes_out_in_the_target_dtype():
+    """Heads and the EAGLE draft read the last hidden state / features and share the head: the
+    output device. The exit adapter reads layer k's output: that layer's device."""
+    lm = split_lm()
+    for addon in (new_heads(lm, 2), new_draft(lm)):
+        assert {(p.device.type, p.dtype) for p in addon.parameters()} == {("meta", torch.bfloat16)}
+    adapter = new_exit_adapter(lm.model, 1)
+    assert {(p.device.type, p.dtype) for p in adapter.parameters()} == {("cpu", torch.bfloat16)}
+
+
+def test_sync_waits_for_every_cuda_device_the_model_uses(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    lm = tiny_lm(fast_path="none")
+    lm.sync()
+    assert synced == []  # a CPU model has nothing to wait for
+    lm.cuda_devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    lm.sync()
+    assert synced == lm.cuda_devices
+
+
+@pytest.mark.parametrize("attn", ["flash_attention_2", "flex_attention"])
+def test_attention_without_custom_masks_is_refused_at_load(attn, tmp_path):
+    with pytest.raises(BenchError, match=f"model.attn_implementation='{attn}' is not supported .*use sdpa or eager"):
+        TinyRandomModel(attn_implementation=attn, device="cpu").load()
+    with pytest.raises(BenchError, match="use sdpa or eager"):
+        PretrainedModel(name="m", path=str(tmp_path), attn_implementation=attn, device="cpu").load()
+
+
+def test_memory_estimate_counts_weights_packed_copies_and_kv_cache():
+    model = TinyRandomModel(num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2, device="cpu").build(100)
+    config, bf16 = model.config, torch.bfloat16
+    # rows x positions x layers x (K, V) x kv heads x head dim x bytes
+    assert kv_cache_bytes(config, bf16, batch=4, tokens=50) == 4 * 50 * 3 * 2 * 2 * 16 * 2
+    weights, linear = weight_bytes(config, bf16)
+    assert weights == sum(p.numel() for p in model.parameters()) * 2
+    assert linear == sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * 2
+    need = check_memory("tiny", config, bf16, torch.device("cpu"), 4, 50, packed=True, spread=False)
+    assert need == {"weights": weights, "packed_copies": linear, "kv_cache": 4 * 50 * 3 * 2 * 2 * 16 * 2}
+
+
+def test_a_model_that_does_not_fit_is_refused_in_one_line(monkeypatch, tmp_path):
+    model = TinyRandomModel(num_layers=2, device="cpu").build(100)
+    model.save_pretrained(tmp_path)
+    TinyRandomModel().load_tokenizer().save_pretrained(tmp_path)
+    monkeypatch.setattr("bench.models.free_bytes", lambda device, spread=False: 1000)
+    with pytest.raises(BenchError) as e:
+        PretrainedModel(name="big", path=str(tmp_path), device="cpu", dtype="float32").load(batch=8)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("model big: needs about")
+    assert "KV cache for 8 x 2048 tokens" in message and "0.0 GiB free" in message and "model.offload=true" in message
+
+
+class Placed:
+    def __init__(self, placed):
+        self.hf_device_map = placed
+
+
+@pytest.mark.parametrize("device, offload, refused", [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
+def test_device_map_offloading_only_when_asked(device, offload, refused):
+    model = Placed({"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "lm_head": "disk"})
+    if refused:
+        with pytest.raises(BenchError, match="put 2 of 4 modules on cpu and disk .* set model.offload=true"):
+            check_placement("m", torch.device(device), model, offload)
+    else:
+        check_placement("m", torch.device(device), model, offload)
+
+
+def test_provenance_records_the_device_map_and_gpus(monkeypatch):
+    lm = tiny_lm(fast_path="none")
+    info = provenance.collect(lm)
+    assert info["device_map"] == lm.device_map() and set(info["device_map"]) == {"cpu"}
+    assert info["gpu_names"] == [] and info["cuda_driver"] is None and info["cuda_version"] == torch.version.cuda
+    lm.model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 1, "model.norm": 1, "lm_head": "disk"}
+    lm.cuda_devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: f"GPU {d.index}")
+    monkeypatch.setattr(provenance, "cuda_driver", lambda: "999.1")
+    info = provenance.collect(lm)
+    assert info["device_map"] == {"cuda:0": 1, "cuda:1": 2, "disk": 1}
+    assert info["gpu_names"] == ["GPU 0", "GPU 1"] and info["cuda_driver"] == "999.1"
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------
+ADDON_DECODERS = {
+    "medusa-seed1": Medusa(choices="chain", heads_seed=1),
+    "bpd-2-p4-seed3": BPD(block=2, paths=4, ranks_per_head=3, heads_seed=3),
+    "bpd-neural-p3": BPD(rescore="neural", draft=SelfDraft(layers=1), paths=3, block=3),
+    "eagle-dynamic-seed1": Eagle(head=None, head_seed=1, tree_size=10, depth=3, top_k=4),
+}
+
+
+ON_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+PLACES = [pytest.param("cpu", torch.bfloat16, id="cpu-bf16"),  # half precision runs here too: dtypes stay consistent
+          pytest.param("cuda", torch.float32, id="cuda-fp32", marks=ON_CUDA),
+          pytest.param("cuda", torch.float16, id="cuda-fp16", marks=ON_CUDA)]
+
+
+@functools.cache
+def placed(device: str, dtype: torch.dtype) -> tuple[LM, list[int]]:
+    """A tiny LM on `device` in `dtype`, and its autoregressive greedy tokens."""
+    lm = LM(TinyRandomModel(num_layers=2, seed=0, device=device, dtype=str(dtype).replace("torch.", "")).build(64))
+    return lm, autoregressive_decode(lm, [5, 6, 7], 12, Sampling(), set()).tokens
+
+
+@pytest.mark.parametrize("device, dtype", PLACES)
+@pytest.mark.parametrize("name", list(ADDON_DECODERS))
+def test_addon_decoders_equal_autoregressive_on_each_device(name, device, dtype):
+    """Add-ons, per-step tensors and masks on the GPU and in half precision: greedy equality holds."""
+    lm, reference = placed(device, dtype)
+    assert ADDON_DECODERS[name].generate(lm, [5, 6, 7], 12, Sampling(), set()).tokens == reference
