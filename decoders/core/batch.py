@@ -172,7 +172,7 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
 def decode_batch(decoder: "Batches", lm: LM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  samplings: Sequence[Sampling], stop_ids) -> tuple[list[Generation], BatchStats]:
     """Run a decoder that batches on these prompts together; samplings[r] is row r's (its own seed)."""
-    samplers = [Sampler(s, lm.device) for s in samplings]
+    samplers = [Sampler(s, lm.output_device) for s in samplings]
     built = [decoder.proposer(lm, ids, sampler, stop_ids) for ids, sampler in zip(prompts, samplers)]
     return speculative_decode_batch(lm, [p for p, _ in built], prompts, max_new_tokens, samplers, stop_ids, built[0][1])
 

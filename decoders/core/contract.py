@@ -59,7 +59,7 @@ class Batches(Protocol):
 def decode_one(decoder: Batches, lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
                stop_ids) -> Generation:
     """A Batches decoder's generate(): its proposer on one prompt (core/batch.py runs B of them)."""
-    sampler = Sampler(sampling, lm.device)
+    sampler = Sampler(sampling, lm.output_device)
     proposer, accept = decoder.proposer(lm, prompt_ids, sampler, stop_ids)
     return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids, accept)
 

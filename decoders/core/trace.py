@@ -62,6 +62,7 @@ class Tracer:
 
     @contextmanager
     def _timed(self, region: str):
+        self.sync()  # work launched before the region is not charged to it
         t0 = time.perf_counter()
         yield
         self.sync()

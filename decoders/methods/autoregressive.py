@@ -18,7 +18,7 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
     tracer = Tracer(lm.sync)
     cache = lm.new_cache()
     warpers = sampling.warpers()
-    generator = sampling.generator(lm.device)
+    generator = sampling.generator(lm.output_device)
     tokens: list[int] = []
     feed = list(prompt_ids)
     while True:

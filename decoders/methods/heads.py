@@ -160,5 +160,5 @@ class HeadsProposer:
 def heads_decode(lm: LM, heads: Heads, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling, stop_ids,
                  build: Build, accept: Accept | None = None) -> Generation:
     """`accept(tree, logits, sampler)` replaces exact verification (typical acceptance, lossy)."""
-    return speculative_decode(lm, HeadsProposer(heads, build), prompt_ids, max_new_tokens, Sampler(sampling, lm.device),
+    return speculative_decode(lm, HeadsProposer(heads, build), prompt_ids, max_new_tokens, Sampler(sampling, lm.output_device),
                               stop_ids, accept)

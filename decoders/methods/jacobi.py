@@ -54,7 +54,7 @@ class JacobiWindow:
 def jacobi_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling, stop_ids,
                   block_size: int, init: str = "prompt") -> Generation:
     window = JacobiWindow(block_size, init, prompt_ids, lm.vocab_size, sampling.seed)
-    return speculative_decode(lm, window, prompt_ids, max_new_tokens, Sampler(sampling, lm.device), stop_ids)
+    return speculative_decode(lm, window, prompt_ids, max_new_tokens, Sampler(sampling, lm.output_device), stop_ids)
 
 
 @dataclass

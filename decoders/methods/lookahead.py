@@ -93,7 +93,7 @@ def lookahead_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sam
                      pool_from_output: bool = True, init: str = "prompt") -> Generation:
     proposer = LookaheadWindow(window, ngram, guess_set_size, prompt_ids, lm.vocab_size, sampling.seed,
                                pool_from_prompt, pool_from_output, init)
-    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, Sampler(sampling, lm.device), stop_ids)
+    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, Sampler(sampling, lm.output_device), stop_ids)
 
 
 @dataclass

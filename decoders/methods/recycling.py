@@ -71,7 +71,7 @@ def recycling_decode(lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling
     """`table`: the adjacency table to start from and update (None: a fresh one)."""
     parents, ranks = template(tree_size, depth, successors)
     return speculative_decode(lm, AdjacencyDraft(parents, ranks, successors, table), prompt_ids, max_new_tokens,
-                              Sampler(sampling, lm.device), stop_ids)
+                              Sampler(sampling, lm.output_device), stop_ids)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from .draft_tree import DraftTreeProposer, draft_tree, stacked_dists
 
 def sequoia_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
                    parents: tuple[int, ...]) -> Generation:
-    sampler = Sampler(sampling, lm.device)
+    sampler = Sampler(sampling, lm.output_device)
 
     def grow(draft_lm, cache, sequence):
         dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, sampler.generator, sampler.warpers,

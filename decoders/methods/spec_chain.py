@@ -93,7 +93,7 @@ class DraftChain:
 
 def spec_chain_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
                       stop_ids, depth: int) -> Generation:
-    sampler = Sampler(sampling, lm.device)
+    sampler = Sampler(sampling, lm.output_device)
     return speculative_decode(lm, DraftChain(draft, depth, len(prompt_ids), sampler), prompt_ids, max_new_tokens,
                               sampler, stop_ids)
 

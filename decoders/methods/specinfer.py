@@ -63,7 +63,7 @@ def merge_chains(dtree: DraftTree) -> tuple[TokenTree, torch.Tensor | None, list
 def specinfer_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
                      num_drafts: int, depth: int) -> Generation:
     parents = chains(num_drafts, depth)
-    sampler = Sampler(sampling, lm.device)
+    sampler = Sampler(sampling, lm.output_device)
 
     def grow(draft_lm, cache, sequence):
         dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, sampler.generator, sampler.warpers,

@@ -101,7 +101,7 @@ def acceptance_counts(lm: LM, draft: LM, prompt_ids_list: Sequence[Sequence[int]
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     sampling = sampling or Sampling()
     warpers = sampling.warpers()
-    generator = sampling.generator(lm.device)
+    generator = sampling.generator(lm.output_device)
     counts, positions = [0] * (K + 1), 0  # counts[0]: no child accepted
     for prompt in prompt_ids_list:
         prompt = list(prompt)
