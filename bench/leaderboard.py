@@ -377,12 +377,13 @@ def main(argv: list[str] | None = None) -> None:
         base, labels, runs = compose_all(overrides)
         board = base.leaderboard
         out_dir = Path(board.out_dir)
+        rundir.check_board_dir(out_dir)  # only a new or empty directory, or a leaderboard's own
         _check_writable("leaderboard.out_dir", board.out_dir)  # one line and exit 2, as for hydra.run.dir
-        out_dir.mkdir(parents=True, exist_ok=True)
         if base.threads:
             torch.set_num_threads(base.threads)
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
             check_resume(out_dir / ds / label, cfg)
+        rundir.claim_board(out_dir)
         lm_cache: dict = {}
         records = {(ds, label): recs for ds in board.datasets
                    for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache, board.repeats,

@@ -160,6 +160,42 @@ def write_run_files(run_dir: Path, cfg, hydra=None) -> None:
         write_atomic(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hydra.overrides.task))))
 
 
+BOARD_MARKER = ".bench-leaderboard"
+BOARD_FILES = ("leaderboard.md", "leaderboard.csv")  # a leaderboard's made before BOARD_MARKER existed
+
+
+def check_board_dir(out_dir: Path, key: str = "leaderboard.out_dir") -> None:
+    """A leaderboard writes its tables (leaderboard.yaml, provenance.json, ...) only into a new or
+    empty directory, or a leaderboard's own: leaderboard.out_dir=conf must not replace
+    conf/leaderboard.yaml. Its per-entry run directories are then checked as runs'."""
+    path = Path(out_dir)
+    try:
+        if os.path.lexists(path) and not path.exists():
+            raise BenchError(f"{key}={out_dir}: a symbolic link that leads nowhere (dangling, or a loop); "
+                             "give a directory")
+        if not path.exists():
+            return
+        if not path.is_dir():
+            raise BenchError(f"{key}={out_dir}: a file, not a directory; choose a new or empty directory")
+        entries = sorted(p.name for p in path.iterdir())
+    except OSError as e:
+        raise BenchError(f"{key}={out_dir}: cannot read it ({e.strerror or e}); choose a readable directory") from None
+    if not entries or BOARD_MARKER in entries or any(name in entries for name in BOARD_FILES):
+        return
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    raise BenchError(f"{key}={out_dir} exists and is not a leaderboard's directory (it holds {shown}); a "
+                     "leaderboard writes only into a new or empty directory, or its own to resume: choose another")
+
+
+def claim_board(out_dir: Path) -> None:
+    """Marks a directory check_board_dir let this leaderboard have, before anything else is written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not (out_dir / BOARD_MARKER).is_file():
+        write_atomic(out_dir / BOARD_MARKER, json.dumps({"harness": "decoding-bench leaderboard",
+                                                         "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
     """A sweep writes into a new or empty directory, or into a sweep's (Hydra's multirun.yaml is
     there); each of its run directories is then checked as a run's."""

@@ -336,3 +336,32 @@ def test_resume_hint_is_shell_quoted(tmp_path, monkeypatch):
     words = shlex.split(resume_command(run))  # as a shell splits the pasted line
     assert words[:6] == ["python", "-m", "bench", "model=tiny-random", "dataset.path='a b.jsonl'", "resume=true"]
     assert OverridesParser.create().parse_overrides(words[6:])[0].value() == str(run)  # as Hydra reads it
+
+
+# --- the leaderboard's directory ------------------------------------------------------------------
+
+def test_leaderboard_out_dir_is_new_empty_or_a_leaderboards(tmp_path):
+    rundir.check_board_dir(tmp_path / "new")
+    rundir.check_board_dir(tmp_path)  # empty
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "leaderboard.md").write_text("|x|\n")  # made before the marker existed
+    rundir.check_board_dir(legacy)
+    rundir.claim_board(tmp_path / "claimed")
+    rundir.check_board_dir(tmp_path / "claimed")
+    with pytest.raises(BenchError, match="is not a leaderboard's directory"):
+        rundir.check_board_dir(REPO / "conf")  # would replace conf/leaderboard.yaml
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BenchError, match="a file, not a directory"):
+        rundir.check_board_dir(tmp_path / "file")
+
+
+def test_cli_leaderboard_refuses_a_foreign_out_dir_and_changes_nothing(tmp_path):
+    foreign = tmp_path / "conf-copy"
+    shutil.copytree(REPO / "conf", foreign)
+    before = snapshot(foreign)
+    out = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu",
+                          f"leaderboard.out_dir={foreign}"], capture_output=True, text=True, timeout=600,
+                         cwd=REPO, env=_cli_env())
+    refused(out, "is not a leaderboard's directory")
+    assert snapshot(foreign) == before
