@@ -95,7 +95,7 @@ def free_bytes(device: torch.device, spread: bool = False) -> int | None:
 
 
 def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, batch: int, tokens: int,
-                 packed: bool, spread: bool) -> dict | None:
+                 packed: bool, spread: bool, add_ons: int = 0) -> dict | None:
     """Estimate weights (+ the CPU fast path's packed copies) + KV cache for `batch` rows of `tokens`
     positions; refuse in one line what will not fit. Returns the estimate in bytes (None: a model
     class that cannot be built from its config on the meta device goes unchecked)."""
@@ -104,7 +104,7 @@ def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, ba
     except Exception:  # an architecture transformers cannot build bare; from_pretrained reports it properly
         return None
     need = {"weights": weights, "packed_copies": linear if packed else 0,
-            "kv_cache": kv_cache_bytes(config, dtype, batch, tokens)}
+            "kv_cache": kv_cache_bytes(config, dtype, batch, tokens), "add_ons": add_ons}
     free = free_bytes(device, spread)
     if free is not None and sum(need.values()) > free:
         where = "the GPUs" if spread and device.type == "cuda" else str(device)
@@ -176,8 +176,9 @@ class PretrainedModel:
         source = str(local) if local.is_dir() else self.path
         return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template)
 
-    def load(self, batch: int = 1) -> LM:
-        """Load for decoding up to `batch` rows at once (the memory estimate's batch)."""
+    def load(self, batch: int = 1, add_ons: int = 0) -> LM:
+        """Load for decoding up to `batch` rows at once, beside `add_ons` bytes of the decoder's drafts
+        or heads (both in the memory estimate)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         check_fast_path(self.name, self.fast_path)
@@ -205,7 +206,7 @@ class PretrainedModel:
                 tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
                 memory = check_memory(self.name, config, dtype, device, batch, tokens,
                                       packed=device.type == "cpu" and self.fast_path != "none",
-                                      spread=device_map is not None)
+                                      spread=device_map is not None, add_ons=add_ons)
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except BenchError:
             raise
@@ -299,12 +300,12 @@ class GGUFPackageModel:
 
         return _apply_chat_template(AutoTokenizer.from_pretrained(self.local_dir()), self.chat_template)
 
-    def load(self, batch: int = 1) -> LM:
+    def load(self, batch: int = 1, add_ons: int = 0) -> LM:
         check_fast_path(self.name, self.fast_path)
         spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
                                max_context=self.max_context, fast_path=self.fast_path, cache_dir=self.cache_dir)
-        lm = spec.load(batch)
+        lm = spec.load(batch, add_ons)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package), "gguf_file": self.gguf_file}
         return lm
 
@@ -354,7 +355,7 @@ class TinyRandomModel:
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
 
-    def load(self, batch: int = 1) -> LM:
+    def load(self, batch: int = 1, add_ons: int = 0) -> LM:
         check_fast_path(self.name, self.fast_path)
         check_attention(self.name, self.attn_implementation)
         tokenizer = self.load_tokenizer()

@@ -20,6 +20,7 @@ from decoders.core.batch import decode_batch, latencies
 from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
+from decoders.core.weights_file import addon_bytes
 from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
 from . import metrics, provenance, rundir
@@ -243,7 +244,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
-            lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size)
+            lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder))
             rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
             _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
     finally:

@@ -76,7 +76,26 @@ def test_memory_estimate_counts_weights_packed_copies_and_kv_cache():
     assert weights == sum(p.numel() for p in model.parameters()) * 2
     assert linear == sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * 2
     need = check_memory("tiny", config, bf16, torch.device("cpu"), 4, 50, packed=True, spread=False)
-    assert need == {"weights": weights, "packed_copies": linear, "kv_cache": 4 * 50 * 3 * 2 * 2 * 16 * 2}
+    assert need == {"weights": weights, "packed_copies": linear, "kv_cache": 4 * 50 * 3 * 2 * 2 * 16 * 2, "add_ons": 0}
+
+
+def test_memory_estimate_counts_the_decoders_add_on_files(tmp_path):
+    from decoders.core.weights_file import REPO, addon_bytes
+    from decoders.methods.eagle import Eagle
+    from decoders.methods.medusa import Medusa
+
+    shipped = REPO / "adapters" / "smollm2-135m-eagle.safetensors"
+    assert addon_bytes(Eagle()) == shipped.stat().st_size  # the default draft, found from any directory
+    published = tmp_path / "medusa-dir"  # a published checkpoint's directory: its weight files
+    published.mkdir()
+    (published / "medusa_lm_head.safetensors").write_bytes(b"x" * 1000)
+    (published / "config.json").write_text("{}")
+    assert addon_bytes(Medusa(heads=str(published))) == 1000
+    assert addon_bytes(Medusa(heads=None)) == 0 and addon_bytes(Medusa(heads="org/not-downloaded")) == 0
+    model = TinyRandomModel(num_layers=2, device="cpu").build(100)
+    need = check_memory("tiny", model.config, torch.float32, torch.device("cpu"), 1, 10, packed=False,
+                        spread=False, add_ons=12345)
+    assert need["add_ons"] == 12345
 
 
 def test_a_model_that_does_not_fit_is_refused_in_one_line(monkeypatch, tmp_path):

@@ -20,6 +20,25 @@ def addon_path(path: str | Path) -> Path:
     return p if p.is_absolute() or p.exists() else REPO / p
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gz")
+
+
+def addon_bytes(decoder) -> int:
+    """Bytes of the add-on files a decoder names (its head / heads / n-gram LM, its draft's exit
+    adapter) that are here already, for the memory estimate before the target loads. A hub id not
+    yet downloaded counts 0: its size is unknown until then."""
+    names = [getattr(decoder, key, None) for key in ("head", "heads", "ngram")]
+    names.append(getattr(getattr(decoder, "draft", None), "adapter", None))
+    total = 0
+    for name in names:
+        if not isinstance(name, (str, Path)) or not name:
+            continue
+        p = addon_path(name)
+        files = [p] if p.is_file() else [f for f in p.rglob("*") if f.suffix in WEIGHT_SUFFIXES] if p.is_dir() else []
+        total += sum(f.stat().st_size for f in files if f.is_file())
+    return total
+
+
 def save_weights(module: nn.Module, path: str | Path, fmt: str, meta: dict[str, str]) -> None:
     from safetensors.torch import save_file
 
