@@ -137,3 +137,15 @@ def check_target(lm, key: str, where, *, vocab: int | None = None, hidden: int |
             raise ValueError(f"{key}: {where} was made for base model {base}; the target is {lm.name} ({loaded}); "
                              f"use a checkpoint for this target, or decoder.check_base=false if it is the same model "
                              f"under another name")
+
+
+def load_checked(lm, path: str | Path, fmt: str, key: str, kind: str, hint: str,
+                 check_base: bool = True) -> tuple[dict[str, str], dict, dict]:
+    """One of our add-on files (load_weights), checked against the target it is loaded for
+    (check_target): its metadata, tensors and recorded info."""
+    p = addon_path(path)
+    meta, state = load_weights(p, fmt, key, kind, hint)
+    info = json.loads(meta.get("info", "{}"))
+    check_target(lm, key, p, vocab=meta.get("vocab_size"), hidden=meta["hidden_size"], base=info.get("model"),
+                 check_base=check_base)
+    return meta, state, info

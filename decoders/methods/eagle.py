@@ -44,7 +44,7 @@ from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
-from ..core.weights_file import addon_path, check_target, is_checkpoint_dir, load_weights, save_weights
+from ..core.weights_file import is_checkpoint_dir, load_checked, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
 
@@ -169,12 +169,9 @@ def load_draft(lm: LM, path: str | Path, check_base: bool = True):
 
         draft = load_eagle(lm, path, check_base)
     else:
-        p = addon_path(path)
-        meta, state = load_weights(p, EAGLE_FORMAT, "decoder.head", "EAGLE draft file",
-                                   "train one with scripts/train_eagle.py or set decoder.head=null for an untrained draft")
-        info = json.loads(meta.get("info", "{}"))
-        check_target(lm, "decoder.head", p, vocab=meta.get("vocab_size"), hidden=meta["hidden_size"],
-                     base=info.get("model"), check_base=check_base)
+        meta, state, info = load_checked(
+            lm, path, EAGLE_FORMAT, "decoder.head", "EAGLE draft file",
+            "train one with scripts/train_eagle.py or set decoder.head=null for an untrained draft", check_base)
         draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
         draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
         draft.info = info

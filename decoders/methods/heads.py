@@ -23,7 +23,7 @@ from ..core.loop import Accept, Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
-from ..core.weights_file import addon_path, check_target, is_checkpoint_dir, load_weights, save_weights
+from ..core.weights_file import is_checkpoint_dir, load_checked, save_weights
 
 HEADS_FORMAT = "medusa-heads-v1"
 
@@ -104,12 +104,9 @@ def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
         from .published import load_medusa
 
         return lm.accelerate(load_medusa(lm, path, check_base))
-    path = addon_path(path)
-    meta, state = load_weights(path, HEADS_FORMAT, "decoder.heads", "heads file",
-                               "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads")
-    info = json.loads(meta.get("info", "{}"))
-    check_target(lm, "decoder.heads", path, vocab=meta.get("vocab_size"), hidden=meta["hidden_size"],
-                 base=info.get("model"), check_base=check_base)
+    meta, state, info = load_checked(
+        lm, path, HEADS_FORMAT, "decoder.heads", "heads file",
+        "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads", check_base)
     heads = new_heads(lm, int(meta["k"]))
     heads.load_state_dict({k: v.to(heads.blocks[0].linear.weight.dtype) for k, v in state.items()})
     heads.info = info
