@@ -159,6 +159,8 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool,
         job = cfg.copy()  # the config the job will run: without the hydra node, as Hydra hands it over
         with open_dict(job):
             del job["hydra"]
+            if job.threads is None and "SlurmLauncher" in str(cfg.hydra.launcher.get("_target_", "")):
+                job.threads = cfg.hydra.launcher.cpus_per_task  # what SLURM_CPUS_PER_TASK gives inside the task
         run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.sweep.subdir if sweep else Path(cfg.hydra.run.dir)
         rundir.check_resume(run_dir, job, cfg.resume, key)
     except BenchError as e:

@@ -26,12 +26,13 @@ FAST_PATH = os.environ.get("BENCH_TEST_FAST_PATH", "prepacked")
 
 def tiny_lm(seed: int = 0, vocab: int = 64, layers: int = 2, attn: str = "sdpa", eos: int | None = None,
             init_std: float = 0.2, hidden: int = 64, fast_path: str = FAST_PATH, dtype: str = "float32",
-            device: str = "cpu") -> LM:
+            device: str = "cpu", name: str = "model") -> LM:
     """A random Llama with a small vocabulary, no tokenizer (the same weights in every dtype and
-    on every device: drawn in float32 on the CPU, then cast and moved)."""
+    on every device: drawn in float32 on the CPU, then cast and moved). `name`: the base model
+    name add-on files are checked against."""
     spec = TinyRandomModel(num_layers=layers, hidden_size=hidden, seed=seed, init_std=init_std,
                            attn_implementation=attn, device=device, dtype=dtype)
-    return LM(spec.build(vocab, eos), fast_path=fast_path)
+    return LM(spec.build(vocab, eos), name=name, fast_path=fast_path)
 
 
 def smollm2() -> LM:

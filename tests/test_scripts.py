@@ -75,7 +75,7 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     from decoders.core.sampling import Sampling
     from helpers import tiny_lm
 
-    lm = tiny_lm(seed=0, vocab=49152)
+    lm = tiny_lm(seed=0, vocab=49152, name="tiny-random")  # the files record the model they were trained for
     heads = load_heads(lm, tmp_path / "heads.safetensors")
     assert heads.k == 2 and len(heads.info["accuracy"]) == 2 and heads.info["steps"] == 2
     assert NgramLM.load(tmp_path / "ngram.json.gz").info["order"] == 3
@@ -95,7 +95,7 @@ def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_t
     from decoders.methods.draft_model import SelfDraft
     from helpers import tiny_lm
 
-    draft = SelfDraft(layers=1, adapter=str(tmp_path / "self1.safetensors")).build(tiny_lm(seed=0, vocab=49152))
+    draft = SelfDraft(layers=1, adapter=str(tmp_path / "self1.safetensors")).build(tiny_lm(seed=0, vocab=49152, name="tiny-random"))
     assert draft.model.base_model.norm[0].proj.weight.dtype == torch.float32
 
 
@@ -185,7 +185,7 @@ def test_train_eagle_on_tiny_random(tmp_path):
     from decoders.core.sampling import Sampling
     from helpers import tiny_lm
 
-    lm = tiny_lm(seed=0, vocab=49152)
+    lm = tiny_lm(seed=0, vocab=49152, name="tiny-random")  # the files record the model they were trained for
     draft = load_draft(lm, tmp_path / "eagle.safetensors")
     assert len(draft.vocab) == 40 and len(draft.accuracy()) == 3 and draft.info["unroll"] == 2
     reference = autoregressive_decode(lm, [5, 6, 7], 8, Sampling(), set()).tokens
