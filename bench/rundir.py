@@ -61,21 +61,39 @@ def is_run(run_dir: Path) -> bool:
         (run_dir / "records.jsonl").is_file() and any((run_dir / name).is_file() for name in CONFIG_FILES))
 
 
+def _entries(path: Path, key: str) -> list[str] | None:
+    """The names in directory `path` (None: it does not exist); a dangling link, a file or an
+    unreadable directory is refused in one line naming `key`."""
+    try:
+        if os.path.lexists(path) and not path.exists():
+            raise BenchError(f"{key}={path}: a symbolic link that leads nowhere (dangling, or a loop); "
+                             "give a directory")
+        if not path.exists():
+            return None
+        if not path.is_dir():
+            raise BenchError(f"{key}={path}: a file, not a directory; choose a new or empty directory")
+        return sorted(p.name for p in path.iterdir())
+    except OSError as e:  # e.g. ELOOP from a link inside the path, or no permission to list it
+        raise BenchError(f"{key}={path}: cannot read it ({e.strerror or e}); choose a readable directory") from None
+
+
+def _shown(entries: list[str]) -> str:
+    return ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+
+
+def _mark(directory: Path, marker: str, harness: str) -> None:
+    if not (directory / marker).is_file():
+        write_atomic(directory / marker, json.dumps({"harness": harness,
+                                                     "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+
 def check_owned(run_dir: Path, key: str) -> bool:
     """Whether `run_dir` holds a run of this harness (False: it does not exist or is empty). Anything
     else that exists there (a file, a broken link, someone's directory) is refused in one line."""
     path = Path(run_dir)
-    try:
-        if os.path.lexists(path) and not path.exists():
-            raise BenchError(f"{key}={run_dir}: a symbolic link that leads nowhere (dangling, or a loop); "
-                             "give a directory")
-        if not path.exists():
-            return False
-        if not path.is_dir():
-            raise BenchError(f"{key}={run_dir}: a file, not a directory; choose a new or empty directory")
-        entries = sorted(p.name for p in path.iterdir())
-    except OSError as e:  # e.g. ELOOP from a link inside the path, or no permission to list it
-        raise BenchError(f"{key}={run_dir}: cannot read it ({e.strerror or e}); choose a readable directory") from None
+    entries = _entries(path, key)
+    if entries is None:
+        return False
     records = path / "records.jsonl"
     if os.path.lexists(records) and not records.is_file():
         raise BenchError(f"{records} is not a file, so {run_dir} is not a run directory of python -m bench; "
@@ -84,8 +102,7 @@ def check_owned(run_dir: Path, key: str) -> bool:
         return False
     if is_run(path):
         return True
-    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-    raise BenchError(f"{key}={run_dir} exists and is not a run directory of python -m bench (it holds {shown}); "
+    raise BenchError(f"{key}={run_dir} exists and is not a run directory of python -m bench (it holds {_shown(entries)}); "
                      "a run writes only into a new or empty directory, or its own to resume: choose another")
 
 
@@ -139,10 +156,7 @@ def check_resume(run_dir: Path, cfg, resume: bool, key: str, ignore: tuple[str, 
 def claim(run_dir: Path) -> None:
     """Marks a directory that check_resume let this run have as a run's, before anything else is
     written there: whatever happens next (a full disk, a kill), it is recognised as a run."""
-    run_dir = Path(run_dir)
-    if not (run_dir / MARKER).is_file():
-        write_atomic(run_dir / MARKER, json.dumps({"harness": "decoding-bench",
-                                                   "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+    _mark(Path(run_dir), MARKER, "decoding-bench")
 
 
 def write_run_files(run_dir: Path, cfg, hydra=None) -> None:
@@ -168,32 +182,17 @@ def check_board_dir(out_dir: Path, key: str = "leaderboard.out_dir") -> None:
     """A leaderboard writes its tables (leaderboard.yaml, provenance.json, ...) only into a new or
     empty directory, or a leaderboard's own: leaderboard.out_dir=conf must not replace
     conf/leaderboard.yaml. Its per-entry run directories are then checked as runs'."""
-    path = Path(out_dir)
-    try:
-        if os.path.lexists(path) and not path.exists():
-            raise BenchError(f"{key}={out_dir}: a symbolic link that leads nowhere (dangling, or a loop); "
-                             "give a directory")
-        if not path.exists():
-            return
-        if not path.is_dir():
-            raise BenchError(f"{key}={out_dir}: a file, not a directory; choose a new or empty directory")
-        entries = sorted(p.name for p in path.iterdir())
-    except OSError as e:
-        raise BenchError(f"{key}={out_dir}: cannot read it ({e.strerror or e}); choose a readable directory") from None
+    entries = _entries(Path(out_dir), key)
     if not entries or BOARD_MARKER in entries or any(name in entries for name in BOARD_FILES):
         return
-    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-    raise BenchError(f"{key}={out_dir} exists and is not a leaderboard's directory (it holds {shown}); a "
+    raise BenchError(f"{key}={out_dir} exists and is not a leaderboard's directory (it holds {_shown(entries)}); a "
                      "leaderboard writes only into a new or empty directory, or its own to resume: choose another")
 
 
 def claim_board(out_dir: Path) -> None:
     """Marks a directory check_board_dir let this leaderboard have, before anything else is written."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not (out_dir / BOARD_MARKER).is_file():
-        write_atomic(out_dir / BOARD_MARKER, json.dumps({"harness": "decoding-bench leaderboard",
-                                                         "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    _mark(Path(out_dir), BOARD_MARKER, "decoding-bench leaderboard")
 
 
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:

@@ -205,9 +205,4 @@ def test_autoregressive_samples_exact_two_token_distribution_in_half(dtype, devi
     assert chi2_pvalue(counts, joint) > test_sampling.ALPHA
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+one_thread = test_sampling.one_thread  # the same fixture: the tiny model's ops are faster on one thread
