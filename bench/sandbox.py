@@ -107,7 +107,7 @@ def run(program: str, timeout: float) -> dict:
     try:
         proc = subprocess.Popen([unshare, *namespaces, sys.executable, "-I", "-S", os.path.abspath(__file__), root],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_ignore_warnings)
         try:
             out, err = proc.communicate(job, timeout=timeout + STARTUP_S + GRACE_S)
         except subprocess.TimeoutExpired:
@@ -123,6 +123,18 @@ def run(program: str, timeout: float) -> dict:
         why = (err.strip().splitlines() or [f"its init ended with exit code {proc.returncode} and no result"])[-1]
         raise SandboxUnavailable(why)
     return json.loads(lines[-1])
+
+
+# SLURM sends its time-limit warning (SIGUSR2, or a user's --signal) to every process of the job
+# step, a new session or not. The harness logs it and goes on; unhandled, it would kill unshare,
+# init or the program, and a correct program would be scored as failed (or scoring refused).
+# An ignored signal stays ignored across exec, so the whole sandbox inherits this.
+WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _ignore_warnings() -> None:
+    for s in WARNING_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _kill(proc: subprocess.Popen) -> None:

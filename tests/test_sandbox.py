@@ -66,6 +66,45 @@ def test_runs_unprivileged_in_a_root_of_its_own():
     assert sandbox.run(program, timeout=5.0)["passed"] is True
 
 
+def _descendants(pid: int) -> list[int]:
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, pp in parent.items() if pp in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+@pytest.mark.parametrize("signum", sandbox.WARNING_SIGNALS, ids=lambda s: s.name)
+def test_slurm_warning_signal_to_every_process_changes_nothing(signum):
+    """SLURM sends its time-limit warning to every process of the job step: unshare, init and
+    the program go on, and a correct program still passes (CI failed on this: exit code -12)."""
+    sent = []
+
+    def warn():
+        time.sleep(0.8)  # the program is running by now
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, signum)
+                sent.append(pid)
+            except ProcessLookupError:
+                pass
+
+    sender = threading.Thread(target=warn)
+    sender.start()
+    out = sandbox.run("import time\ntime.sleep(2.0)\n", timeout=10.0)
+    sender.join()
+    assert len(sent) >= 3, sent  # unshare, init, the wrapper running the program
+    assert out == {"passed": True, "result": "passed"}
+
+
 def test_write_outside_its_directory_fails(tmp_path):
     targets = _outside(tmp_path)
     program = "\n".join(f"try:\n    open({str(t)!r}, 'w').write('x')\nexcept OSError:\n    pass" for t in targets)
