@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import decoders.core.loop as loop_module
-from decoders.core.lm import KVCache
+from decoders.core.kv_cache import KVCache
 from decoders.core.loop import score
 from decoders.core.sampling import Sampling
 from decoders.methods.eagle import Eagle, FeatureDraftProposer, load_draft, new_draft, save_draft

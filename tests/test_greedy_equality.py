@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bench.prompts import render
+from decoders.core.hf_trace import hf_generate
 from decoders.methods.autoregressive import Autoregressive, autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
 from decoders.methods.eagle import Eagle
@@ -169,7 +170,7 @@ def test_hf_generate_trace_sees_the_cache(smollm, recwarn):
     as `cache=`, earlier ones as `past_key_values=`: a hook reading one name saw context 0), and
     the wrapper's own forwards use the name the installed transformers takes, without warnings."""
     ids = smollm.tokenizer("def fibonacci(n):")["input_ids"]
-    gen = smollm.hf_generate(ids, 8, GREEDY, stop_ids=set())
+    gen = hf_generate(smollm, ids, 8, GREEDY, stop_ids=set())
     assert [s.context_tokens for s in gen.steps] == [0, *range(len(ids), len(ids) + 7)]
     autoregressive_decode(smollm, ids, 4, GREEDY, stop_ids=set())
     assert not [w for w in recwarn if "past_key_values" in str(w.message)]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from decoders.core.lm import KVCache
+from decoders.core.kv_cache import KVCache
 from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.eagle import Eagle, load_draft

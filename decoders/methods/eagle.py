@@ -39,7 +39,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, decode_one
-from ..core.lm import LM, KVCache, cache_kwarg
+from ..core.kv_cache import KVCache, cache_kwarg
+from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation

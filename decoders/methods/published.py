@@ -31,7 +31,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from ..core.lm import LM, KVCache, cache_kwarg
+from ..core.kv_cache import KVCache, cache_kwarg
+from ..core.lm import LM
 from ..core.weights_file import check_target, checkpoint_dir, read_config, read_state
 from .heads import Heads
 
