@@ -23,6 +23,8 @@ GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
 MAX_CHECKED_COMBINATIONS = 256
 # Where Hydra itself would write files (.hydra/, log files): fixed, so that a run writes only into its directory.
 FIXED_HYDRA_KEYS = ("hydra.output_subdir", "hydra.job_logging", "hydra.hydra_logging")
+# Keys renamed after commands were written with them: Hydra's own error would not name the new key.
+RENAMED_KEYS = {"decoder.head": "decoder.draft_weights", "decoder.head_seed": "decoder.draft_seed"}
 
 
 def fail(message) -> None:
@@ -49,6 +51,14 @@ def _check_choices(overrides) -> None:
             for value in values:
                 if value not in _choices(group):
                     fail(f"unknown {group} {value!r}; choose one of: {', '.join(_choices(group))}")
+
+
+def _check_renamed(overrides) -> None:
+    for override in overrides:
+        key = override.get_key_element().lstrip("+~")
+        if key in RENAMED_KEYS:
+            new = RENAMED_KEYS[key]
+            fail(f"{key} is now {new}; use {override.input_line.lstrip('+').replace(key, new, 1)}")
 
 
 def _sweeper_params(overrides, multirun: bool) -> list[str]:
@@ -93,6 +103,7 @@ def precheck(argv: list[str]) -> None:
         if key.startswith(FIXED_HYDRA_KEYS):
             fail(f"{key}: not overridable here (a run writes only into its own directory, .hydra/ included); "
                  "choose where with hydra.run.dir or hydra.sweep.dir")
+    _check_renamed(parsed)
     # With an extra search path Hydra may know choices conf/ lacks: leave those to its own error.
     local_choices = not any(o.get_key_element() == "hydra.searchpath" for o in parsed)
     if local_choices:
@@ -102,6 +113,7 @@ def precheck(argv: list[str]) -> None:
             grid = parser.parse_overrides(_sweeper_params(parsed, args.multirun))
         except Exception as e:
             fail(f"hydra.sweeper.params: {_reason(e)}")
+        _check_renamed(grid)
         if local_choices:
             _check_choices(grid)
         # As in Hydra's multirun: every job composes the hydra overrides plus its own combination.

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from decoders.core.lm import FAST_PATHS, LM
+from decoders.core.fast_path import FAST_PATHS
+from decoders.core.lm import LM
 from decoders.tuning.profile import choose_fast_path
 
 from .errors import BenchError

@@ -37,6 +37,7 @@ from bench import provenance  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from decoders.core.batch import decode_batch  # noqa: E402
 from decoders.core.contract import LoadsAddOns  # noqa: E402
+from decoders.core.hf_trace import hf_generate_batch  # noqa: E402
 from decoders.core.sampling import Sampling  # noqa: E402
 from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
 
@@ -143,7 +144,7 @@ def main() -> None:
         reference = [autoregressive_decode(lm, p, max_new, greedy, stop).tokens for p in tqdm(prompts, desc="batch-1 reference")]
         for decoder in decoders.values():  # warm-up: first-call costs are not charged to B=1
             decode_batch(decoder, lm, prompts[:2], 8, [greedy] * 2, stop)
-        lm.hf_generate_batch(prompts[:2], 8, stop)
+        hf_generate_batch(lm, prompts[:2], 8, stop)
         runs = []
         bar = tqdm(total=args.repeats * len(args.batch_sizes) * (len(decoders) + 1), desc="batched runs")
         for repeat in range(args.repeats):
@@ -152,7 +153,7 @@ def main() -> None:
                 if repeat == 0:  # untimed: each batch's prefill shape runs once before any timing
                     for batch in batches:
                         decode_batch(decoders["autoregressive"], lm, batch, 2, [greedy] * len(batch), stop)
-                        lm.hf_generate_batch(batch, 2, stop)
+                        hf_generate_batch(lm, batch, 2, stop)
                 for name in [*decoders, "hf_generate"]:
                     wall, tokens, steps, row_steps, fed, padded, same, ttft, latency = 0.0, 0, 0, 0, 0, 0, 0, [], []
                     widths, drafting = [], 0.0  # tokens each row fed per decode step (prefill left out); drafting seconds
@@ -161,7 +162,7 @@ def main() -> None:
                         lm.sync()
                         t0 = time.perf_counter()
                         if name == "hf_generate":
-                            outs = lm.hf_generate_batch(batch, max_new, stop)
+                            outs = hf_generate_batch(lm, batch, max_new, stop)
                             lm.sync()
                             wall += time.perf_counter() - t0
                         else:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loss_curve import save_loss_curve  # noqa: E402
-from decoders.core.lm import KVCache  # noqa: E402
+from decoders.core.kv_cache import KVCache  # noqa: E402
 from decoders.methods.eagle import new_draft, save_draft  # noqa: E402
 from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  # noqa: E402
 from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402

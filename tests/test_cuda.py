@@ -24,7 +24,7 @@ DECODERS = sorted(p.stem for p in (REPO / "conf" / "decoder").glob("*.yaml"))
 # tiny-random has no trained add-ons: untrained heads and EAGLE draft, a one-layer self-draft.
 TINY = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null"]
 UNTRAINED = {"medusa": ["decoder.heads=null"], "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],
-             "eagle": ["decoder.head=null"]}
+             "eagle": ["decoder.draft_weights=null"]}
 MODELS = {"tiny-random": lambda decoder: [*TINY, *UNTRAINED.get(decoder, [])],
           "smollm2-135m": lambda decoder: ["model=smollm2-135m"]}  # its shipped heads, EAGLE draft, adapter
 

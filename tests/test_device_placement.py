@@ -144,7 +144,7 @@ ADDON_DECODERS = {
     "medusa-seed1": Medusa(choices="chain", heads_seed=1),
     "bpd-2-p4-seed3": BPD(block=2, paths=4, ranks_per_head=3, heads_seed=3),
     "bpd-neural-p3": BPD(rescore="neural", draft=SelfDraft(layers=1), paths=3, block=3),
-    "eagle-dynamic-seed1": Eagle(head=None, head_seed=1, tree_size=10, depth=3, top_k=4),
+    "eagle-dynamic-seed1": Eagle(draft_weights=None, draft_seed=1, tree_size=10, depth=3, top_k=4),
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import decoders.core.loop as loop_module
-from decoders.core.lm import KVCache
+from decoders.core.kv_cache import KVCache
 from decoders.core.loop import score
 from decoders.core.sampling import Sampling
 from decoders.methods.eagle import Eagle, FeatureDraftProposer, load_draft, new_draft, save_draft
@@ -64,7 +64,7 @@ def test_every_node_is_a_fresh_causal_run_along_its_path(tree, top_k, seed):
     predicted equal a run from scratch along the node's own path."""
     lm = tiny_lm(seed=seed)
     draft = new_draft(lm, seed=seed + 1)
-    shape = Eagle(head=None, tree="static", tree_size=12, depth=4, top_k=top_k).shape(draft)[1] if tree == "static" else None
+    shape = Eagle(draft_weights=None, tree="static", tree_size=12, depth=4, top_k=top_k).shape(draft)[1] if tree == "static" else None
     proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4, 1, 7][:2 + seed], tree=tree, tree_size=12,
                                                   depth=4, top_k=top_k, shape=shape)
     proposal = proposer.propose(sequence, 10)
@@ -144,7 +144,7 @@ def test_file_round_trip_keeps_weights_vocabulary_and_info(tmp_path):
     with torch.inference_mode():
         assert torch.allclose(back.logits(x), lm.model.get_output_embeddings()(lm.final_norm(x))[:, vocab], atol=1e-5)
     # drafted tokens come from the vocabulary only; the output is still exact
-    dec = Eagle(head=str(tmp_path / "d.safetensors"), tree_size=8, depth=3, top_k=3)
+    dec = Eagle(draft_weights=str(tmp_path / "d.safetensors"), tree_size=8, depth=3, top_k=3)
     from decoders.methods.autoregressive import autoregressive_decode
     ref = autoregressive_decode(lm, [3, 4, 5], 20, Sampling(), set()).tokens
     assert dec.generate(lm, [3, 4, 5], 20, Sampling(), set()).tokens == ref
@@ -153,9 +153,9 @@ def test_file_round_trip_keeps_weights_vocabulary_and_info(tmp_path):
 
 CASES = {
     # untrained drafts; top_k = 8 (the whole vocabulary) at depth 1 so that candidates are accepted often
-    "eagle-dynamic-12-3-8-t0.8": (Eagle(head=None, tree_size=12, depth=3, top_k=8), dict(temperature=0.8),
+    "eagle-dynamic-12-3-8-t0.8": (Eagle(draft_weights=None, tree_size=12, depth=3, top_k=8), dict(temperature=0.8),
                                   dict(temperature=1.0)),
-    "eagle-static-8-1-8-t1.0-topk3": (Eagle(head=None, tree="static", tree_size=8, depth=1, top_k=8),
+    "eagle-static-8-1-8-t1.0-topk3": (Eagle(draft_weights=None, tree="static", tree_size=8, depth=1, top_k=8),
                                       dict(temperature=1.0, top_k=3), dict(temperature=1.0)),
 }
 
@@ -175,7 +175,7 @@ def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
 def test_negative_control_eagle_with_a_wrong_verifier_is_rejected(stat_model, monkeypatch):  # noqa: F811
     lm, prompt = stat_model
     monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)
-    decoder = Eagle(head=None, tree_size=3, depth=2, top_k=2)  # few candidates: the missing residual shows
+    decoder = Eagle(draft_weights=None, tree_size=3, depth=2, top_k=2)  # few candidates: the missing residual shows
     kwargs = dict(temperature=0.8)
     counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL)
     assert hit_share > 0

@@ -7,12 +7,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import decoders.core.fast_path as fast_path_module
 import decoders.core.lm as lm_module
 from bench.errors import BenchError
 from bench.models import TinyRandomModel
 from bench.provenance import collect
 from decoders.methods.draft_model import SelfDraft
-from decoders.core.lm import LM, PrepackedLinear
+from decoders.core.fast_path import PrepackedLinear
+from decoders.core.lm import LM
 from decoders.tuning.profile import choose_fast_path, profile_key
 from helpers import tiny_lm
 
@@ -124,7 +126,7 @@ def test_auto_measures_once_caches_and_records(tmp_path):
 @pytest.mark.parametrize("min_rows", [1, 2, 4, 8])
 def test_packed_kernel_runs_from_min_rows_up(monkeypatch, min_rows):
     lm = tiny_lm(seed=7, fast_path="prepacked")
-    assert lm.packed_min_rows == lm_module.PACKED_MIN_ROWS[torch.float32]  # the default
+    assert lm.packed_min_rows == fast_path_module.PACKED_MIN_ROWS[torch.float32]  # the default
     assert lm.set_fast_path("prepacked", min_rows) == "prepacked" and lm.packed_min_rows == min_rows
     calls = []
     real = torch.ops.mkldnn._linear_pointwise

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bench.prompts import render
+from decoders.core.hf_trace import hf_generate
 from decoders.methods.autoregressive import Autoregressive, autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
 from decoders.methods.eagle import Eagle
@@ -41,12 +42,12 @@ DECODERS = {
     "recycling-40-10-3": Recycling(tree_size=40, depth=10, successors=3),
     "recycling-cold-16-4-4": Recycling(tree_size=16, depth=4, successors=4, hot_start=False),
     # eagle-tree-size-depth-top_k, untrained (features stay as they are) or random (seed) drafts
-    "eagle-dynamic-24-6-8": Eagle(head=None),
-    "eagle-dynamic-10-3-4-seed1": Eagle(head=None, head_seed=1, tree_size=10, depth=3, top_k=4),
-    "eagle-dynamic-1-1-1-seed2": Eagle(head=None, head_seed=2, tree_size=1, depth=1, top_k=1),
-    "eagle-dynamic-40-8-3-seed3": Eagle(head=None, head_seed=3, tree_size=40, depth=8, top_k=3),
-    "eagle-static-16-4-4-seed4": Eagle(head=None, head_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
-    "eagle-static-5-5-1": Eagle(head=None, tree="static", tree_size=5, depth=5, top_k=1),
+    "eagle-dynamic-24-6-8": Eagle(draft_weights=None),
+    "eagle-dynamic-10-3-4-seed1": Eagle(draft_weights=None, draft_seed=1, tree_size=10, depth=3, top_k=4),
+    "eagle-dynamic-1-1-1-seed2": Eagle(draft_weights=None, draft_seed=2, tree_size=1, depth=1, top_k=1),
+    "eagle-dynamic-40-8-3-seed3": Eagle(draft_weights=None, draft_seed=3, tree_size=40, depth=8, top_k=3),
+    "eagle-static-16-4-4-seed4": Eagle(draft_weights=None, draft_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
+    "eagle-static-5-5-1": Eagle(draft_weights=None, tree="static", tree_size=5, depth=5, top_k=1),
     "jacobi-1": Jacobi(block_size=1),
     "jacobi-4": Jacobi(block_size=4),
     "jacobi-16-vocab": Jacobi(block_size=16, init="vocab"),
@@ -90,8 +91,8 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), d
                     "sequoia-8-4-self4": Sequoia(draft=SelfDraft(layers=4), budget=8, depth=4, auto_tokens=16),
                     # the heads and n-gram LM shipped for SmolLM2 (scripts/train_heads.py, train_ngram.py)
                     "medusa-auto-32": Medusa(heads=HEADS, tree_size=32),
-                    "eagle-dynamic-24": Eagle(head=EAGLE, tree_size=24),
-                    "eagle-static-16": Eagle(head=EAGLE, tree="static", tree_size=16),
+                    "eagle-dynamic-24": Eagle(draft_weights=EAGLE, tree_size=24),
+                    "eagle-static-16": Eagle(draft_weights=EAGLE, tree="static", tree_size=16),
                     "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
                     "bpd-neural-p2-self4": BPD(heads=HEADS, rescore="neural", paths=2,
                                                draft=SelfDraft(layers=4, adapter="adapters/smollm2-135m-self4.safetensors"))}
@@ -169,7 +170,7 @@ def test_hf_generate_trace_sees_the_cache(smollm, recwarn):
     as `cache=`, earlier ones as `past_key_values=`: a hook reading one name saw context 0), and
     the wrapper's own forwards use the name the installed transformers takes, without warnings."""
     ids = smollm.tokenizer("def fibonacci(n):")["input_ids"]
-    gen = smollm.hf_generate(ids, 8, GREEDY, stop_ids=set())
+    gen = hf_generate(smollm, ids, 8, GREEDY, stop_ids=set())
     assert [s.context_tokens for s in gen.steps] == [0, *range(len(ids), len(ids) + 7)]
     autoregressive_decode(smollm, ids, 4, GREEDY, stop_ids=set())
     assert not [w for w in recwarn if "past_key_values" in str(w.message)]

@@ -19,8 +19,8 @@ TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard
         "leaderboard.verification_tokens=[1,2,4]", "leaderboard.sweeps=[tests/fixtures/lookahead_sweep]",
         # the shipped heads are SmolLM2's: tiny-random gets untrained ones
         'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
-        'leaderboard.decoders.eagle=["decoder=eagle","decoder.head=null"]',
-        'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.head=null","decoder.tree=static"]',
+        'leaderboard.decoders.eagle=["decoder=eagle","decoder.draft_weights=null"]',
+        'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.draft_weights=null","decoder.tree=static"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
 LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "eagle", "eagle-static", "hf_assisted", "jacobi", "lookahead",
@@ -226,7 +226,7 @@ def preset_overrides(name: str) -> list[str]:
             "draft.layers=1", "draft.adapter=null", "leaderboard.verification_tokens=[1,2]", "progress=false"]
     preset = OmegaConf.load(REPO / "conf" / "preset" / f"{name}.yaml").leaderboard
     entries = {**OmegaConf.load(REPO / "conf" / "leaderboard.yaml").leaderboard.decoders, **preset.get("decoders", {})}
-    untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null", "decoder=eagle": "decoder.head=null"}
+    untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null", "decoder=eagle": "decoder.draft_weights=null"}
     for label in preset.only:
         extra = [untrained[o] for o in entries[label] if o in untrained]
         if extra:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from decoders.core.lm import KVCache
+from decoders.core.kv_cache import KVCache
 from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.eagle import Eagle, load_draft
@@ -278,10 +278,10 @@ def checkpoints(tmp_path_factory):
 
 
 DECODERS = {  # name -> (checkpoint, target, decoder)
-    "eagle1-dynamic-bin": ("eagle1-bin", "small", lambda p: Eagle(head=p, tree_size=10, depth=4, top_k=3)),
-    "eagle1-static-st": ("eagle1-st", "small", lambda p: Eagle(head=p, tree="static", tree_size=8, depth=3, top_k=3)),
-    "eagle3-dynamic": ("eagle3", "deep", lambda p: Eagle(head=p, tree_size=12, depth=4, top_k=4)),
-    "eagle3-static": ("eagle3", "deep", lambda p: Eagle(head=p, tree="static", tree_size=6, depth=3, top_k=2)),
+    "eagle1-dynamic-bin": ("eagle1-bin", "small", lambda p: Eagle(draft_weights=p, tree_size=10, depth=4, top_k=3)),
+    "eagle1-static-st": ("eagle1-st", "small", lambda p: Eagle(draft_weights=p, tree="static", tree_size=8, depth=3, top_k=3)),
+    "eagle3-dynamic": ("eagle3", "deep", lambda p: Eagle(draft_weights=p, tree_size=12, depth=4, top_k=4)),
+    "eagle3-static": ("eagle3", "deep", lambda p: Eagle(draft_weights=p, tree="static", tree_size=6, depth=3, top_k=2)),
     "medusa1-auto": ("medusa1", "small", lambda p: Medusa(heads=p, tree_size=12)),
     "medusa1-legacy-list": ("medusa1-legacy", "small", lambda p: Medusa(heads=p, choices=[[0], [1], [0, 0], [0, 0, 0]])),
 }
@@ -319,8 +319,8 @@ def stat_target(layers: int):
 
 
 SAMPLING_CASES = {  # every token is a depth-1 candidate (top_k / ranks = VOCAB), so candidates are tried every step
-    "eagle1-t0.8": ("eagle1", 2, lambda p: Eagle(head=p, tree_size=8, depth=1, top_k=VOCAB), dict(temperature=0.8)),
-    "eagle3-t1.0-topp0.9": ("eagle3", 7, lambda p: Eagle(head=p, tree_size=8, depth=1, top_k=VOCAB),
+    "eagle1-t0.8": ("eagle1", 2, lambda p: Eagle(draft_weights=p, tree_size=8, depth=1, top_k=VOCAB), dict(temperature=0.8)),
+    "eagle3-t1.0-topp0.9": ("eagle3", 7, lambda p: Eagle(draft_weights=p, tree_size=8, depth=1, top_k=VOCAB),
                             dict(temperature=1.0, top_p=0.9)),
     "medusa1-t0.8": ("medusa1", 2, lambda p: Medusa(heads=p, choices=[[r] for r in range(VOCAB)] + [[0, 0]]),
                      dict(temperature=0.8)),
@@ -391,7 +391,7 @@ def test_a_hub_id_goes_through_snapshot_download(tmp_path, monkeypatch):
     assert asked == [("FasterDecoding/medusa-tiny", ["config.json", "medusa_lm_head.safetensors", "medusa_lm_head.pt"])]
     monkeypatch.undo()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on machines without the hub: one line, naming the id
-    with pytest.raises(ValueError, match="decoder.head: yuhuili/EAGLE-tiny is neither a local directory nor a hub id"):
+    with pytest.raises(ValueError, match="decoder.draft_weights: yuhuili/EAGLE-tiny is neither a local directory nor a hub id"):
         load_draft(lm, "yuhuili/EAGLE-tiny")
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from decoders.core.hf_trace import hf_generate
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.core.sampling import Sampling, next_token, probs
 from helpers import chi2_pvalue, tiny_lm
@@ -183,7 +184,7 @@ def test_autoregressive_samples_exact_two_token_distribution(lm_and_joint):
 def test_hf_generate_samples_exact_two_token_distribution(lm_and_joint):
     lm, joint = lm_and_joint
     with torch.random.fork_rng(devices=[]):  # hf_generate seeds the global RNG
-        counts = _pair_counts(lambda s: lm.hf_generate(PROMPT, 2, s, stop_ids=set()).tokens)
+        counts = _pair_counts(lambda s: hf_generate(lm, PROMPT, 2, s, stop_ids=set()).tokens)
     assert counts[joint == 0].sum() == 0, "a token outside the top-p nucleus was sampled"
     p = chi2_pvalue(counts, joint)
     assert p > ALPHA, (counts / N_E2E, joint, p)

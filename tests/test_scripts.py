@@ -190,7 +190,7 @@ def test_train_eagle_on_tiny_random(tmp_path):
     assert len(draft.vocab) == 40 and len(draft.accuracy()) == 3 and draft.info["unroll"] == 2
     reference = autoregressive_decode(lm, [5, 6, 7], 8, Sampling(), set()).tokens
     for tree in ("dynamic", "static"):
-        dec = Eagle(head=str(tmp_path / "eagle.safetensors"), tree=tree, tree_size=6, depth=3, top_k=3)
+        dec = Eagle(draft_weights=str(tmp_path / "eagle.safetensors"), tree=tree, tree_size=6, depth=3, top_k=3)
         assert dec.generate(lm, [5, 6, 7], 8, Sampling(), set()).tokens == reference
 
 

@@ -152,7 +152,7 @@ def test_preset_follows_spec_bench_protocol_with_each_targets_drafts():
     assert resolve_dtype(base.dtype, torch.device("cuda")) == torch.float16
     assert labels[0] == "autoregressive" and {"medusa", "eagle", "eagle-static"} <= set(labels)
     eagle, static, medusa = (runs["spec_bench", x] for x in ("eagle", "eagle-static", "medusa"))
-    assert eagle.decoder.head == static.decoder.head == "yuhuili/EAGLE-Vicuna-7B-v1.3"
+    assert eagle.decoder.draft_weights == static.decoder.draft_weights == "yuhuili/EAGLE-Vicuna-7B-v1.3"
     assert eagle.decoder.tree == "dynamic" and static.decoder.tree == "static"
     assert medusa.decoder.heads == "FasterDecoding/medusa-vicuna-7b-v1.3"
     assert eagle.model.revision == "236eeeab96f0dc2e463f2bebb7bb49809279c6d6"
@@ -162,7 +162,7 @@ def test_preset_follows_spec_bench_protocol_with_each_targets_drafts():
     # EAGLE-3 on its target; a target without a published draft refuses the entry in one line
     _, _, runs = compose_all(["+preset=spec_bench", "model=llama-3.1-8b-instruct",
                               "leaderboard.only=[autoregressive,eagle3,hf_pld-n3]"])
-    assert runs["spec_bench", "eagle3"].decoder.head == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert runs["spec_bench", "eagle3"].decoder.draft_weights == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
     with pytest.raises(BenchError, match=r"leaderboard entry \S+ needs model.drafts.\w+, but model codellama-7b names no drafts"):
         compose_all(["+preset=spec_bench", "model=codellama-7b"])
     _, labels, _ = compose_all(["+preset=spec_bench", "model=codellama-7b",

@@ -17,7 +17,8 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .lm import LM, KVCache
+from .kv_cache import KVCache
+from .lm import LM
 from .sampling import Sampler
 from .trace import Generation, Tracer, truncate_at_stop
 from .tree import TokenTree

@@ -24,10 +24,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gz")
 
 
 def addon_bytes(decoder) -> int:
-    """Bytes of the add-on files a decoder names (its head / heads / n-gram LM, its draft's exit
+    """Bytes of the add-on files a decoder names (its EAGLE draft / heads / n-gram LM, its draft's exit
     adapter) that are here already, for the memory estimate before the target loads. A hub id not
     yet downloaded counts 0: its size is unknown until then."""
-    names = [getattr(decoder, key, None) for key in ("head", "heads", "ngram")]
+    names = [getattr(decoder, key, None) for key in ("draft_weights", "heads", "ngram")]
     names.append(getattr(getattr(decoder, "draft", None), "adapter", None))
     total = 0
     for name in names:

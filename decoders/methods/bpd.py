@@ -21,7 +21,8 @@ from ..core.contract import PerTarget, check
 from ..core.weights_file import addon_path
 from .draft_model import DRAFT_REQUIRED, build_draft
 from .heads import heads_decode, heads_for
-from ..core.lm import LM, KVCache, forward_flops
+from ..core.kv_cache import KVCache
+from ..core.lm import LM, forward_flops
 from .ngram_lm import NgramLM
 from ..core.sampling import Sampling
 from ..core.trace import Generation

@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..core.lm import LM, KVCache, forward_flops
+from ..core.kv_cache import KVCache
+from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampling, probs
 from ..core.tree import TokenTree

@@ -23,7 +23,7 @@ of its own step, paid again at every depth. A token outside it is never drafted;
 unchanged. Candidates are deterministic (top-k), so greedy is exact and sampling uses
 deterministic-candidate acceptance, which keeps the target's distribution.
 
-`head` may also be a published EAGLE-1/2 or EAGLE-3 checkpoint (published.py): the proposer reads
+`draft_weights` may also be a published EAGLE-1/2 or EAGLE-3 checkpoint (published.py): the proposer reads
 any draft through the same few members (`reads`, `from_target`, forward, `logits`, `vocab`, `flops`).
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, decode_one
-from ..core.lm import LM, KVCache, cache_kwarg
+from ..core.kv_cache import KVCache, cache_kwarg
+from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
@@ -170,8 +171,8 @@ def load_draft(lm: LM, path: str | Path, check_base: bool = True):
         draft = load_eagle(lm, path, check_base)
     else:
         meta, state, info = load_checked(
-            lm, path, EAGLE_FORMAT, "decoder.head", "EAGLE draft file",
-            "train one with scripts/train_eagle.py or set decoder.head=null for an untrained draft", check_base)
+            lm, path, EAGLE_FORMAT, "decoder.draft_weights", "EAGLE draft file",
+            "train one with scripts/train_eagle.py or set decoder.draft_weights=null for an untrained draft", check_base)
         draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
         draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
         draft.info = info
@@ -326,8 +327,8 @@ class FeatureDraftProposer:
 
 @dataclass
 class Eagle:
-    head: str | None = "adapters/smollm2-135m-eagle.safetensors"  # ours, or an EAGLE-1/2/3 dir or hub id; null = untrained
-    head_seed: int | None = None  # head=null: a random draft from this seed (exactness tests)
+    draft_weights: str | None = "adapters/smollm2-135m-eagle.safetensors"  # ours, or an EAGLE-1/2/3 dir or hub id; null = untrained
+    draft_seed: int | None = None  # draft_weights=null: a random draft from this seed (exactness tests)
     tree: str = "dynamic"  # dynamic (EAGLE-2) | static (EAGLE-1)
     tree_size: int = 24  # draft nodes verified (verification width - 1)
     depth: int = 6  # deepest draft node
@@ -346,7 +347,7 @@ class Eagle:
 
     def load_addons(self, lm: LM) -> FeatureDraft:
         """The draft, built before any timing (a bad file fails in one line)."""
-        return self._draft.get(lm, lambda: draft_for(lm, self.head, self.head_seed, self.check_base))
+        return self._draft.get(lm, lambda: draft_for(lm, self.draft_weights, self.draft_seed, self.check_base))
 
     def shape(self, draft: FeatureDraft):
         """Static tree: (parents, slots) from the draft's measured accuracy, or the prior."""

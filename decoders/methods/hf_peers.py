@@ -1,4 +1,4 @@
-"""transformers' own decoding loops as peer baselines (traced through LM.hf_generate)."""
+"""transformers' own decoding loops as peer baselines (traced by core.hf_trace.hf_generate)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,6 +6,7 @@ from typing import Any
 
 from ..core.contract import PerTarget, check
 from .draft_model import DRAFT_REQUIRED, build_draft
+from ..core.hf_trace import hf_generate
 from ..core.lm import LM
 from ..core.sampling import Sampling
 from ..core.trace import Generation
@@ -19,7 +20,7 @@ class HFGenerate:
     lossless: bool = True
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids)
+        return hf_generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids)
 
 
 @dataclass
@@ -37,8 +38,8 @@ class HFPromptLookup:
         check("max_ngram", self.max_ngram, at_least=1)
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids,
-                              prompt_lookup_num_tokens=self.num_tokens, max_matching_ngram_size=self.max_ngram)
+        return hf_generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids,
+                           prompt_lookup_num_tokens=self.num_tokens, max_matching_ngram_size=self.max_ngram)
 
 
 @dataclass
@@ -61,4 +62,4 @@ class HFAssisted:
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         extra = {} if self.num_assistant_tokens is None else {"num_assistant_tokens": self.num_assistant_tokens}
-        return lm.hf_generate(prompt_ids, max_new_tokens, sampling, stop_ids, assistant=self.load_addons(lm), **extra)
+        return hf_generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids, assistant=self.load_addons(lm), **extra)

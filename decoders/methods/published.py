@@ -31,7 +31,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from ..core.lm import LM, KVCache, cache_kwarg
+from ..core.kv_cache import KVCache, cache_kwarg
+from ..core.lm import LM
 from ..core.weights_file import check_target, checkpoint_dir, read_config, read_state
 from .heads import Heads
 
@@ -71,11 +72,11 @@ class Eagle1Draft(nn.Module):
         cfg = _llama_config(config, lm)
         d = cfg.hidden_size
         self.target = [lm]  # not submodules: neither loaded nor moved
-        _embedding(self, lm, state, "decoder.head", where)
+        _embedding(self, lm, state, "decoder.draft_weights", where)
         self.fc = nn.Linear(2 * d, d, bias=bool(config.get("bias", True)))
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, layer_idx=i) for i in range(cfg.num_hidden_layers))
         self.layers[0].input_layernorm = nn.Identity()  # absent in the published layer 0
-        _load(self, state, "decoder.head", where)
+        _load(self, state, "decoder.draft_weights", where)
         self.rotary = LlamaRotaryEmbedding(config=cfg)
         self.vocab = torch.arange(lm.vocab_size)
         self.info: dict = {}
@@ -151,10 +152,10 @@ class Eagle3Draft(nn.Module):
         d, layers = cfg.hidden_size, lm.config.get_text_config().num_hidden_layers
         self.reads = (2, layers // 2, layers - 3)  # the target layers whose inputs ea_model.py fuses
         if len(set(self.reads)) < 3 or layers - 3 < 0:
-            raise ValueError(f"decoder.head: {where} is an EAGLE-3 draft, which reads the inputs of the target's "
+            raise ValueError(f"decoder.draft_weights: {where} is an EAGLE-3 draft, which reads the inputs of the target's "
                              f"layers 2, L/2 and L-3; {lm.name} has {layers} layers (at least 7 are needed)")
         self.target = [lm]
-        _embedding(self, lm, state, "decoder.head", where)
+        _embedding(self, lm, state, "decoder.draft_weights", where)
         target_hidden = int(config.get("target_hidden_size", d))
         self.fc = nn.Linear(3 * target_hidden, d, bias=False)
         self.midlayer = nn.Module()
@@ -167,10 +168,10 @@ class Eagle3Draft(nn.Module):
         self.lm_head = nn.Linear(d, draft_vocab, bias=False)
         d2t = state.pop("d2t", torch.zeros(draft_vocab, dtype=torch.long))  # absent when the vocabularies agree
         state.pop("t2d", None)  # its inverse (a membership mask): not needed to draft
-        _load(self, state, "decoder.head", where)
+        _load(self, state, "decoder.draft_weights", where)
         self.vocab = torch.arange(draft_vocab) + d2t.long().cpu()
         if len(d2t) != draft_vocab or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= lm.vocab_size:
-            raise ValueError(f"decoder.head: {where}: its d2t maps {draft_vocab} draft ids outside the target's "
+            raise ValueError(f"decoder.draft_weights: {where}: its d2t maps {draft_vocab} draft ids outside the target's "
                              f"vocabulary of {lm.vocab_size}")
         self.rotary = LlamaRotaryEmbedding(config=cfg)
         self.info: dict = {}
@@ -217,7 +218,7 @@ class Eagle3Draft(nn.Module):
 
 def load_eagle(lm: LM, name: str | Path, check_base: bool = True) -> nn.Module:
     """A published EAGLE-1/2 or EAGLE-3 draft, its layout told by its tensors."""
-    key = "decoder.head"
+    key = "decoder.draft_weights"
     directory = checkpoint_dir(name, key, ["config.json", "pytorch_model.bin", "model.safetensors"])
     config = read_config(directory, key)
     state = read_state(directory, ["pytorch_model.bin", "model.safetensors"], key)  # the authors' order

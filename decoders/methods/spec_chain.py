@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import torch
 
 from ..core.contract import PerTarget, check, decode_one
-from ..core.lm import LM, KVCache, forward_flops
+from ..core.kv_cache import KVCache
+from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores, speculative_decode
 from ..core.sampling import Sampler, Sampling, probs
 from ..core.trace import Generation

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..core.lm import FAST_PATHS, LM
+from ..core.fast_path import FAST_PATHS
+from ..core.lm import LM
 
 
 def device_name(device: torch.device) -> str:
