@@ -140,7 +140,7 @@ class HeadsProposer:
         with torch.inference_mode():
             head_logits = self.heads(self.state).float()
             tree, self.rescore_flops, self.info = self.build(sequence, head_logits)
-        return Proposal(tree, hidden=True, draft_forward_tokens=1, draft_flops=self.head_flops + self.rescore_flops)
+        return Proposal(tree, hidden=self.hidden, draft_forward_tokens=1, draft_flops=self.head_flops + self.rescore_flops)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
         self.state = scores.hidden[path[-1]]
