@@ -84,7 +84,7 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         "draft_forward_tokens": sum(s.draft_forward_tokens for s in steps),
         "target_flops": sum(flops),
         "decode_steps": len(steps) - 1,  # after the prefill step
-        "decode_tokens": n - steps[0].accepted if steps else 0,
+        "decode_tokens": n - steps[0].committed if steps else 0,
         "decode_flops": sum(flops[1:]),
         "draft_flops": sum(s.draft_flops for s in steps),
         # Decode FLOPs leave out both prefills: the target's (step 0) and the draft's pass over the prompt.

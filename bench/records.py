@@ -87,12 +87,21 @@ def invalid(record) -> str | None:
     trace = record["trace"]
     if any(not isinstance(column, list) or len(column) != record["steps"] for column in trace.values()):
         return f"a trace column's length is not steps ({record['steps']})"
-    for name in ("accepted", "forward_tokens"):  # what bench.show draws
+    for name in ("committed", "forward_tokens"):  # what bench.show draws
         if not all(map(_COUNT[1], trace.get(name) or [None])):
             return f"trace.{name} is not a list of integers >= 0"
-    if sum(trace["accepted"]) != record["new_tokens"]:
-        return f"the trace commits {sum(trace['accepted'])} tokens, not new_tokens {record['new_tokens']}"
+    if sum(trace["committed"]) != record["new_tokens"]:
+        return f"the trace commits {sum(trace['committed'])} tokens, not new_tokens {record['new_tokens']}"
     return None
+
+
+def upgrade(record):
+    """A record as this version writes it: older runs named the trace's tokens committed per step
+    "accepted" (Step.accepted); every reader gets "committed"."""
+    trace = record.get("trace") if isinstance(record, dict) else None
+    if isinstance(trace, dict) and "accepted" in trace and "committed" not in trace:
+        record["trace"] = {("committed" if k == "accepted" else k): v for k, v in trace.items()}
+    return record
 
 
 def _check(n: int, line: bytes, seen: set[str]) -> tuple[dict | None, str | None]:
@@ -100,7 +109,7 @@ def _check(n: int, line: bytes, seen: set[str]) -> tuple[dict | None, str | None
     if not line.endswith(b"\n"):  # a line is complete only with its newline (one write puts both)
         return None, "torn by a kill mid-write"
     try:
-        record = json.loads(line.decode("utf-8"))
+        record = upgrade(json.loads(line.decode("utf-8")))
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         return None, f"not JSON ({str(e).split(':')[0]})"
     if not (isinstance(record, dict) and isinstance(record.get("key"), str)):

@@ -78,20 +78,20 @@ def step_texts(record: dict, tokenizer) -> list[tuple[str, int, int]]:
     word-initial spaces land in the step that completed them."""
     tokens, trace = record["tokens"], record["trace"]
     out, done, before = [], 0, ""
-    for accepted, fed in zip(trace["accepted"], trace["forward_tokens"]):
-        done += accepted
+    for committed, fed in zip(trace["committed"], trace["forward_tokens"]):
+        done += committed
         text = tokenizer.decode(tokens[:done], skip_special_tokens=True)
-        out.append((text[len(before):], accepted, fed))
+        out.append((text[len(before):], committed, fed))
         before = text
     return out
 
 
 def render_html(record: dict, steps: list[tuple[str, int, int]]) -> str:
     spans = []
-    for i, (text, accepted, fed) in enumerate(steps):
-        bg, _ = colour(accepted)
-        tip = f"step {i}: {accepted} token(s) committed, {fed} fed to the target"
-        spans.append(f'<span class="step" data-tokens="{accepted}" title="{html.escape(tip)}" '
+    for i, (text, committed, fed) in enumerate(steps):
+        bg, _ = colour(committed)
+        tip = f"step {i}: {committed} token(s) committed, {fed} fed to the target"
+        spans.append(f'<span class="step" data-tokens="{committed}" title="{html.escape(tip)}" '
                      f'style="background:{bg}">{html.escape(text)}</span>')
     legend = " ".join(f'<span style="background:{COLOURS[k][0]};padding:0 6px">{v}</span>' for k, v in LEGEND.items())
     n, steps_n = record["new_tokens"], record["steps"]
@@ -112,10 +112,10 @@ def render_html(record: dict, steps: list[tuple[str, int, int]]) -> str:
 
 def render_terminal(steps: list[tuple[str, int, int]], use_colour: bool) -> str:
     parts = []
-    for text, accepted, _ in steps:
-        _, ansi = colour(accepted)
+    for text, committed, _ in steps:
+        _, ansi = colour(committed)
         if not use_colour:
-            parts.append(text if accepted == 1 else f"[{text}]")
+            parts.append(text if committed == 1 else f"[{text}]")
         elif ansi is None:
             parts.append(text)
         else:

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.errors import BenchError  # noqa: E402
 from bench.records import iter_records  # noqa: E402
 
-FIELDS = ("accepted", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "draft_forward_tokens", "info")
+FIELDS = ("committed", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "draft_forward_tokens", "info")
 USAGE = "usage: python scripts/compare_leaderboards.py BEFORE_DIR AFTER_DIR (two leaderboard out_dirs)"
 
 

@@ -121,7 +121,7 @@ INVALID = {
     "unknown status": ({"status": "done"}, 'status is "done"'),
     "key not prompt#turn": ({"turn": 1}, "is not prompt_id#turn"),
     "tokens not new_tokens": ({"new_tokens": 3}, "4 tokens but new_tokens 3"),
-    "short trace": ({"trace.accepted": [1]}, "trace column's length"),
+    "short trace": ({"trace.committed": [1]}, "trace column's length"),
 }
 
 

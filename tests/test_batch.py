@@ -16,6 +16,7 @@ from bench.prompts import render
 from decoders.core.batch import decode_batch, latencies
 from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import Autoregressive, autoregressive_decode, logit_gap
+from decoders.methods.bpd import BPD
 from decoders.methods.draft_model import SelfDraft
 from decoders.methods.eagle import Eagle
 from decoders.methods.jacobi import Jacobi
@@ -23,8 +24,11 @@ from decoders.methods.lookahead import Lookahead
 from decoders.methods.medusa import Medusa
 from decoders.methods.prompt_lookup import PromptLookupDecoding
 from decoders.methods.recycling import Recycling
+from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
+from decoders.methods.specinfer import SpecInfer
 from helpers import chi2_pvalue, run_cli, tiny_lm
+from test_heads import tiny_ngram  # noqa: F401  (fixture)
 
 GREEDY = Sampling()
 
@@ -41,6 +45,12 @@ BATCHED = {
     "prompt_lookup-10-2": PromptLookupDecoding(num_tokens=10, max_ngram=2),
     "jacobi-4": Jacobi(block_size=4),
     "recycling-cold-16-4-4": Recycling(tree_size=16, depth=4, successors=4, hot_start=False),
+    "specinfer-2x3": SpecInfer(draft=SelfDraft(layers=1), num_drafts=2, depth=3),
+    "sequoia-8-3": Sequoia(draft=SelfDraft(layers=1), budget=8, depth=3, auto_tokens=16),
+    "bpd-3-seed1": BPD(num_heads=3, heads_seed=1),
+    "bpd-p3-seed1": BPD(num_heads=3, heads_seed=1, paths=3, ranks_per_head=3),
+    "bpd-neural-p2-seed1": BPD(num_heads=3, heads_seed=1, rescore="neural", draft=SelfDraft(layers=1), paths=2,
+                               ranks_per_head=3),
 }
 
 
@@ -59,7 +69,17 @@ def mixed_prompts(seed: int, count: int, vocab: int = 64) -> list[list[int]]:
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", list(BATCHED))
 def test_batched_rows_equal_batch_1(name, seed, batch):
-    decoder = BATCHED[name]
+    assert_rows_equal_batch_1(BATCHED[name], seed, batch)
+
+
+@pytest.mark.parametrize("batch", [2, 3, 8])
+def test_batched_bpd_ngram_rows_equal_batch_1(tiny_ngram, batch):  # noqa: F811
+    """BPD's last lossless variant, the n-gram rescored lattice (its LM file is a fixture)."""
+    assert_rows_equal_batch_1(BPD(num_heads=3, heads_seed=1, rescore="ngram", ngram=tiny_ngram, paths=2,
+                                  ranks_per_head=3), 1, batch)
+
+
+def assert_rows_equal_batch_1(decoder, seed, batch):
     lm = tiny_lm(seed=seed)
     prompts = mixed_prompts(seed * 10 + batch, batch)
     alone = [decoder.generate(lm, p, 20, GREEDY, set()) for p in prompts]
@@ -70,7 +90,7 @@ def test_batched_rows_equal_batch_1(name, seed, batch):
     assert any(len(g.tokens) < 20 for g in alone)
     for row, (gen, ref) in enumerate(zip(gens, alone)):
         assert gen.tokens == ref.tokens, (row, gen.tokens, ref.tokens)
-        assert [s.accepted for s in gen.steps] == [s.accepted for s in ref.steps], row
+        assert [s.committed for s in gen.steps] == [s.committed for s in ref.steps], row
         assert [s.forward_tokens for s in gen.steps] == [s.forward_tokens for s in ref.steps], row
         assert [s.context_tokens for s in gen.steps] == [s.context_tokens for s in ref.steps], row
     assert stats.steps == max(len(g.steps) for g in gens)
@@ -118,7 +138,8 @@ def test_rows_that_stop_at_once_and_a_single_row():
     assert gens[0].tokens == autoregressive_decode(lm, prompts[0], 12, GREEDY, set()).tokens
 
 
-@pytest.mark.parametrize("name", ["autoregressive", "spec_chain-4", "lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1"])
+@pytest.mark.parametrize("name", ["autoregressive", "spec_chain-4", "lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1",
+                                  "specinfer-2x3", "sequoia-8-3", "bpd-neural-p2-seed1"])
 def test_sampled_rows_draw_their_own_streams(name):
     """At T > 0 a row's draws come from its own generator in its own order: the batched row is the
     row alone, draw for draw."""
@@ -155,7 +176,7 @@ def test_sampled_batch_keeps_the_target_distribution_per_row():
     assert chi2_pvalue(counts[1], wrong / wrong.sum()) < 1e-3
 
 
-SMOLLM_DECODERS = ["autoregressive", "spec_chain", "medusa", "lookahead", "eagle"]
+SMOLLM_DECODERS = ["autoregressive", "spec_chain", "medusa", "lookahead", "eagle", "specinfer", "bpd"]
 
 
 @pytest.fixture(scope="module")

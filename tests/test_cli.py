@@ -25,7 +25,7 @@ def test_run_writes_the_run_directory(tmp_path):
     recs = records(tmp_path)
     assert [r["prompt_id"] for r in recs] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert all(r["status"] == "ok" and r["new_tokens"] == len(r["tokens"]) == 8 for r in recs)
-    assert all(r["steps"] == 8 and len(r["trace"]["accepted"]) == 8 for r in recs)
+    assert all(r["steps"] == 8 and len(r["trace"]["committed"]) == 8 for r in recs)
     assert all(r["rendering"] == "chat" and r["quality"]["passed"] in (True, False) for r in recs)
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary.loc[0, "records"] == 3 and summary.loc[0, "tokens_per_step"] == 1.0

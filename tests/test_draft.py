@@ -100,7 +100,7 @@ def test_hf_assisted_greedy_equality_and_trace(seed):
     prompt = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
     out = HFAssisted(draft=SelfDraft(layers=1)).generate(lm, prompt, 30, GREEDY, set())
     assert out.tokens == autoregressive_decode(lm, prompt, 30, GREEDY, set()).tokens
-    assert sum(s.accepted for s in out.steps) == 30
+    assert sum(s.committed for s in out.steps) == 30
     # the assistant ran before every target pass but possibly the last (nothing left to draft)
     assert all(s.draft_forward_tokens >= 1 and s.draft_time > 0 for s in out.steps[:-1])
-    assert len(out.steps) < 30 or all(s.accepted == 1 for s in out.steps)
+    assert len(out.steps) < 30 or all(s.committed == 1 for s in out.steps)

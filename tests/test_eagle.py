@@ -14,7 +14,7 @@ import torch
 
 import decoders.core.loop as loop_module
 from decoders.core.kv_cache import KVCache
-from decoders.core.loop import score
+from decoders.core.loop import feed, propose, score
 from decoders.core.sampling import Sampling
 from decoders.methods.eagle import Eagle, FeatureDraftProposer, load_draft, new_draft, save_draft
 from helpers import REPO, chi2_pvalue, tiny_lm
@@ -49,9 +49,9 @@ def prefilled(lm, draft, prompt, **settings):
     """A proposer after the loop's first step (the prefill), and that step's committed rows."""
     proposer = FeatureDraftProposer(draft, **settings)
     sequence = list(prompt)
-    proposal = proposer.propose(sequence, 10)
-    assert len(proposal.tree) == 1 and proposal.features
-    scores = score(lm, lm.new_cache(), sequence, proposal)
+    proposal = propose(proposer, sequence, 10, prefill=True)
+    assert len(proposal.tree) == 1 and proposal.feature_layers
+    scores = score(lm, lm.new_cache(), feed(0, sequence, proposal), proposal)
     sequence.append(int(scores.logits[0].argmax()))
     proposer.commit(proposal, scores, [0], sequence)
     return proposer, sequence, scores.features, sequence[1:]
@@ -71,7 +71,7 @@ def test_every_node_is_a_fresh_causal_run_along_its_path(tree, top_k, seed):
     nodes = proposer.nodes
     assert len(proposal.tree) > 1 and len(proposer.cache) == len(sequence) - 1  # tree rows cropped again
     checked = 0
-    for node, g in proposer.features.items():
+    for node, g in proposer.node_features.items():
         chain, x = [], node
         while x > 0:
             chain.append(nodes["token"][x])

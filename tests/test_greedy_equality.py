@@ -100,7 +100,7 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), d
 
 def check_trace(gen, max_new_tokens, stop_ids):
     check_generation(gen, max_new_tokens, stop_ids)  # the contract the runner enforces
-    assert all(s.forward_tokens >= 1 and s.accepted >= 0 for s in gen.steps)
+    assert all(s.forward_tokens >= 1 and s.committed >= 0 for s in gen.steps)
     assert 0 <= sum(s.accepted_draft_tokens for s in gen.steps) <= sum(s.draft_tokens for s in gen.steps)
     assert gen.stop_reason == ("eos" if gen.tokens[-1] in stop_ids else "length")
 
@@ -182,7 +182,7 @@ def test_autoregressive_trace_counts_prefill_as_a_step(smollm):
     assert len(gen.steps) == len(gen.tokens) == 12
     assert gen.steps[0].forward_tokens == len(ids) and gen.steps[0].context_tokens == 0
     assert [s.context_tokens for s in gen.steps[1:]] == list(range(len(ids), len(ids) + 11))
-    assert all(s.forward_tokens == 1 and s.accepted == 1 for s in gen.steps[1:])
+    assert all(s.forward_tokens == 1 and s.committed == 1 for s in gen.steps[1:])
     assert 0 < gen.ttft <= sum(s.target_time + s.overhead_time for s in gen.steps)
 
 
@@ -191,5 +191,5 @@ def test_hf_generate_trace_matches_autoregressive_shape(smollm):
     gen = HFGenerate().generate(smollm, ids, 12, GREEDY, set())
     assert len(gen.steps) == 12  # one forward per token, prefill included
     assert gen.steps[0].forward_tokens == len(ids)
-    assert [s.accepted for s in gen.steps] == [1] * 12
+    assert [s.committed for s in gen.steps] == [1] * 12
     assert all(s.draft_tokens == 0 for s in gen.steps)

@@ -174,9 +174,9 @@ def test_show_renders_each_step(board):
     result = run_module("bench.show", str(run), "--prompt", record["prompt_id"], "--no-color")
     assert result.returncode == 0, result.stderr
     page = next((run / "show").glob("*.html")).read_text()
-    assert page.count('class="step"') == len(record["trace"]["accepted"]) == record["steps"]
+    assert page.count('class="step"') == len(record["trace"]["committed"]) == record["steps"]
     counts = [int(x.split('"')[0]) for x in page.split('data-tokens="')[1:]]
-    assert counts == record["trace"]["accepted"]
+    assert counts == record["trace"]["committed"]
     import html
     import re
     texts = [html.unescape(m) for m in re.findall(r'<span class="step"[^>]*>(.*?)</span>', page, flags=re.S)]

@@ -21,11 +21,11 @@ import torch
 import decoders.core.loop as loop_module  # the loop verifies; negative controls patch it there
 import decoders.methods.lookahead as lookahead_module
 from decoders.methods.autoregressive import autoregressive_decode
-from decoders.methods.jacobi import Jacobi, jacobi_decode
+from decoders.methods.jacobi import Jacobi
 from decoders.core.loop import SideBranch, layout
 from decoders.methods.prompt_lookup import PromptLookupDecoding
 from decoders.methods.recycling import Recycling
-from decoders.methods.lookahead import Lookahead, lookahead_decode, window_mask, window_offsets
+from decoders.methods.lookahead import Lookahead, window_mask, window_offsets
 from decoders.methods.ngram_pool import NGramPool
 from decoders.core.sampling import Sampling, probs
 from decoders.core.trace import check_generation
@@ -246,7 +246,7 @@ class CacheSpy:
         assert all(len(snap) == len(ref) for snap in self.snapshots)
         committed = 0
         for i, snap in enumerate(self.snapshots):
-            committed += steps[i].accepted
+            committed += steps[i].committed
             length = len(prompt) + committed - 1
             assert steps[i + 1].context_tokens == length
             for layer, ((k, v), (rk, rv)) in enumerate(zip(snap, ref)):
@@ -275,8 +275,8 @@ def test_lookahead_cache_holds_exactly_the_committed_tokens(monkeypatch, window,
     lm = tiny_lm(seed=1, vocab=8, init_std=0.4, attn=attn)
     prompt = cycle_prompt(lm)
     spy = CacheSpy(monkeypatch, lm)
-    gen = lookahead_decode(lm, prompt, 24, Sampling(temperature=temperature, seed=3), set(), window, ngram,
-                           guess_set_size)
+    gen = Lookahead(window=window, ngram=ngram, guess_set_size=guess_set_size).generate(
+        lm, prompt, 24, Sampling(temperature=temperature, seed=3), set())
     check_generation(gen, 24, set())
     spy.check(prompt, gen)
     hits = sum(s.accepted_draft_tokens > 0 for s in gen.steps)
@@ -293,7 +293,7 @@ def test_jacobi_cache_holds_exactly_the_committed_tokens(monkeypatch, block_size
     lm = tiny_lm(seed=1, vocab=8, init_std=0.4)
     prompt = cycle_prompt(lm)
     spy = CacheSpy(monkeypatch, lm)
-    gen = jacobi_decode(lm, prompt, 24, Sampling(temperature=temperature, seed=3), set(), block_size)
+    gen = Jacobi(block_size=block_size).generate(lm, prompt, 24, Sampling(temperature=temperature, seed=3), set())
     check_generation(gen, 24, set())
     spy.check(prompt, gen)
     assert any(s.accepted_draft_tokens > 0 for s in gen.steps[:-1]), "no draft accepted: a weak test"
@@ -302,7 +302,7 @@ def test_jacobi_cache_holds_exactly_the_committed_tokens(monkeypatch, block_size
 def test_one_step_generation_never_edits_the_cache(monkeypatch):
     lm = tiny_lm(seed=2, vocab=16)
     spy = CacheSpy(monkeypatch, lm)
-    gen = lookahead_decode(lm, [3, 4, 5], 1, GREEDY, set(), 3, 3, 3)
+    gen = Lookahead(window=3, ngram=3, guess_set_size=3).generate(lm, [3, 4, 5], 1, GREEDY, set())
     assert len(gen.steps) == 1 and gen.tokens and not spy.edits
 
 
@@ -383,11 +383,12 @@ def test_lookahead_trace(monkeypatch, case, max_new_tokens, eos_at):
     # prompt's first token instead of its last would show)
     prompt = cycle_prompt(lm, 15) if kind == "cycle" else [rng.randrange(8) for _ in range(11)]
     sampling = Sampling(temperature=temperature, seed=W + N)
+    decoder = Lookahead(window=W, ngram=N, guess_set_size=G, pool_from_prompt=from_prompt)
     stop = set()
     if eos_at is not None:  # a stop token the output reaches mid-way, possibly inside an accepted draft
-        free = lookahead_decode(lm, prompt, max_new_tokens, sampling, set(), W, N, G, from_prompt).tokens
+        free = decoder.generate(lm, prompt, max_new_tokens, sampling, set()).tokens
         stop = {free[eos_at]}
-    gen = lookahead_decode(lm, prompt, max_new_tokens, sampling, stop, W, N, G, pool_from_prompt=from_prompt)
+    gen = decoder.generate(lm, prompt, max_new_tokens, sampling, stop)
     check_generation(gen, max_new_tokens, stop)
     pool = RecordingPool.last
     steps = gen.steps
@@ -412,17 +413,17 @@ def test_lookahead_trace(monkeypatch, case, max_new_tokens, eos_at):
         # accepted drafts: a path down the trie, plus the bonus token unless the output ended
         assert step.info["hit"] == (step.accepted_draft_tokens > 0)
         assert 0 <= step.accepted_draft_tokens <= min(step.draft_tokens, N - 1)
-        assert 1 <= step.accepted <= N
+        assert 1 <= step.committed <= N
         if s < len(steps) - 1:
-            assert step.accepted == step.accepted_draft_tokens + 1
+            assert step.committed == step.accepted_draft_tokens + 1
         else:
-            assert step.accepted_draft_tokens <= step.accepted
+            assert step.accepted_draft_tokens <= step.committed
         # the pool only grows (an eviction replaces a gram) and respects G per key
         assert step.info["pool"] >= previous_pool
         if G >= 0:
             assert step.info["pool"] <= G * lm.vocab_size
         previous_pool = step.info["pool"]
-        committed += step.accepted
+        committed += step.committed
     assert committed == len(gen.tokens)
     # step 0's candidates: exactly what the prompt offers (nothing without pool_from_prompt)
     first = pool.lookups[0][1]
@@ -450,10 +451,10 @@ def test_lookahead_without_guesses_is_one_token_per_step(window, ngram):
     """G = 0: no n-gram is kept nor verified; each pass commits exactly the target's own token."""
     lm = tiny_lm(seed=1, vocab=8, init_std=0.4)
     prompt = cycle_prompt(lm)
-    gen = lookahead_decode(lm, prompt, 12, Sampling(temperature=0.8, seed=1), set(), window, ngram, 0)
+    gen = Lookahead(window=window, ngram=ngram, guess_set_size=0).generate(lm, prompt, 12, Sampling(temperature=0.8, seed=1), set())
     assert len(gen.steps) == len(gen.tokens) == 12
     for s, step in enumerate(gen.steps):
-        assert step.accepted == 1 and step.draft_tokens == 0 and step.accepted_draft_tokens == 0
+        assert step.committed == 1 and step.draft_tokens == 0 and step.accepted_draft_tokens == 0
         assert step.info == {"pool": 0, "candidates": 0, "hit": False}
         assert step.forward_tokens == (len(prompt) if s == 0 else 1) + window * min(s + 1, ngram - 1)
 
@@ -463,17 +464,17 @@ def test_lookahead_without_guesses_is_one_token_per_step(window, ngram):
 def test_jacobi_trace(block_size, temperature):
     lm = tiny_lm(seed=1, vocab=8, init_std=0.4)
     prompt = cycle_prompt(lm)
-    gen = jacobi_decode(lm, prompt, 23, Sampling(temperature=temperature, seed=2), set(), block_size)
+    gen = Jacobi(block_size=block_size).generate(lm, prompt, 23, Sampling(temperature=temperature, seed=2), set())
     check_generation(gen, 23, set())
     committed = 0
     for s, step in enumerate(gen.steps):
         assert step.forward_tokens == (len(prompt) if s == 0 else 1) + block_size
         assert step.context_tokens == (0 if s == 0 else len(prompt) + committed - 1)
         assert step.draft_tokens == block_size
-        assert 0 <= step.accepted_draft_tokens <= block_size and 1 <= step.accepted <= block_size + 1
+        assert 0 <= step.accepted_draft_tokens <= block_size and 1 <= step.committed <= block_size + 1
         if s < len(gen.steps) - 1:
-            assert step.accepted == step.accepted_draft_tokens + 1
-        committed += step.accepted
+            assert step.committed == step.accepted_draft_tokens + 1
+        committed += step.committed
     assert committed == 23
     if block_size > 1:
         assert any(s.accepted_draft_tokens > 0 for s in gen.steps), "no guess accepted: a weak test"
@@ -610,7 +611,7 @@ def test_negative_control_lookahead_with_a_wrong_verifier_is_rejected(stat_model
     lm, prompt = stat_model
     monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)
     kwargs = dict(temperature=0.8)
-    counts, hit_share = sample_counts(lambda s: lookahead_decode(lm, prompt, LENGTH, s, set(), 3, 2, 3), kwargs,
+    counts, hit_share = sample_counts(lambda s: Lookahead(window=3, ngram=2, guess_set_size=3).generate(lm, prompt, LENGTH, s, set()), kwargs,
                                       N_CONTROL)
     assert hit_share > 0
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA

@@ -7,7 +7,7 @@ import pytest
 
 import decoders.tuning.lookahead_tuning as tuning
 from decoders.methods.autoregressive import autoregressive_decode
-from decoders.methods.lookahead import Lookahead, lookahead_decode
+from decoders.methods.lookahead import Lookahead
 from decoders.tuning.profile import forward_latency, profile_key, step_cost
 from decoders.core.sampling import Sampling
 from helpers import run_cli, tiny_lm
@@ -41,7 +41,8 @@ def test_profile_key_separates_models_and_threads():
 
 def runner(lm):
     """What Lookahead.prepare hands tune(): lookahead with one grid point's W, N, G."""
-    return lambda ids, tokens, sampling, w, n, g: lookahead_decode(lm, ids, tokens, sampling, set(), w, n, g)
+    return lambda ids, tokens, sampling, w, n, g: Lookahead(window=w, ngram=n, guess_set_size=g).generate(
+        lm, ids, tokens, sampling, set())
 
 
 def fake_profile(monkeypatch, per_token: float):
@@ -119,13 +120,13 @@ def test_calibration_runs_at_the_runs_sampling_settings(monkeypatch, tmp_path):
     from decoders.methods import lookahead
 
     seen = []
-    real = lookahead.lookahead_decode
+    real = lookahead.Lookahead.generate
 
-    def spy(lm, ids, tokens, sampling, *args, **kwargs):
+    def spy(self, lm, ids, tokens, sampling, stop_ids):
         seen.append(sampling)
-        return real(lm, ids, tokens, sampling, *args, **kwargs)
+        return real(self, lm, ids, tokens, sampling, stop_ids)
 
-    monkeypatch.setattr("decoders.methods.lookahead.lookahead_decode", spy)
+    monkeypatch.setattr(lookahead.Lookahead, "generate", spy)
     lm = tiny_lm(seed=4)
     hot = Sampling(temperature=0.8, top_p=0.9, seed=3)
     decoder = Lookahead(window="auto", ngram=3, guess_set_size="auto", auto_windows=(1, 2), auto_tokens=8,

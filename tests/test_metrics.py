@@ -16,7 +16,7 @@ def test_forward_flops_formula():
 
 
 def gen(accepted, forward, context, drafts=(), accepted_drafts=()):
-    steps = [Step(accepted=a, forward_tokens=f, context_tokens=c, target_time=0.1, overhead_time=0.01,
+    steps = [Step(committed=a, forward_tokens=f, context_tokens=c, target_time=0.1, overhead_time=0.01,
                   draft_tokens=d, accepted_draft_tokens=ad)
              for a, f, c, d, ad in zip(accepted, forward, context, drafts or [0] * len(accepted),
                                        accepted_drafts or [0] * len(accepted))]
@@ -88,11 +88,11 @@ def test_markdown_has_the_headline_columns():
 
 def test_acceptance_by_depth():
     """Per depth d: of the steps whose draft reached d, the share that accepted >= d draft tokens."""
-    steps = [Step(accepted=1, forward_tokens=5, context_tokens=0)]  # the prefill records no depth
+    steps = [Step(committed=1, forward_tokens=5, context_tokens=0)]  # the prefill records no depth
     for depth, accepted in [(3, 0), (3, 2), (3, 3), (1, 1)]:
-        steps.append(Step(accepted=accepted + 1, forward_tokens=depth + 1, context_tokens=5,
+        steps.append(Step(committed=accepted + 1, forward_tokens=depth + 1, context_tokens=5,
                           info={"draft_depth": depth, "accepted_depth": accepted}))
-    g = Generation(tokens=list(range(sum(s.accepted for s in steps))), steps=steps, ttft=0.1, stop_reason="length")
+    g = Generation(tokens=list(range(sum(s.committed for s in steps))), steps=steps, ttft=0.1, stop_reason="length")
     m = metrics.generation_metrics(g, SPEC, latency=1.0)
     assert m["depth_proposed"] == [4, 3, 3] and m["depth_accepted"] == [3, 2, 1]
     plain = metrics.generation_metrics(gen([1, 1], [3, 1], [0, 3]), SPEC, latency=1.0)
@@ -117,9 +117,9 @@ def test_mean_accepted_tokens_and_decode_flops_leave_both_prefills_out():
     drop the target's prefill and the draft's pass over the prompt."""
     from decoders.core.trace import Generation, Step
 
-    steps = [Step(accepted=1, forward_tokens=20, context_tokens=0),
-             Step(accepted=3, forward_tokens=3, context_tokens=20, draft_flops=700.0, draft_prefill_flops=500.0),
-             Step(accepted=2, forward_tokens=3, context_tokens=23, draft_flops=200.0)]
+    steps = [Step(committed=1, forward_tokens=20, context_tokens=0),
+             Step(committed=3, forward_tokens=3, context_tokens=20, draft_flops=700.0, draft_prefill_flops=500.0),
+             Step(committed=2, forward_tokens=3, context_tokens=23, draft_flops=200.0)]
     gen = Generation(tokens=[5] * 6, steps=steps, ttft=0.1, stop_reason="length")
     spec = {"matmul_params": 10, "n_layers": 0, "d_attn": 0}
     r = {**metrics.generation_metrics(gen, spec, 1.0), "status": "ok"}

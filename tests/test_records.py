@@ -167,3 +167,23 @@ def test_readers_skip_damaged_lines_with_a_warning(tmp_path, capsys):
     assert [r["key"] for r in read_records(path)] == ["a#0", "b#0"]
     assert "3 damaged line(s)" in capsys.readouterr().err
     assert path.read_bytes().endswith(b'{"key"')  # readers never rewrite
+
+
+def test_records_from_before_the_rename_read_as_committed(tmp_path):
+    """Step.accepted became Step.committed: a checked-in run written before it (its trace says
+    "accepted") reads, resumes and validates as if written now, with the same counts."""
+    from pathlib import Path
+
+    old = Path(__file__).resolve().parent.parent / "results/reference/leaderboard_bf16/mt_bench/spec_chain/records.jsonl"
+    raw = [json.loads(x) for x in old.read_text().splitlines() if x.strip()]
+    assert raw and all("accepted" in r["trace"] for r in raw if r["status"] == "ok")
+    read = [r for r in read_records(old) if r["status"] == "ok"]
+    assert len(read) == sum(r["status"] == "ok" for r in raw)
+    for new, before in zip(read, (r for r in raw if r["status"] == "ok")):
+        assert "accepted" not in new["trace"] and new["trace"]["committed"] == before["trace"]["accepted"]
+        assert list(new["trace"]) == ["committed" if k == "accepted" else k for k in before["trace"]]
+    copy = tmp_path / "records.jsonl"
+    copy.write_bytes(old.read_bytes())
+    log = RecordLog(copy, resume=True)  # every old line valid: none moved aside
+    assert all(key in log for key in (r["key"] for r in raw)) and not (tmp_path / "records.rejected.jsonl").exists()
+    log.close()

@@ -51,7 +51,7 @@ class Broken:
         tokens = [5] * (max_new_tokens + 1 if self.how == "too_long" else 3)
         if self.how == "after_eos":
             tokens = [7, 1, 5]
-        steps = [Step(accepted=1, forward_tokens=1, context_tokens=0) for _ in tokens]
+        steps = [Step(committed=1, forward_tokens=1, context_tokens=0) for _ in tokens]
         if self.how == "miscounted":
             steps = steps[:-1]
         return Generation(tokens=tokens, steps=steps, ttft=0.0, stop_reason="length")

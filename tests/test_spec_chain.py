@@ -9,7 +9,7 @@ import decoders.methods.spec_chain as spec_chain_module
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
 from decoders.core.sampling import Sampling
-from decoders.methods.spec_chain import SpecChain, spec_chain_decode
+from decoders.methods.spec_chain import SpecChain
 from helpers import chi2_pvalue, tiny_lm
 from test_lookahead import ALPHA, LENGTH, N_CONTROL, N_SAMPLES, assert_matches_exact, exact_joint, sample_counts
 from test_lookahead import stat_model  # noqa: F401  (fixture)
@@ -32,7 +32,8 @@ def test_both_caches_hold_only_committed_tokens(monkeypatch, seed, k):
     but the last (fed with the drafts), and the draft cache a fresh forward of a prefix of them:
     rejected drafts leave nothing behind in either."""
     lm = tiny_lm(seed=seed, layers=3)
-    draft = SelfDraft(layers=1).build(lm)
+    decoder = SpecChain(draft=SelfDraft(layers=1), depth=k)
+    decoder.load_addons(lm)  # the draft, built before the target's new_cache is spied on
     prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
     target_caches = []
     make_cache = lm.new_cache
@@ -51,7 +52,7 @@ def test_both_caches_hold_only_committed_tokens(monkeypatch, seed, k):
         return draft_chain(draft_lm, cache, sequence, n, *args)
 
     monkeypatch.setattr(spec_chain_module, "draft_chain", checking_draft_chain)
-    out = spec_chain_decode(lm, draft, prompt, 30, GREEDY, set(), k)
+    out = decoder.generate(lm, prompt, 30, GREEDY, set())
     monkeypatch.undo()
     assert out.tokens == autoregressive_decode(lm, prompt, 30, GREEDY, set()).tokens
     assert len(checked) >= 3 and checked == sorted(checked)
@@ -61,17 +62,17 @@ def test_trace_counts_drafts_and_acceptance():
     lm = tiny_lm(seed=1, layers=3)
     out = SpecChain(draft=SelfDraft(layers=2), depth=4).generate(lm, [1, 2, 3], 40, GREEDY, set())
     steps = out.steps
-    assert steps[0].draft_tokens == 0 and steps[0].accepted == 1  # the prefill
+    assert steps[0].draft_tokens == 0 and steps[0].committed == 1  # the prefill
     for s in steps[1:]:
         assert s.forward_tokens == s.draft_tokens + 1  # root + the chain
         assert 1 <= s.draft_tokens <= 4
-        assert s.accepted == min(s.info["accepted_depth"] + 1, s.accepted)
+        assert s.committed == min(s.info["accepted_depth"] + 1, s.committed)
         assert s.accepted_draft_tokens == s.info["accepted_depth"]
         assert s.draft_forward_tokens >= s.draft_tokens  # catch-up tokens + k - 1 chained ones
         assert s.draft_flops > 0
-    assert sum(s.accepted for s in steps) == len(out.tokens) == 40
+    assert sum(s.committed for s in steps) == len(out.tokens) == 40
     # The last step never drafts past max_new_tokens.
-    assert steps[-1].draft_tokens <= 40 - sum(s.accepted for s in steps[:-1]) - 1
+    assert steps[-1].draft_tokens <= 40 - sum(s.committed for s in steps[:-1]) - 1
 
 
 def test_a_draft_equal_to_the_target_accepts_everything():
@@ -83,7 +84,7 @@ def test_a_draft_equal_to_the_target_accepts_everything():
             return target
 
     out = SpecChain(draft=Same(), depth=3).generate(lm, [5, 6], 33, GREEDY, set())
-    assert [s.accepted for s in out.steps] == [1] + [4] * 8
+    assert [s.committed for s in out.steps] == [1] + [4] * 8
     assert out.tokens == autoregressive_decode(lm, [5, 6], 33, GREEDY, set()).tokens
 
 

@@ -161,7 +161,7 @@ def test_a_root_only_tree_is_an_autoregressive_step(sampling):
     dec._shape = optimal_tree([0.0, 0.0], budget=4, max_depth=2)
     assert dec._shape.size == 1
     out = dec.generate(lm, [1, 2, 3], 12, sampling, set())
-    assert [s.accepted for s in out.steps] == [1] * 12 and all(s.forward_tokens == 1 for s in out.steps[1:])
+    assert [s.committed for s in out.steps] == [1] * 12 and all(s.forward_tokens == 1 for s in out.steps[1:])
     if sampling.greedy:
         assert out.tokens == autoregressive_decode(lm, [1, 2, 3], 12, GREEDY, set()).tokens
 
@@ -184,7 +184,7 @@ def test_sequoia_expected_tokens_per_step_match_the_measured_mean(smollm, data_d
     for ids in prompts:
         out = dec.generate(smollm, ids, 48, GREEDY, smollm.stop_ids)
         assert out.tokens == autoregressive_decode(smollm, ids, 48, GREEDY, smollm.stop_ids).tokens
-        tokens += len(out.tokens) - out.steps[0].accepted
+        tokens += len(out.tokens) - out.steps[0].committed
         steps += len(out.steps) - 1
     measured = tokens / steps
     assert dec._shape.expected_tokens > 1.1  # the adapter draft does get accepted: the check has teeth

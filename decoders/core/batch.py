@@ -16,14 +16,15 @@ own totals: forwards, wall time, and the padding its forwards computed.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from .contract import Batches
 from .lm import LM
-from .loop import Accept, Proposal, Proposer, Scores, layout, verify
+from .loop import Accept, Proposer, feed, propose, split, verify_and_commit
 from .sampling import Sampler, Sampling
-from .trace import Generation, Step, stop_reason, truncate_at_stop
+from .trace import Generation, Step, stop_reason
 
 
 @dataclass
@@ -57,36 +58,19 @@ class _Row:
     done: bool = False
 
 
-def _feed(row: _Row, proposal: Proposal) -> tuple[list[int], object, object, list[int]]:
-    """Row's tokens, positions, mask among them and logits rows, laid out as loop.score lays them out."""
-    tree, side = proposal.tree, proposal.side
-    uncached = row.sequence[row.cached:]
-    if uncached[-1] != tree.tokens[0]:
-        raise ValueError("the proposal's root must be the last committed token")
-    u, n = len(uncached), len(tree)
-    s = len(side.tokens) if side is not None else 0
-    if side is None and tree.is_chain():  # fed causally, as loop.score feeds a chain
-        mask, positions = None, range(row.cached, row.cached + u + n - 1)
-    else:
-        mask, positions = layout(row.cached, u, tree, side)
-        mask = mask[:, row.cached:]
-    wanted = [u - 1, *(u + r for r in side.rows)] if side is not None else [u - 1]
-    wanted += list(range(u + s, u + s + n - 1))
-    tokens = uncached + (side.tokens if side is not None else []) + tree.tokens[1:]
-    return tokens, positions, mask, wanted
+class _Clock:
+    """Seconds spent in timed regions, summed; the device is synced at both ends, as Tracer does."""
 
+    def __init__(self, sync):
+        self.sync, self.seconds = sync, 0.0
 
-def _scores(proposal: Proposal, logits, extra, u: int) -> Scores:
-    """Split one row's forward output as loop.score does."""
-    side = proposal.side
-    hidden = extra if proposal.hidden else None
-    features = extra if proposal.features else None
-    if side is None:
-        return Scores(logits, None, hidden, features)
-    k, s = len(side.rows), len(side.tokens)
-    tree_rows = lambda x: x[[0, *range(1 + k, len(x))]]  # noqa: E731
-    return Scores(tree_rows(logits), logits[1:1 + k], tree_rows(hidden) if hidden is not None else None,
-                  features[[*range(u), *range(u + s, len(features))]] if features is not None else None)
+    @contextmanager
+    def __call__(self):
+        self.sync()
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self.seconds += time.perf_counter() - t0
 
 
 def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Sequence[Sequence[int]],
@@ -102,53 +86,37 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
     start = step_start = time.perf_counter()
     first_token: dict[int, float] = {}
     while active:
-        draft_time = 0.0
+        drafting, target = _Clock(lm.sync), _Clock(lm.sync)  # this step's: every row's drafting, the forward
         proposals, feeds = [], []
         for r in active:
             row = rows[r]
-            lm.sync()  # a draft timer starts and stops with the device idle, like the target's
-            t0 = time.perf_counter()
-            proposals.append(row.proposer.propose(row.sequence, max_new_tokens - len(row.tokens) - 1))
-            lm.sync()
-            draft_time += time.perf_counter() - t0
-            feeds.append(_feed(row, proposals[-1]))
-        lm.sync()
-        t0 = time.perf_counter()
-        outputs = lm.forward_batch([f[0] for f in feeds], cache, [f[1] for f in feeds], [f[2] for f in feeds],
-                                   [f[3] for f in feeds], hidden=any(p.hidden for p in proposals),
-                                   features=next((p.features for p in proposals if p.features), False))
-        lm.sync()
-        target_time = time.perf_counter() - t0
-        width = max(len(f[0]) for f in feeds)
+            with drafting():
+                proposals.append(propose(row.proposer, row.sequence, max_new_tokens - len(row.tokens) - 1,
+                                         prefill=not row.tokens))
+            feeds.append(feed(row.cached, row.sequence, proposals[-1]))
+        with target():
+            outputs = lm.forward_batch(
+                [f.tokens for f in feeds], cache,
+                [f.positions if f.positions is not None else range(f.cached, f.cached + len(f.tokens)) for f in feeds],
+                [f.mask[:, f.cached:] if f.mask is not None else None for f in feeds], [f.logits_rows for f in feeds],
+                hidden=any(p.hidden for p in proposals),
+                features=next((p.feature_layers for p in proposals if p.feature_layers), False))
+        width = max(len(f.tokens) for f in feeds)
         slot0 = len(cache) - width  # where this forward's slots begin; row r's tokens are right-aligned in them
         stats.steps += 1
-        stats.fed_tokens += sum(len(f[0]) for f in feeds)
+        stats.fed_tokens += sum(len(f.tokens) for f in feeds)
         stats.padded_tokens += len(feeds) * width
         stats.rows_per_step.append(len(active))
         kept, fields = [], []
-        for r, proposal, (feed, _, _, _), (logits, extra) in zip(active, proposals, feeds, outputs):
+        for r, proposal, fed, (logits, extra) in zip(active, proposals, feeds, outputs):
             row = rows[r]
-            u = len(row.sequence) - row.cached
-            scores = _scores(proposal, logits, extra, u)
-            tree, side = proposal.tree, proposal.side
-            path, bonus = accept(tree, scores.logits, row.sampler) if accept is not None else verify(proposal, scores.logits, row.sampler)
-            new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(row.tokens))
-            row.tokens += new
-            row.sequence += new
-            lm.sync()
-            t1 = time.perf_counter()
-            info = row.proposer.commit(proposal, scores, path, row.sequence)
-            lm.sync()
-            draft_time += time.perf_counter() - t1
-            s = len(side.tokens) if side is not None else 0
-            fields.append(dict(accepted=len(new), forward_tokens=len(feed), context_tokens=row.cached,
-                               draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
-                               draft_forward_tokens=proposal.draft_forward_tokens, draft_flops=proposal.draft_flops,
-                               draft_prefill_flops=proposal.draft_prefill_flops, info=info))
+            scores = split(proposal, logits, extra, fed.uncached)
+            step, path = verify_and_commit(row.proposer, proposal, fed, scores, row.sampler, accept, row.sequence,
+                                           row.tokens, max_new_tokens, stop_ids, drafting)
+            fields.append(step)
             row.done = row.tokens[-1] in stop_ids or len(row.tokens) >= max_new_tokens
-            # The committed tokens through the root, then the accepted nodes (after the side branch).
-            pad = width - len(feed)
-            kept.append([pad + i for i in [*range(u), *(u - 1 + s + i for i in path[1:])]])
+            pad = width - len(fed.tokens)
+            kept.append([pad + i for i in fed.kept(path)])
             row.cached += len(kept[-1])
         going = [i for i, r in enumerate(active) if not rows[r].done]
         if len(going) < len(active) and going:
@@ -156,10 +124,10 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
         if going:
             cache.keep_tail(slot0, [kept[i] for i in going])
         now = time.perf_counter()
-        stats.draft_s += draft_time
+        stats.draft_s += drafting.seconds
         for r, f in zip(active, fields):  # every row took part in the whole step
-            rows[r].steps.append(Step(target_time=target_time, draft_time=draft_time,
-                                      overhead_time=max(0.0, now - step_start - target_time - draft_time), **f))
+            rows[r].steps.append(Step(target_time=target.seconds, draft_time=drafting.seconds,
+                                      overhead_time=max(0.0, now - step_start - target.seconds - drafting.seconds), **f))
             first_token.setdefault(r, now - start)
         active = [active[i] for i in going]
         step_start = now

@@ -51,7 +51,8 @@ class ReportsTuning(Protocol):
 class Batches(Protocol):
     """Decodes with the shared loop, so it can decode B prompts in one batch (gen.batch_size > 1):
     builds one prompt's proposer over `sampler` (the row's own draws) and the acceptance rule
-    (None: exact verification). generate() is usually decode_one(self, ...)."""
+    (None: exact verification). generate() is decode_one(self, ...), but for autoregressive, whose
+    single-prompt generate() keeps its own leaner loop (the baseline every ratio uses)."""
 
     def proposer(self, lm: LM, prompt_ids: Sequence[int], sampler: Sampler, stop_ids) -> tuple[Proposer, Accept | None]: ...
 

@@ -51,7 +51,7 @@ def hf_generate(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling
 
     def post_hook(module, args, kwargs, output):
         lm.sync()
-        steps.append(Step(accepted=0, forward_tokens=pending["tokens"], context_tokens=pending["context"],
+        steps.append(Step(committed=0, forward_tokens=pending["tokens"], context_tokens=pending["context"],
                           target_time=time.perf_counter() - pending["t0"], draft_time=drafted["time"],
                           draft_forward_tokens=drafted["tokens"], draft_flops=drafted["flops"],
                           draft_prefill_flops=drafted["prefill"]))
@@ -90,14 +90,14 @@ def hf_generate(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling
     lm.sync()
     total = time.perf_counter() - start
     tokens = truncate_at_stop(out[0, ids.shape[1]:].tolist(), stop_ids, max_new_tokens)
-    _fit_accepted(steps, len(tokens))
+    _fit_committed(steps, len(tokens))
     committed = 0
     for s in steps:
         # Tokens fed = committed tokens not yet in the cache + candidates to verify.
         uncached = len(prompt_ids) + committed - s.context_tokens
         s.draft_tokens = max(0, s.forward_tokens - uncached)
-        s.accepted_draft_tokens = max(0, min(s.accepted - 1, s.draft_tokens))
-        committed += s.accepted
+        s.accepted_draft_tokens = max(0, min(s.committed - 1, s.draft_tokens))
+        committed += s.committed
     # Whatever generate() did outside the forwards is overhead; spread it per step.
     outside = max(0.0, total - sum(s.target_time + s.draft_time for s in steps))
     for s in steps:
@@ -149,15 +149,15 @@ class _StepStreamer(BaseStreamer):
             return
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
-        self.steps[-1].accepted += int(value.numel())
+        self.steps[-1].committed += int(value.numel())
 
     def end(self):
         pass
 
 
-def _fit_accepted(steps: list[Step], n_tokens: int) -> None:
+def _fit_committed(steps: list[Step], n_tokens: int) -> None:
     """After truncation at EOS/max_new_tokens, cap each step's count so they sum to n_tokens."""
     total = 0
     for s in steps:
-        s.accepted = min(s.accepted, n_tokens - total)
-        total += s.accepted
+        s.committed = min(s.committed, n_tokens - total)
+        total += s.committed

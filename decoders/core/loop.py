@@ -7,13 +7,13 @@ next token after it (the bonus); the step commits them, the proposer updates its
 the target's cache keeps the committed tokens only. The split follows vLLM's proposer /
 scorer / rejection sampler; the loop follows gpt-fast's speculative_decode.
 
-A proposer may propose nothing at the first step (the prefill): its tree is then the root
-alone, and the step is an autoregressive one over the prompt.
+The first step is the prefill: the prompt, with the proposer's tree if it drafts before the
+target's first pass, else the root alone (an autoregressive step over the prompt).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, ContextManager, Protocol, Sequence
 
 import torch
 
@@ -46,7 +46,9 @@ class Proposal:
     without_replacement: bool = False  # siblings were drawn without replacement (Sequoia)
     side: SideBranch | None = None
     hidden: bool = False  # return the target's last hidden state for each tree node (heads read it)
-    features: bool | tuple[int, ...] = False  # the target's features (LM.forward's `features`) for every row but the side branch
+    # Return the target's features (Scores.features) from these layers: LM.forward's `features`
+    # (True: the last layer's output, pre-norm; a tuple: those layers' inputs, concatenated). EAGLE reads them.
+    feature_layers: bool | tuple[int, ...] = False
     draft_forward_tokens: int = 0  # tokens fed to a draft model or heads for this proposal
     draft_flops: float = 0.0
     draft_prefill_flops: float = 0.0  # of draft_flops, the draft's own pass over the prompt
@@ -59,13 +61,29 @@ class Scores:
     logits: torch.Tensor  # (len(tree), V): after each tree node
     side_logits: torch.Tensor | None = None  # (len(side.rows), V)
     hidden: torch.Tensor | None = None  # (len(tree), d) when the proposal asked for it
-    # (uncached + len(tree) - 1, d) when asked for: the uncached committed tokens (the root last), then the
-    # tree after the root, so tree node i is row uncached - 1 + i
+    # (uncached + len(tree) - 1, width) when the proposal asked for feature_layers: the uncached committed
+    # tokens (the root last), then the tree after the root, so tree node i is row uncached - 1 + i
     features: torch.Tensor | None = None
 
 
 class Proposer(Protocol):
-    """One generation's drafting state (built per prompt by its method)."""
+    """One generation's drafting state, built per prompt by its method's proposer() and driven by
+    the loop, one call of each per step:
+
+        propose(sequence, room) -> Proposal     the tree after the last committed token
+        (one target forward scores it; verification picks the path; the step's tokens are committed)
+        commit(proposal, scores, path, sequence) -> the step's info, after updating the drafting state
+
+    The first step is the prefill: the target reads the prompt and commits the first token. A
+    proposer whose drafts come from the target's own pass (a draft model catching up on committed
+    tokens, heads on the target's hidden state, EAGLE on its features) has nothing to draft before
+    it and sets `waits_for_prefill`: the loop then does not call propose() at the prefill but
+    scores the root alone, asking for what that proposer's proposals ask for (its `hidden` and
+    `feature_layers`); commit() follows as at every step, and the prefill's info is {} (nothing
+    was drafted). State that propose() leaves for commit() is declared in __init__.
+    """
+
+    waits_for_prefill: bool
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         """A tree rooted at sequence[-1] (the committed tokens so far). `room`: drafts beyond this
@@ -109,35 +127,98 @@ def layout(cache_len: int, uncached: int, tree: TokenTree, side: SideBranch | No
     return mask, torch.cat(positions)
 
 
-def score(lm: LM, cache: KVCache, uncached: Sequence[int], proposal: Proposal) -> Scores:
-    """One target forward over [committed tokens not yet cached (the root last), side branch, tree
-    nodes after the root], laid out by layout(). A chain without side branch is fed causally."""
+@dataclass
+class Feed:
+    """One prompt's part of a target forward: [the committed tokens not yet cached (the root last),
+    the side branch, the tree's nodes after the root], laid out by layout()."""
+
+    tokens: list[int]
+    cached: int  # committed tokens already in the target's cache
+    uncached: int  # of `tokens`, the committed ones
+    side: int  # of `tokens`, the side branch's
+    mask: torch.Tensor | None  # (len(tokens), cached + len(tokens)); None: a chain without side branch, fed causally
+    positions: torch.Tensor | None  # None with the mask: cached, cached + 1, ...
+    logits_rows: list[int]  # the rows scored: the root, the side rows asked for, the tree after the root
+
+    def kept(self, path: list[int]) -> list[int]:
+        """The rows the target's cache keeps: the committed tokens through the root, then the accepted nodes."""
+        u = self.uncached
+        return [*range(u), *(u - 1 + self.side + i for i in path[1:])]
+
+
+def feed(cached: int, sequence: Sequence[int], proposal: Proposal) -> Feed:
+    """Lay out the target's input for `proposal` after the `cached` committed tokens of `sequence`."""
     tree, side = proposal.tree, proposal.side
+    uncached = list(sequence[cached:])
     if uncached[-1] != tree.tokens[0]:
         raise ValueError("the proposal's root must be the last committed token")
     u, n = len(uncached), len(tree)
     side_tokens = side.tokens if side is not None else []
-    kwargs = {}
+    s = len(side_tokens)
+    mask = positions = None
     if side is not None or not tree.is_chain():
-        kwargs["mask"], kwargs["position_ids"] = layout(len(cache), u, tree, side)
-    if side is None:
-        kwargs["logits_last"] = n  # the tree's rows are the last n
-    else:  # the root, the side rows asked for, the tree after the root
-        s = len(side_tokens)
-        kwargs["logits_rows"] = [u - 1, *(u + r for r in side.rows), *range(u + s, u + s + n - 1)]
-    out = lm.forward(list(uncached) + side_tokens + tree.tokens[1:], cache, hidden=proposal.hidden,
-                     features=proposal.features, **kwargs)
-    logits, extra = out if proposal.hidden or proposal.features else (out, None)
+        mask, positions = layout(cached, u, tree, side)
+    rows = [u - 1, *(u + r for r in side.rows)] if side is not None else [u - 1]
+    return Feed(uncached + side_tokens + tree.tokens[1:], cached, u, s, mask, positions, rows + list(range(u + s, u + s + n - 1)))
+
+
+def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, uncached: int) -> Scores:
+    """The target's output for one prompt's feed (logits of feed.logits_rows; `extra`: the hidden
+    state of the same rows, or the features of every fed row, as asked) as Scores."""
+    side = proposal.side
     hidden = extra if proposal.hidden else None
-    features = extra if proposal.features else None
+    features = extra if proposal.feature_layers else None
     if side is None:
         return Scores(logits, None, hidden, features)
-    k, s = len(side.rows), len(side_tokens)
+    k, s = len(side.rows), len(side.tokens)
 
     def tree_rows(x):
         return torch.cat([x[:1], x[1 + k:]])
     return Scores(tree_rows(logits), logits[1:1 + k], tree_rows(hidden) if hidden is not None else None,
-                  torch.cat([features[:u], features[u + s:]]) if features is not None else None)
+                  torch.cat([features[:uncached], features[uncached + s:]]) if features is not None else None)
+
+
+def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:
+    """One target forward over one prompt's feed (the single-prompt path: LM.forward)."""
+    kwargs = {}
+    if fed.mask is not None:
+        kwargs["mask"], kwargs["position_ids"] = fed.mask, fed.positions
+    if proposal.side is None:
+        kwargs["logits_last"] = len(proposal.tree)  # the tree's rows are the last ones
+    else:
+        kwargs["logits_rows"] = fed.logits_rows
+    out = lm.forward(fed.tokens, cache, hidden=proposal.hidden, features=proposal.feature_layers, **kwargs)
+    logits, extra = out if proposal.hidden or proposal.feature_layers else (out, None)
+    return split(proposal, logits, extra, fed.uncached)
+
+
+def propose(proposer: Proposer, sequence: Sequence[int], room: int, prefill: bool) -> Proposal:
+    """This step's proposal. At the prefill a proposer that waits for it is not asked: the root
+    alone is scored, with the hidden state or features its later proposals read."""
+    if prefill and proposer.waits_for_prefill:
+        return Proposal(TokenTree.chain(sequence[-1], []), hidden=proposer.hidden, feature_layers=proposer.feature_layers)
+    return proposer.propose(sequence, room)
+
+
+def verify_and_commit(proposer: Proposer, proposal: Proposal, fed: Feed, scores: Scores, sampler: Sampler,
+                      accept: Accept | None, sequence: list[int], tokens: list[int], max_new_tokens: int, stop_ids,
+                      timed: Callable[[], ContextManager]) -> tuple[dict, list[int]]:
+    """Verify the proposal, append the step's tokens (the accepted path and the bonus, cut at a stop
+    token and max_new_tokens) to `tokens` and `sequence`, let the proposer commit (its time counted
+    by `timed`, as drafting); return the step's Step fields and the accepted path."""
+    tree, prefill = proposal.tree, not tokens
+    path, bonus = accept(tree, scores.logits, sampler) if accept is not None else verify(proposal, scores.logits, sampler)
+    new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
+    tokens += new
+    sequence += new
+    with timed():
+        info = proposer.commit(proposal, scores, path, sequence)
+    if prefill and proposer.waits_for_prefill:
+        info = {}  # nothing was drafted
+    return dict(committed=len(new), forward_tokens=len(fed.tokens), context_tokens=fed.cached,
+                draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
+                draft_forward_tokens=proposal.draft_forward_tokens, draft_flops=proposal.draft_flops,
+                draft_prefill_flops=proposal.draft_prefill_flops, info=info), path
 
 
 def speculative_decode(lm: LM, proposer: Proposer, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -149,26 +230,14 @@ def speculative_decode(lm: LM, proposer: Proposer, prompt_ids: Sequence[int], ma
     sequence = list(prompt_ids)  # every committed token: the prompt, then the new ones
     tokens: list[int] = []
     while True:
-        context = len(cache)
-        uncached = sequence[context:]  # the prompt at the first step, then the last step's bonus token
         with tracer.draft():
-            proposal = proposer.propose(sequence, max_new_tokens - len(tokens) - 1)
-        tree, side = proposal.tree, proposal.side
+            proposal = propose(proposer, sequence, max_new_tokens - len(tokens) - 1, prefill=not tokens)
+        fed = feed(len(cache), sequence, proposal)  # the prompt at the first step, then the last bonus token, and the drafts
         with tracer.target():
-            scores = score(lm, cache, uncached, proposal)
-        path, bonus = accept(tree, scores.logits, sampler) if accept is not None else verify(proposal, scores.logits, sampler)
-        new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
-        tokens += new
-        sequence += new
-        with tracer.draft():
-            info = proposer.commit(proposal, scores, path, sequence)
-        s = len(side.tokens) if side is not None else 0
-        tracer.end_step(accepted=len(new), forward_tokens=len(uncached) - 1 + s + len(tree), context_tokens=context,
-                        draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
-                        draft_forward_tokens=proposal.draft_forward_tokens, draft_flops=proposal.draft_flops,
-                        draft_prefill_flops=proposal.draft_prefill_flops, info=info)
+            scores = score(lm, cache, fed, proposal)
+        step, path = verify_and_commit(proposer, proposal, fed, scores, sampler, accept, sequence, tokens,
+                                       max_new_tokens, stop_ids, tracer.draft)
+        tracer.end_step(**step)
         if tokens[-1] in stop_ids or len(tokens) >= max_new_tokens:
             return tracer.finish(tokens, stop_ids)
-        # Keep the committed tokens through the root, then the accepted nodes (after the side branch).
-        root = context + len(uncached) - 1
-        cache.keep(list(range(root + 1)) + [root + s + i for i in path[1:]])
+        cache.keep(list(range(fed.cached)) + [fed.cached + i for i in fed.kept(path)])

@@ -15,7 +15,7 @@ from typing import Callable
 class Step:
     """One target forward pass and what it committed."""
 
-    accepted: int  # tokens committed by this pass (>= 1, except a final pass cut by max_new_tokens/EOS)
+    committed: int  # tokens committed by this pass, the bonus included (>= 1, except a final pass cut by max_new_tokens/EOS)
     forward_tokens: int  # tokens fed to the target in this pass
     context_tokens: int  # KV-cache length before the pass (for attention FLOPs)
     draft_tokens: int = 0  # tokens proposed for verification in this pass
@@ -101,7 +101,7 @@ def stop_reason(tokens: list[int], stop_ids) -> str:
 def check_generation(gen: Generation, max_new_tokens: int, stop_ids) -> None:
     """The DESIGN.md decoder contract; the runner checks it on every generation of every run."""
     tokens = gen.tokens
-    committed = sum(s.accepted for s in gen.steps)
+    committed = sum(s.committed for s in gen.steps)
     problems = []
     if not 1 <= len(tokens) <= max_new_tokens:
         problems.append(f"{len(tokens)} tokens for max_new_tokens={max_new_tokens}")

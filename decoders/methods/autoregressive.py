@@ -27,7 +27,7 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
             logits = lm.forward(feed, cache, last_only=True)[-1]
         token = next_token(logits, sampling, generator, warpers)
         tokens.append(token)
-        tracer.end_step(accepted=1, forward_tokens=len(feed), context_tokens=context)
+        tracer.end_step(committed=1, forward_tokens=len(feed), context_tokens=context)
         if token in stop_ids or len(tokens) >= max_new_tokens:
             return tracer.finish(tokens, stop_ids)
         feed = [token]
@@ -61,6 +61,8 @@ def logit_gap(lm: LM, ids: Sequence[int]) -> float:
 
 class NoDraft:
     """The proposer of autoregressive decoding in the batched loop: the root alone, every step."""
+
+    waits_for_prefill = False
 
     def propose(self, sequence, room) -> Proposal:
         return Proposal(TokenTree.chain(sequence[-1], []))

@@ -17,14 +17,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..core.contract import PerTarget, check
+from ..core.contract import PerTarget, check, decode_one
 from ..core.weights_file import addon_path
 from .draft_model import DRAFT_REQUIRED, build_draft
-from .heads import heads_decode, heads_for
+from .heads import HeadsProposer, heads_for
 from ..core.kv_cache import KVCache
 from ..core.lm import LM, forward_flops
 from .ngram_lm import NgramLM
-from ..core.sampling import Sampling
+from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
 
@@ -131,7 +131,8 @@ class BPD:
             self._drafts.get(lm, lambda: build_draft(self.draft, lm))
         return heads
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
+        """One prompt's proposer; the neural rescorer's cache is its own (a row of a batch keeps its text there)."""
         heads = self.load_addons(lm)
         block = self.block or heads.k
         ngram = self._ngram
@@ -164,5 +165,8 @@ class BPD:
             tree = TokenTree.from_sequences(int(sequence[-1]), beams)
             return tree, flops[0], {}
 
-        return heads_decode(lm, heads, prompt_ids, max_new_tokens, sampling, stop_ids, build)
+        return HeadsProposer(heads, build), None
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
 

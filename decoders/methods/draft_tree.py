@@ -130,17 +130,21 @@ Grow = Callable[[LM, KVCache, Sequence[int]], tuple[TokenTree, "torch.Tensor | N
 
 class DraftTreeProposer:
     """The proposer SpecInfer and Sequoia share: `grow` drafts a tree with the draft model, whose
-    cache then keeps the committed tokens and the accepted path's fed nodes. The first step
-    (the prefill) drafts nothing."""
+    cache then keeps the committed tokens and the accepted path's fed nodes."""
+
+    waits_for_prefill = True  # the draft starts on the target's first token
+    hidden, feature_layers = False, False  # it reads nothing of the target's pass
 
     def __init__(self, draft: LM, prompt_len: int, grow: Grow, without_replacement: bool):
         self.draft, self.prompt_len, self.grow, self.without_replacement = draft, prompt_len, grow, without_replacement
         self.cache = draft.new_cache()
-        self.started = False
+        # This step's drafted tree for commit(); before the first proposal (the prefill) the root alone,
+        # nothing fed, so the first rollback keeps the empty cache as it is.
+        self.dtree: DraftTree | None = None
+        self.to_draft: list[int] = [0]  # tree node -> draft node
+        self.committed = 0  # committed tokens when the tree was drafted
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
-        if not self.started:  # the target's prefill commits the first token
-            return Proposal(TokenTree.chain(sequence[-1], []))
         first = not len(self.cache)  # the draft's first catch-up reads the prompt: its prefill
         tree, draft_probs, self.to_draft, self.dtree, draws = self.grow(self.draft, self.cache, sequence)
         self.committed = len(sequence)
@@ -149,9 +153,6 @@ class DraftTreeProposer:
                         draft_forward_tokens=self.dtree.fed, draft_flops=self.dtree.flops, draft_prefill_flops=prefill)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
-        if not self.started:
-            self.started = True
-            return {}
         rollback(self.cache, self.committed, self.dtree, [self.to_draft[i] for i in path])
         tree = proposal.tree
         return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}

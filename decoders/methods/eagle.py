@@ -186,33 +186,37 @@ def draft_for(lm: LM, path: str | None, seed: int | None, check_base: bool = Tru
 
 
 class FeatureDraftProposer:
-    """The proposer: drafts a tree in feature space, verified by the loop in one target pass. The
-    first step (the prefill) drafts nothing: the draft needs the prompt's features first."""
+    """The proposer: drafts a tree in feature space, verified by the loop in one target pass."""
+
+    waits_for_prefill = True  # the draft reads the target's features of the prompt first
+    hidden = False
 
     def __init__(self, draft: FeatureDraft, tree: str, tree_size: int, depth: int, top_k: int,
                  shape: tuple[list[int], list[tuple[int, int]]] | None = None):
         self.draft, self.kind, self.tree_size, self.depth, self.top_k = draft, tree, tree_size, depth, top_k
         self.shape = shape  # static: (parents, per node (depth - 1, rank))
+        self.feature_layers = draft.reads  # what every pass returns: the features the draft reads
         self.cache = KVCache(DynamicCache())
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # committed rows not yet fed to the draft
+        # One proposal's drafting state (_draft): tokens fed and FLOPs; the nodes (token, parent, depth,
+        # cumulative log-probability); each fed node's predicted features and its draft cache slot.
+        self.fed, self.flops = 0, 0.0
+        self.nodes: dict[str, list] = {}
+        self.node_features: dict[int, torch.Tensor] = {}
+        self.slot: dict[int, int] = {}
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
-        if self.pending is None:
-            return Proposal(TokenTree.chain(sequence[-1], []), features=self.draft.reads)
         with torch.inference_mode():
             tree = self._draft(sequence, room)
-        return Proposal(tree, features=self.draft.reads, draft_forward_tokens=self.fed, draft_flops=self.flops)
+        return Proposal(tree, feature_layers=self.feature_layers, draft_forward_tokens=self.fed, draft_flops=self.flops)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
-        first = self.pending is None and len(self.cache) == 0
         # The committed positions scored this step (the uncached tokens, then the accepted nodes), each
         # with the token that follows it: the draft's next inputs. (When the output ended mid-path, the
         # loop stops and these are never read.)
         u = scores.features.shape[0] - len(proposal.tree) + 1
         rows = list(range(u)) + [u - 1 + i for i in path[1:]]
         self.pending = (scores.features[rows], list(sequence[-len(rows):]))
-        if first:
-            return {}
         tree = proposal.tree
         return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}
 
@@ -243,7 +247,7 @@ class FeatureDraftProposer:
             return TokenTree.chain(root, [])
         # Nodes: token, parent, depth, cumulative log-probability; features and cache slot once fed.
         self.nodes = {"token": [root], "parent": [-1], "depth": [0], "score": [0.0]}
-        self.features, self.slot = {0: root_g}, {}
+        self.node_features, self.slot = {0: root_g}, {}
         try:
             if self.kind == "dynamic":
                 chosen = self._dynamic(base, depth)
@@ -268,7 +272,7 @@ class FeatureDraftProposer:
         """Feed `frontier` (nodes of one depth) to the draft; returns their children's log-probabilities
         over the draft vocabulary. The root's children come from the root's features, fed already."""
         if frontier == [0]:
-            g = self.features[0][None]
+            g = self.node_features[0][None]
         else:
             nodes, context = self.nodes, len(self.cache)
             mask = torch.zeros(len(frontier), context + len(frontier), dtype=torch.bool)
@@ -280,10 +284,10 @@ class FeatureDraftProposer:
                     mask[row, self.slot[parent]] = True
                     parent = nodes["parent"][parent]
             parents = [nodes["parent"][x] for x in frontier]
-            g = self._feed(torch.stack([self.features[p] for p in parents]), [nodes["token"][x] for x in frontier],
+            g = self._feed(torch.stack([self.node_features[p] for p in parents]), [nodes["token"][x] for x in frontier],
                            [base - 1 + nodes["depth"][x] for x in frontier], mask)
             for row, node in enumerate(frontier):
-                self.features[node], self.slot[node] = g[row], context + row
+                self.node_features[node], self.slot[node] = g[row], context + row
         return torch.log_softmax(self.draft.logits(g).float(), dim=-1)
 
     def _dynamic(self, base: int, depth: int) -> list[int]:

@@ -19,9 +19,7 @@ import torch
 from torch import nn
 
 from ..core.lm import LM
-from ..core.loop import Accept, Proposal, Scores, speculative_decode
-from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
+from ..core.loop import Proposal, Scores
 from ..core.tree import TokenTree
 from ..core.weights_file import is_checkpoint_dir, load_checked, save_weights
 
@@ -127,35 +125,27 @@ class HeadsProposer:
     """The proposer Medusa and BPD share. Every target pass returns the hidden state of each tree
     node; the heads read the last accepted node's, whose logits gave the bonus token, and `build`
     turns their logits into the next tree. Candidates are deterministic (top-k of the heads), so
-    greedy verification is exact and sampling uses deterministic-candidate acceptance. The
-    first step (the prefill) has no hidden state to read: it drafts nothing."""
+    greedy verification is exact and sampling uses deterministic-candidate acceptance."""
+
+    waits_for_prefill = True  # the heads read the hidden state of the target's pass
+    hidden, feature_layers = True, False
 
     def __init__(self, heads: Heads, build: Build):
         self.heads, self.build = heads, build
         self.head_flops = heads.flops()
-        self.state: torch.Tensor | None = None
+        self.state: torch.Tensor | None = None  # the last committed token's hidden state: the heads' input
+        self.rescore_flops, self.info = 0.0, {}  # this step's, from build(), for commit()
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
-        if self.state is None:
-            return Proposal(TokenTree.chain(sequence[-1], []), hidden=True)
         with torch.inference_mode():
             head_logits = self.heads(self.state).float()
             tree, self.rescore_flops, self.info = self.build(sequence, head_logits)
-        return Proposal(tree, hidden=True, draft_forward_tokens=1, draft_flops=self.head_flops + self.rescore_flops)
+        return Proposal(tree, hidden=self.hidden, draft_forward_tokens=1, draft_flops=self.head_flops + self.rescore_flops)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
-        first = self.state is None
         self.state = scores.hidden[path[-1]]
-        if first:
-            return {}
         tree = proposal.tree
         return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree),
                 "paths": len(tree.leaves()), "head_flops": self.head_flops, "rescore_flops": self.rescore_flops,
                 **self.info}
 
-
-def heads_decode(lm: LM, heads: Heads, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling, stop_ids,
-                 build: Build, accept: Accept | None = None) -> Generation:
-    """`accept(tree, logits, sampler)` replaces exact verification (typical acceptance, lossy)."""
-    return speculative_decode(lm, HeadsProposer(heads, build), prompt_ids, max_new_tokens, Sampler(sampling, lm.output_device),
-                              stop_ids, accept)

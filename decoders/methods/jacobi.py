@@ -10,7 +10,7 @@ from typing import Sequence
 
 from ..core.contract import check, decode_one
 from ..core.lm import LM
-from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
@@ -36,6 +36,8 @@ class JacobiWindow:
     prompt is fed with them). The target's predictions past the accepted prefix become the next
     guesses; positions nothing predicted yet are guessed afresh."""
 
+    waits_for_prefill = False
+
     def __init__(self, block_size: int, init: str, prompt: Sequence[int], vocab_size: int, seed: int):
         self.block_size, self.init, self.vocab_size = block_size, init, vocab_size
         self.rng = random.Random(seed)
@@ -49,12 +51,6 @@ class JacobiWindow:
         fresh = initial_guesses(self.init, self.block_size, list(sequence), self.vocab_size, self.rng)
         self.guesses = (following + fresh)[:self.block_size]
         return {}
-
-
-def jacobi_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling, stop_ids,
-                  block_size: int, init: str = "prompt") -> Generation:
-    window = JacobiWindow(block_size, init, prompt_ids, lm.vocab_size, sampling.seed)
-    return speculative_decode(lm, window, prompt_ids, max_new_tokens, Sampler(sampling, lm.output_device), stop_ids)
 
 
 @dataclass

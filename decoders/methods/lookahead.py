@@ -24,7 +24,7 @@ import torch
 
 from ..core.contract import check, decode_one
 from ..core.lm import LM
-from ..core.loop import Proposal, Scores, SideBranch, speculative_decode
+from ..core.loop import Proposal, Scores, SideBranch
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
@@ -55,6 +55,8 @@ class LookaheadWindow:
     """The proposer: the trie of the pool's n-grams after the root, verified; beside it, the
     window of Jacobi iterates, scored but not verified, whose columns become new n-grams."""
 
+    waits_for_prefill = False  # the pool and the window start from the prompt
+
     def __init__(self, window: int, ngram: int, guess_set_size: int, prompt: Sequence[int], vocab_size: int,
                  seed: int, pool_from_prompt: bool = True, pool_from_output: bool = True, init: str = "prompt"):
         self.width, self.ngram, self.pool_from_output = window, ngram, pool_from_output
@@ -64,6 +66,7 @@ class LookaheadWindow:
         # Level 0 is guessed; level l fills at step l (the Jacobi iterates of level 0), then the window slides.
         self.levels = [initial_guesses(init, window, list(prompt), vocab_size, random.Random(seed))]
         self._masks: dict[int, torch.Tensor] = {}
+        self._candidates, self._committed = 0, 0  # this step's trie size and committed length, for commit()
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         grams = self.pool.candidates(sequence[-1])
@@ -86,14 +89,6 @@ class LookaheadWindow:
         if self.pool_from_output:  # the n-grams that end in this step's tokens
             self.pool.add_from(sequence, start=self._committed - self.ngram + 1)
         return {"pool": len(self.pool), "candidates": self._candidates, "hit": len(path) > 1}
-
-
-def lookahead_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling, stop_ids,
-                     window: int, ngram: int, guess_set_size: int, pool_from_prompt: bool = True,
-                     pool_from_output: bool = True, init: str = "prompt") -> Generation:
-    proposer = LookaheadWindow(window, ngram, guess_set_size, prompt_ids, lm.vocab_size, sampling.seed,
-                               pool_from_prompt, pool_from_output, init)
-    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, Sampler(sampling, lm.output_device), stop_ids)
 
 
 @dataclass
@@ -140,8 +135,9 @@ class Lookahead:
             return
 
         def decode(ids, max_new_tokens, sampling, window, ngram, guess_set_size):
-            return lookahead_decode(lm, ids, max_new_tokens, sampling, stop_ids, window, ngram, guess_set_size,
-                                    self.pool_from_prompt, self.pool_from_output, self.init)
+            fixed = Lookahead(window=window, ngram=ngram, guess_set_size=guess_set_size, pool_from_prompt=self.pool_from_prompt,
+                              pool_from_output=self.pool_from_output, init=self.init)
+            return fixed.generate(lm, ids, max_new_tokens, sampling, stop_ids)
         self.tuning = tune(lm, [list(p) for p in prompts[:self.auto_prompts]], stop_ids, self.window, self.ngram,
                            self.guess_set_size, self.auto_windows, self.auto_ngrams, self.auto_tokens, decode,
                            self.cache_dir, sampling=sampling,

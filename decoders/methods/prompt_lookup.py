@@ -13,6 +13,8 @@ from ..core.tree import TokenTree
 
 
 class PromptLookup:  # the proposer: a chain copied from the committed text, no state between steps
+    waits_for_prefill = False  # the prompt is text to copy from already
+
     def __init__(self, num_tokens: int, max_ngram: int, stop_ids):
         self.num_tokens, self.max_ngram, self.stop_ids = num_tokens, max_ngram, stop_ids
 

@@ -23,7 +23,7 @@ import torch
 
 from ..core.contract import PerTarget, check, decode_one
 from ..core.lm import LM
-from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
@@ -32,6 +32,8 @@ from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
 class AdjacencyDraft:
     """The proposer: the template tree (parents, and per node after the root the rank of its
     token among its parent's successors) filled from the adjacency table."""
+
+    waits_for_prefill = False  # a hot table drafts at the prefill too
 
     def __init__(self, parents: Sequence[int], ranks: Sequence[int], successors: int,
                  table: dict[int, list[int]] | None = None):
@@ -64,14 +66,6 @@ def template(tree_size: int, depth: int, successors: int) -> tuple[list[int], li
     paths = best_paths(prior_accuracy(depth, successors), tree_size, successors)
     parents, slots = tree_shape(paths)
     return parents, [rank for _, rank in slots]
-
-
-def recycling_decode(lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids, tree_size: int,
-                     depth: int, successors: int, table: dict | None = None) -> Generation:
-    """`table`: the adjacency table to start from and update (None: a fresh one)."""
-    parents, ranks = template(tree_size, depth, successors)
-    return speculative_decode(lm, AdjacencyDraft(parents, ranks, successors, table), prompt_ids, max_new_tokens,
-                              Sampler(sampling, lm.output_device), stop_ids)
 
 
 @dataclass

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.contract import PerTarget, check
+from ..core.contract import PerTarget, check, decode_one
 from ..core.lm import LM
-from ..core.loop import speculative_decode
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
@@ -25,20 +24,6 @@ from ..tuning.sequoia_acceptance import cached_acceptance, device_latency, load_
 from ..tuning.sequoia_tree import choose_tree, optimal_tree
 from .draft_model import DRAFT_REQUIRED, build_draft
 from .draft_tree import DraftTreeProposer, draft_tree, stacked_dists
-
-
-def sequoia_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
-                   parents: tuple[int, ...]) -> Generation:
-    sampler = Sampler(sampling, lm.output_device)
-
-    def grow(draft_lm, cache, sequence):
-        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, sampler.generator, sampler.warpers,
-                           replacement=False)
-        tree = TokenTree(dtree.tokens, dtree.parents)
-        return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree, None
-
-    proposer = DraftTreeProposer(draft, len(prompt_ids), grow, without_replacement=True)
-    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids)
 
 
 @dataclass
@@ -109,11 +94,21 @@ class Sequoia:
                        "acceptance": [round(a, 4) for a in acceptance]}
         self.tuning.setdefault("predicted_speedup", float("nan"))
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         if self._shape is None:
             if self.calibration_prompts:
-                self.prepare(lm, [list(prompt_ids)], stop_ids, sampling)  # outside the harness: this prompt
+                self.prepare(lm, [list(prompt_ids)], stop_ids, sampler.sampling)  # outside the harness: this prompt
             else:
-                self.prepare(lm, [], stop_ids, sampling)
-        return sequoia_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
-                              self._shape.parents)
+                self.prepare(lm, [], stop_ids, sampler.sampling)
+        parents = self._shape.parents
+
+        def grow(draft_lm, cache, sequence):
+            dtree = draft_tree(draft_lm, cache, sequence, parents, sampler.sampling, sampler.generator, sampler.warpers,
+                               replacement=False)
+            tree = TokenTree(dtree.tokens, dtree.parents)
+            return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree, None
+
+        return DraftTreeProposer(self.load_addons(lm), len(prompt_ids), grow, without_replacement=True), None
+
+    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

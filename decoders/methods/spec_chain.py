@@ -16,7 +16,7 @@ import torch
 from ..core.contract import PerTarget, check, decode_one
 from ..core.kv_cache import KVCache
 from ..core.lm import LM, forward_flops
-from ..core.loop import Proposal, Scores, speculative_decode
+from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling, probs
 from ..core.trace import Generation
 from ..core.tree import TokenTree
@@ -61,16 +61,17 @@ def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int, samp
 class DraftChain:
     """The proposer: `depth` tokens drawn one at a time by the draft, which keeps its own cache of
     the committed tokens (plus the drafts it fed) and is cut back to them after each step. Never
-    drafts past max_new_tokens; the first step (the prefill) drafts nothing."""
+    drafts past max_new_tokens."""
+
+    waits_for_prefill = True  # the draft starts on the target's first token
+    hidden, feature_layers = False, False  # it reads nothing of the target's pass
 
     def __init__(self, draft: LM, depth: int, prompt_len: int, sampler: Sampler):
         self.draft, self.depth, self.prompt_len, self.sampler = draft, depth, prompt_len, sampler
         self.cache = draft.new_cache()
-        self.started = False
+        self.n_draft, self.committed = 0, 0  # this step's draft length and committed tokens, for commit()
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
-        if not self.started:  # the target's prefill commits the first token
-            return Proposal(TokenTree.chain(sequence[-1], []))
         self.n_draft = n = min(self.depth, room)
         self.committed = len(sequence)
         if not n:
@@ -84,19 +85,9 @@ class DraftChain:
                         draft_flops=flops, draft_prefill_flops=prefill)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
-        if not self.started:
-            self.started = True
-            return {}
         if self.n_draft:  # the draft saw the committed tokens and drafts[:-1]
             self.cache.crop(self.committed + min(len(path) - 1, self.n_draft - 1))
         return {"draft_depth": self.n_draft, "accepted_depth": len(path) - 1}
-
-
-def spec_chain_decode(lm: LM, draft: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
-                      stop_ids, depth: int) -> Generation:
-    sampler = Sampler(sampling, lm.output_device)
-    return speculative_decode(lm, DraftChain(draft, depth, len(prompt_ids), sampler), prompt_ids, max_new_tokens,
-                              sampler, stop_ids)
 
 
 @dataclass

@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 
-from ..core.contract import PerTarget, check
+from ..core.contract import PerTarget, check, decode_one
 from ..core.lm import LM
-from ..core.loop import speculative_decode
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
@@ -60,21 +59,6 @@ def merge_chains(dtree: DraftTree) -> tuple[TokenTree, torch.Tensor | None, list
     return tree, dists, to_draft, draws
 
 
-def specinfer_decode(lm: LM, draft: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids,
-                     num_drafts: int, depth: int) -> Generation:
-    parents = chains(num_drafts, depth)
-    sampler = Sampler(sampling, lm.output_device)
-
-    def grow(draft_lm, cache, sequence):
-        dtree = draft_tree(draft_lm, cache, sequence, parents, sampling, sampler.generator, sampler.warpers,
-                           replacement=True)
-        tree, dists, to_draft, draws = merge_chains(dtree)
-        return tree, dists, to_draft, dtree, draws
-
-    proposer = DraftTreeProposer(draft, len(prompt_ids), grow, without_replacement=False)
-    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids)
-
-
 @dataclass
 class SpecInfer:
     draft: Any = None  # draft=self or a model config
@@ -92,6 +76,16 @@ class SpecInfer:
     def load_addons(self, lm: LM) -> LM:
         return self._drafts.get(lm, lambda: build_draft(self.draft, lm))
 
+    def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
+        parents = chains(self.num_drafts, self.depth)
+
+        def grow(draft_lm, cache, sequence):
+            dtree = draft_tree(draft_lm, cache, sequence, parents, sampler.sampling, sampler.generator, sampler.warpers,
+                               replacement=True)
+            tree, dists, to_draft, draws = merge_chains(dtree)
+            return tree, dists, to_draft, dtree, draws
+
+        return DraftTreeProposer(self.load_addons(lm), len(prompt_ids), grow, without_replacement=False), None
+
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return specinfer_decode(lm, self.load_addons(lm), prompt_ids, max_new_tokens, sampling, stop_ids,
-                                self.num_drafts, self.depth)
+        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

@@ -55,7 +55,7 @@ def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_si
         for ids in prompts:
             gen = run(ids, tokens, sampling, w, n, g)
             decode = gen.steps[1:]  # the prefill step costs the same for every method
-            committed += sum(s.accepted for s in decode)
+            committed += sum(s.committed for s in decode)
             steps += len(decode)
             fed += sum(s.forward_tokens for s in decode)
         table.append({"window": w, "ngram": n, "guess_set_size": g,
