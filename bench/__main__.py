@@ -93,6 +93,13 @@ def precheck(argv: list[str]) -> None:
         if key.startswith(FIXED_HYDRA_KEYS):
             fail(f"{key}: not overridable here (a run writes only into its own directory, .hydra/ included); "
                  "choose where with hydra.run.dir or hydra.sweep.dir")
+    from .errors import BenchError
+    from .registry import decoder_configs, searchpath_dirs
+
+    try:
+        decoder_configs(searchpath_dirs(args.overrides))  # every method's YAML: its name is its file's
+    except BenchError as e:
+        fail(e)
     # With an extra search path Hydra may know choices conf/ lacks: leave those to its own error.
     local_choices = not any(o.get_key_element() == "hydra.searchpath" for o in parsed)
     if local_choices:

@@ -80,8 +80,7 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
         raise BenchError(f"gen.batch_size must be an integer >= 1, got {size!r}")
     if size > 1 and not isinstance(decoder, Batches):
         raise BenchError(f"decoder {decoder.name} decodes one prompt at a time, so gen.batch_size must be 1, got {size} "
-                         "(decoders that batch have proposer(): autoregressive, spec_chain, medusa, lookahead, eagle, "
-                         "jacobi, prompt_lookup, recycling)")
+                         "(decoders with proposer() batch: decoders/core/contract.py, Batches)")
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
     return sampling, decoder

@@ -76,7 +76,7 @@ def recycling_decode(lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling
 
 @dataclass
 class Recycling:
-    name: str = "recycling"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     tree_size: int = 30  # draft nodes in the static tree (verification width - 1)
     depth: int = 6  # its deepest level
