@@ -18,6 +18,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from .errors import BenchError
+from .registry import decoder_configs, searchpath_dirs
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
 MAX_CHECKED_COMBINATIONS = 256
@@ -104,6 +107,10 @@ def precheck(argv: list[str]) -> None:
             fail(f"{key}: not overridable here (a run writes only into its own directory, .hydra/ included); "
                  "choose where with hydra.run.dir or hydra.sweep.dir")
     _check_renamed(parsed)
+    try:
+        decoder_configs(searchpath_dirs(args.overrides))  # every method's YAML: its name is its file's
+    except BenchError as e:
+        fail(e)
     # With an extra search path Hydra may know choices conf/ lacks: leave those to its own error.
     local_choices = not any(o.get_key_element() == "hydra.searchpath" for o in parsed)
     if local_choices:

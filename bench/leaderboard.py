@@ -63,7 +63,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from . import metrics, rundir
+from . import metrics, registry, rundir
 from .__main__ import CONF_DIR, GROUPS, _check_writable, _choices, _reason, check_seed_and_device
 from .errors import BenchError
 from .prompts import rendering_for
@@ -77,6 +77,7 @@ TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only,
 def compose_all(overrides: list[str]):
     """The leaderboard config, and per (dataset, label) the full run config."""
     precheck(overrides)
+    methods = registry.store_leaderboard_entries(registry.searchpath_dirs(overrides))  # each method's default entry
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             base = compose("leaderboard", overrides=overrides)
@@ -84,7 +85,9 @@ def compose_all(overrides: list[str]):
             raise BenchError(f"{' '.join(overrides)}: {_reason(e)}") from None
         check_seed_and_device(base)
         board = base.leaderboard
-        labels = list(board.decoders)
+        entries = OmegaConf.to_container(board.decoders, resolve=False)  # ${model.drafts.*} resolve later
+        labels = registry.table_order(entries, methods, board.get("order") or ())
+        board.decoders = {label: entries[label] for label in labels}
         if board.only:
             unknown = [x for x in board.only if x not in labels]
             if unknown:

@@ -9,6 +9,8 @@ import inspect
 from .errors import BenchError
 
 # The modules whose classes conf/ builds: methods, models, datasets, loggers, the SLURM callback.
+# A user's own method is a module of decoders.methods too: DIR/decoders/methods/<name>.py with DIR on
+# PYTHONPATH joins the package (decoders/__init__.py), so no other module need be allowed for it.
 ALLOWED = ("decoders.methods", "bench.models", "bench.datasets", "bench.loggers", "bench.slurm")
 # Under hydra.*: Hydra's own launchers and sweepers (and its plugins'), besides ours.
 ALLOWED_HYDRA = ("hydra", "hydra_plugins") + ALLOWED

@@ -17,6 +17,14 @@ from decoders.core.lm import LM
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("BENCH_DATA_DIR") or REPO.parent / "shared" / "data")
 CACHE_DIR = os.environ.get("BENCH_CACHE_DIR", "~/.cache/decoding-bench")
+# Conf directories beside conf/ whose decoder/*.yaml the per-method tests (greedy equality, layout)
+# take too, os.pathsep-separated: how a method kept outside this checkout is tested (test_adding_a_method.py).
+EXTRA_CONF_DIRS = [Path(d).resolve() for d in os.environ.get("BENCH_TEST_CONF_DIRS", "").split(os.pathsep) if d]
+
+
+def searchpath(dirs=EXTRA_CONF_DIRS) -> list[str]:
+    """The override that adds conf directories to Hydra's search path (none: no override)."""
+    return [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
 
 
 # Tests run on the fast forward path (model.fast_path), so every equality test checks it; the

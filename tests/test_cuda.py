@@ -15,12 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.registry import decoder_configs
 from helpers import REPO, run_cli
 from test_scripts import run_script
 
 pytestmark = pytest.mark.cuda
 
-DECODERS = sorted(p.stem for p in (REPO / "conf" / "decoder").glob("*.yaml"))
+DECODERS = list(decoder_configs())  # every method (bench/registry.py)
 # tiny-random has no trained add-ons: untrained heads and EAGLE draft, a one-layer self-draft.
 TINY = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null"]
 UNTRAINED = {"medusa": ["decoder.heads=null"], "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],

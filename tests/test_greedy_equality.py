@@ -1,87 +1,97 @@
 """Greedy equality: every lossless decoder returns exactly autoregressive greedy's tokens.
 
-Parametrised over decoders and hyper-parameters, on tiny random models across seeds (fast,
-with edge cases forced) and on the real SmolLM2 with prompts of all three datasets.
+Every method (each conf/decoder/*.yaml, bench/registry.py) with its YAML's defaults, and the
+hyper-parameter variants below, on tiny random models across seeds (fast, with edge cases
+forced); some on the real SmolLM2 with prompts of all three datasets.
 """
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from bench.prompts import render
+from bench.registry import CONF_DIR, decoder_configs
 from decoders.core.hf_trace import hf_generate
-from decoders.methods.autoregressive import Autoregressive, autoregressive_decode
+from bench.runner import build
+from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
 from decoders.methods.eagle import Eagle
-from decoders.methods.hf_peers import HFAssisted, HFGenerate, HFPromptLookup
-from decoders.methods.jacobi import Jacobi
-from decoders.methods.lookahead import Lookahead
+from decoders.methods.hf_peers import HFAssisted
 from decoders.methods.bpd import BPD
 from decoders.methods.medusa import Medusa
-from decoders.methods.prompt_lookup import PromptLookupDecoding
-from decoders.methods.recycling import Recycling
 from decoders.core.sampling import Sampling
 from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
 from decoders.methods.specinfer import SpecInfer
 from decoders.core.trace import check_generation
-from helpers import tiny_lm
+from helpers import EXTRA_CONF_DIRS, REPO, searchpath, tiny_lm
 
 GREEDY = Sampling()
 
-DECODERS = {
-    "autoregressive": Autoregressive(),
-    "hf_generate": HFGenerate(),
-    "hf_pld-10-2": HFPromptLookup(num_tokens=10, max_ngram=2),
-    "hf_pld-3-1": HFPromptLookup(num_tokens=3, max_ngram=1),
-    "hf_pld-1-3": HFPromptLookup(num_tokens=1, max_ngram=3),
-    "prompt_lookup-10-2": PromptLookupDecoding(num_tokens=10, max_ngram=2),
-    "prompt_lookup-3-1": PromptLookupDecoding(num_tokens=3, max_ngram=1),
-    "prompt_lookup-1-4": PromptLookupDecoding(num_tokens=1, max_ngram=4),
-    "recycling-30-6-8": Recycling(),
-    "recycling-1-1-1": Recycling(tree_size=1, depth=1, successors=1),
-    "recycling-12-2-6": Recycling(tree_size=12, depth=2, successors=6),
-    "recycling-40-10-3": Recycling(tree_size=40, depth=10, successors=3),
-    "recycling-cold-16-4-4": Recycling(tree_size=16, depth=4, successors=4, hot_start=False),
+METHODS = decoder_configs(EXTRA_CONF_DIRS)
+# A YAML's defaults made runnable on tiny-random by one rule for all: the draft is the target's first
+# layer (tiny targets have 2), nothing is cached, and a key naming a file (SmolLM2's heads, EAGLE
+# draft, exit adapter, n-gram LM) is null, the method's untrained add-on.
+TINY = ["model=tiny-random", "draft=self", "draft.layers=1", "cache_dir=null"]
+
+# Variants beside each method's defaults: method -> {label suffix: keys set on its YAML's}.
+VARIANTS = {
+    "hf_pld": {"3-1": dict(num_tokens=3, max_ngram=1), "1-3": dict(num_tokens=1, max_ngram=3)},
+    "prompt_lookup": {"3-1": dict(num_tokens=3, max_ngram=1), "1-4": dict(num_tokens=1, max_ngram=4)},
+    "recycling": {"1-1-1": dict(tree_size=1, depth=1, successors=1), "12-2-6": dict(tree_size=12, depth=2, successors=6),
+                  "40-10-3": dict(tree_size=40, depth=10, successors=3),
+                  "cold-16-4-4": dict(tree_size=16, depth=4, successors=4, hot_start=False)},
     # eagle-tree-size-depth-top_k, untrained (features stay as they are) or random (seed) drafts
-    "eagle-dynamic-24-6-8": Eagle(draft_weights=None),
-    "eagle-dynamic-10-3-4-seed1": Eagle(draft_weights=None, draft_seed=1, tree_size=10, depth=3, top_k=4),
-    "eagle-dynamic-1-1-1-seed2": Eagle(draft_weights=None, draft_seed=2, tree_size=1, depth=1, top_k=1),
-    "eagle-dynamic-40-8-3-seed3": Eagle(draft_weights=None, draft_seed=3, tree_size=40, depth=8, top_k=3),
-    "eagle-static-16-4-4-seed4": Eagle(draft_weights=None, draft_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
-    "eagle-static-5-5-1": Eagle(draft_weights=None, tree="static", tree_size=5, depth=5, top_k=1),
-    "jacobi-1": Jacobi(block_size=1),
-    "jacobi-4": Jacobi(block_size=4),
-    "jacobi-16-vocab": Jacobi(block_size=16, init="vocab"),
-    "jacobi-3-repeat": Jacobi(block_size=3, init="repeat"),
+    "eagle": {"dynamic-10-3-4-seed1": dict(draft_seed=1, tree_size=10, depth=3, top_k=4),
+              "dynamic-1-1-1-seed2": dict(draft_seed=2, tree_size=1, depth=1, top_k=1),
+              "dynamic-40-8-3-seed3": dict(draft_seed=3, tree_size=40, depth=8, top_k=3),
+              "static-16-4-4-seed4": dict(draft_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
+              "static-5-5-1": dict(tree="static", tree_size=5, depth=5, top_k=1)},
+    "jacobi": {"1": dict(block_size=1), "4": dict(block_size=4), "16-vocab": dict(block_size=16, init="vocab"),
+               "3-repeat": dict(block_size=3, init="repeat")},
     # lookahead-W-N-G
-    "lookahead-5-4-5": Lookahead(window=5, ngram=4, guess_set_size=5),
-    "lookahead-1-2-1": Lookahead(window=1, ngram=2, guess_set_size=1),
-    "lookahead-3-2-0": Lookahead(window=3, ngram=2, guess_set_size=0),
-    "lookahead-1-5-2": Lookahead(window=1, ngram=5, guess_set_size=2),
-    "lookahead-7-3-unbounded": Lookahead(window=7, ngram=3, guess_set_size=-1),
-    "lookahead-4-6-8-vocab": Lookahead(window=4, ngram=6, guess_set_size=8, init="vocab"),
-    "lookahead-3-3-3-nopool": Lookahead(window=3, ngram=3, guess_set_size=3, pool_from_prompt=False,
-                                        pool_from_output=False, init="repeat"),
-    # spec_chain-k, self-draft of the target's first layer (tiny targets have 2 layers)
-    "spec_chain-1": SpecChain(draft=SelfDraft(layers=1), depth=1),
-    "spec_chain-4": SpecChain(draft=SelfDraft(layers=1), depth=4),
-    "spec_chain-9": SpecChain(draft=SelfDraft(layers=1), depth=9),
-    "hf_assisted": HFAssisted(draft=SelfDraft(layers=1)),
-    # specinfer-k sequences x depth
-    "specinfer-2x3": SpecInfer(draft=SelfDraft(layers=1), num_drafts=2, depth=3),
-    "specinfer-4x1": SpecInfer(draft=SelfDraft(layers=1), num_drafts=4, depth=1),
-    "specinfer-1x6": SpecInfer(draft=SelfDraft(layers=1), num_drafts=1, depth=6),
+    "lookahead": {"1-2-1": dict(window=1, ngram=2, guess_set_size=1), "3-2-0": dict(window=3, ngram=2, guess_set_size=0),
+                  "1-5-2": dict(window=1, ngram=5, guess_set_size=2),
+                  "7-3-unbounded": dict(window=7, ngram=3, guess_set_size=-1),
+                  "4-6-8-vocab": dict(window=4, ngram=6, guess_set_size=8, init="vocab"),
+                  "3-3-3-nopool": dict(window=3, ngram=3, guess_set_size=3, pool_from_prompt=False,
+                                       pool_from_output=False, init="repeat")},
+    "spec_chain": {"1": dict(depth=1), "9": dict(depth=9)},  # spec_chain-k
+    "specinfer": {"2x3": dict(num_drafts=2, depth=3), "4x1": dict(num_drafts=4, depth=1),  # k sequences x depth
+                  "1x6": dict(num_drafts=1, depth=6)},
     # sequoia-budget-depth (acceptance measured on the first prompt it sees)
-    "sequoia-8-4": Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16),
-    "sequoia-1-1": Sequoia(draft=SelfDraft(layers=1), budget=1, depth=1, auto_tokens=16),
-    "sequoia-24-8": Sequoia(draft=SelfDraft(layers=1), budget=24, depth=8, auto_tokens=16),
+    "sequoia": {"8-4": dict(budget=8, depth=4, auto_tokens=16), "1-1": dict(budget=1, depth=1, auto_tokens=16),
+                "24-8": dict(budget=24, depth=8, auto_tokens=16)},
     # medusa / bpd with untrained heads (they repeat the next-token guess) or random ones (seed)
-    "medusa-auto-16": Medusa(tree_size=16),
-    "medusa-chain-seed1": Medusa(choices="chain", heads_seed=1),
-    "medusa-list-seed2": Medusa(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, heads_seed=2),
-    "bpd-4": BPD(),
-    "bpd-2-p4-seed3": BPD(block=2, paths=4, ranks_per_head=3, heads_seed=3),
-    "bpd-neural-p3": BPD(rescore="neural", draft=SelfDraft(layers=1), paths=3, block=3),
+    "medusa": {"auto-16": dict(tree_size=16), "chain-seed1": dict(choices="chain", heads_seed=1),
+               "list-seed2": dict(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, heads_seed=2)},
+    "bpd": {"2-p4-seed3": dict(block=2, paths=4, ranks_per_head=3, heads_seed=3),
+            "neural-p3": dict(rescore="neural", paths=3, block=3)},
 }
+
+
+def without_files(node):
+    """The rule's last part: every value naming a file (relative to the checkout or absolute) -> None."""
+    if isinstance(node, dict):
+        return {k: without_files(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [without_files(v) for v in node]
+    return None if isinstance(node, str) and (REPO / node).is_file() else node
+
+
+def tiny_decoders(name: str) -> dict:
+    """A method's decoders on tiny-random: its YAML's defaults (labelled by its name) and its variants."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"decoder={name}", *TINY, *searchpath()])
+    defaults = without_files(OmegaConf.to_container(cfg.decoder, resolve=True))
+    built = {name: build(OmegaConf.create(defaults), "decoder")}
+    for suffix, keys in VARIANTS.get(name, {}).items():
+        assert set(keys) <= set(defaults), f"variant {name}-{suffix}: {set(keys) - set(defaults)} not in its YAML"
+        built[f"{name}-{suffix}"] = build(OmegaConf.create({**defaults, **keys}), "decoder")
+    return built
+
+
+DECODERS = {label: decoder for name in METHODS for label, decoder in tiny_decoders(name).items()}
 HEADS, NGRAM = "adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"
 EAGLE = "adapters/smollm2-135m-eagle.safetensors"
 # The real model's drafts: its first 4 of 30 layers.
@@ -96,6 +106,11 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), d
                     "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
                     "bpd-neural-p2-self4": BPD(heads=HEADS, rescore="neural", paths=2,
                                                draft=SelfDraft(layers=4, adapter="adapters/smollm2-135m-self4.safetensors"))}
+
+
+def test_every_variant_is_of_a_method():
+    """Variants are test data for a method's YAML: one for a method without one is an error."""
+    assert set(VARIANTS) <= set(METHODS), f"variants of {set(VARIANTS) - set(METHODS)}: no conf/decoder/<name>.yaml"
 
 
 def check_trace(gen, max_new_tokens, stop_ids):
@@ -147,7 +162,7 @@ def test_greedy_equality_eos_inside_output(decoder, seed):
     check_trace(out, 40, {eos})
 
 
-@pytest.mark.parametrize("decoder", ["hf_generate", "hf_pld-10-2", "hf_pld-3-1", "jacobi-4", "lookahead-5-4-5",
+@pytest.mark.parametrize("decoder", ["hf_generate", "hf_pld", "hf_pld-3-1", "jacobi-4", "lookahead",
                                      "lookahead-1-2-1", "lookahead-7-3-unbounded", *SMOLLM2_DECODERS])
 @pytest.mark.parametrize("dataset", ["humaneval", "mt_bench", "gsm8k"])
 def test_greedy_equality_smollm2(smollm, data_dir, dataset, decoder):
@@ -188,7 +203,7 @@ def test_autoregressive_trace_counts_prefill_as_a_step(smollm):
 
 def test_hf_generate_trace_matches_autoregressive_shape(smollm):
     ids = smollm.tokenizer("def fibonacci(n):")["input_ids"]
-    gen = HFGenerate().generate(smollm, ids, 12, GREEDY, set())
+    gen = DECODERS["hf_generate"].generate(smollm, ids, 12, GREEDY, set())
     assert len(gen.steps) == 12  # one forward per token, prefill included
     assert gen.steps[0].forward_tokens == len(ids)
     assert [s.committed for s in gen.steps] == [1] * 12

@@ -4,6 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.registry import decoder_configs
+from helpers import EXTRA_CONF_DIRS, searchpath
+
 DECODERS = Path(__file__).resolve().parent.parent / "decoders"
 ALLOWED = {"core": {"core"}, "tuning": {"core", "tuning"}, "methods": {"core", "tuning", "methods"}}
 
@@ -31,15 +34,16 @@ def test_imports_go_one_way(path):
     assert decoder_imports(path) <= ALLOWED[package], f"{package}/{path.name} imports {decoder_imports(path)}"
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (DECODERS.parent / "conf" / "decoder").glob("*.yaml")))
+@pytest.mark.parametrize("name", decoder_configs(EXTRA_CONF_DIRS))
 def test_every_method_config_builds_a_decoder(name):
-    """Each conf/decoder/*.yaml builds an object the runner accepts (decoders.core.contract.Decoder)."""
+    """Each method's YAML (conf/decoder/*.yaml, bench/registry.py) builds an object the runner
+    accepts (decoders.core.contract.Decoder), named as its file."""
     from hydra import compose, initialize_config_dir
 
     from bench.runner import check_config
     from decoders.core.contract import Decoder
 
     with initialize_config_dir(config_dir=str(DECODERS.parent / "conf"), version_base=None):
-        cfg = compose(config_name="config", overrides=[f"decoder={name}", "model=tiny-random"])
+        cfg = compose(config_name="config", overrides=[f"decoder={name}", "model=tiny-random", *searchpath()])
     _, decoder = check_config(cfg)
     assert isinstance(decoder, Decoder) and decoder.name == name

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from bench.registry import decoder_configs
 from helpers import CACHE_DIR, DATA_DIR, REPO, on_cpu
 
 TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard.limit=2", "draft.layers=1", "draft.adapter=null",
@@ -225,7 +226,8 @@ def preset_overrides(name: str) -> list[str]:
     tiny = ["model=tiny-random", "gen.max_new_tokens=8", "leaderboard.limit=1", "leaderboard.datasets=[gsm8k]",
             "draft.layers=1", "draft.adapter=null", "leaderboard.verification_tokens=[1,2]", "progress=false"]
     preset = OmegaConf.load(REPO / "conf" / "preset" / f"{name}.yaml").leaderboard
-    entries = {**OmegaConf.load(REPO / "conf" / "leaderboard.yaml").leaderboard.decoders, **preset.get("decoders", {})}
+    entries = {**{name: [f"decoder={name}"] for name in decoder_configs()},  # every method's own entry
+               **OmegaConf.load(REPO / "conf" / "leaderboard.yaml").leaderboard.decoders, **preset.get("decoders", {})}
     untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null", "decoder=eagle": "decoder.draft_weights=null"}
     for label in preset.only:
         extra = [untrained[o] for o in entries[label] if o in untrained]
@@ -237,6 +239,7 @@ def preset_overrides(name: str) -> list[str]:
 def test_presets_write_to_their_own_directory_not_the_reference():
     from bench.leaderboard import compose_all
 
+    assert compose_all(["model=tiny-random"])[1] == LABELS  # each method's own entry, its variants after it
     for name, (labels, repeats) in PRESETS.items():
         base, composed, runs = compose_all([f"+preset={name}", "model=tiny-random"])
         assert composed == labels and base.leaderboard.repeats == repeats

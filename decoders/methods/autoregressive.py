@@ -73,7 +73,7 @@ class NoDraft:
 
 @dataclass
 class Autoregressive:
-    name: str = "autoregressive"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:

@@ -100,7 +100,7 @@ class BPD:
     weight: float = 1.0  # LM log-score weight against the heads'
     ngram: str | None = None  # n-gram LM file (scripts/train_ngram.py), for rescore=ngram
     draft: Any = None  # the neural rescorer, for rescore=neural (draft=self or a model config)
-    name: str = "bpd"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)

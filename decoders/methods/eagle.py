@@ -338,7 +338,7 @@ class Eagle:
     depth: int = 6  # deepest draft node
     top_k: int = 8  # dynamic: nodes expanded per depth and children per node; static: ranks per depth
     check_base: bool = True  # refuse a draft made for another base model (by the name its file records)
-    name: str = "eagle"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     _draft: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):

@@ -16,7 +16,7 @@ from ..core.trace import Generation
 class HFGenerate:
     """model.generate(): greedy or sampling, DynamicCache, no assistant."""
 
-    name: str = "hf_generate"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
@@ -28,7 +28,7 @@ class HFPromptLookup:
     """Prompt lookup decoding in generate(): candidates are copied from the context after
     the longest matching n-gram (up to max_ngram) and verified in one pass."""
 
-    name: str = "hf_pld"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     num_tokens: int = 10  # prompt_lookup_num_tokens: candidate length
     max_ngram: int = 2  # max_matching_ngram_size
@@ -49,7 +49,7 @@ class HFAssisted:
 
     draft: Any = None  # draft=self or a model config
     num_assistant_tokens: int | None = None  # null: transformers' default (and its heuristic schedule)
-    name: str = "hf_assisted"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 

@@ -55,7 +55,7 @@ class JacobiWindow:
 
 @dataclass
 class Jacobi:
-    name: str = "jacobi"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     block_size: int = 8  # m: future positions guessed and refined per pass
     init: str = "prompt"  # how fresh positions are guessed: prompt | vocab | repeat

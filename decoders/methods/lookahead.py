@@ -93,7 +93,7 @@ class LookaheadWindow:
 
 @dataclass
 class Lookahead:
-    name: str = "lookahead"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     window: int | str = 5  # W: guesses per level of the lookahead branch; "auto" = chosen for this device
     ngram: int | str = 4  # N: n-gram size; the window holds N-1 levels; "auto" as W

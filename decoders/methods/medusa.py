@@ -63,7 +63,7 @@ class Medusa:
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     check_base: bool = True  # refuse heads made for another base model (by the name their file records)
-    name: str = "medusa"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):

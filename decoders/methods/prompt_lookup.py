@@ -36,7 +36,7 @@ class PromptLookup:  # the proposer: a chain copied from the committed text, no 
 
 @dataclass
 class PromptLookupDecoding:
-    name: str = "prompt_lookup"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     num_tokens: int = 10  # draft tokens per step (hf_pld's prompt_lookup_num_tokens)
     max_ngram: int = 2  # longest suffix n-gram matched (hf_pld's max_matching_ngram_size)

@@ -70,7 +70,7 @@ def template(tree_size: int, depth: int, successors: int) -> tuple[list[int], li
 
 @dataclass
 class Recycling:
-    name: str = "recycling"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     tree_size: int = 30  # draft nodes in the static tree (verification width - 1)
     depth: int = 6  # its deepest level

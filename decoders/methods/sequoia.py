@@ -39,7 +39,7 @@ class Sequoia:
     auto_prompts: int = 2
     auto_tokens: int = 48
     cache_dir: str | None = None
-    name: str = "sequoia"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 

@@ -96,7 +96,7 @@ class SpecChain:
 
     draft: Any = None  # draft=self (decoders.methods.draft_model.SelfDraft) or a model config
     depth: int = 4  # draft tokens per step: the chain's depth
-    name: str = "spec_chain"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 

@@ -64,7 +64,7 @@ class SpecInfer:
     draft: Any = None  # draft=self or a model config
     num_drafts: int = 2  # independent draft sequences per step (SpecInfer's k)
     depth: int = 4  # draft tokens per sequence
-    name: str = "specinfer"
+    name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 

@@ -1,0 +1,97 @@
+"""Adding a method is one Python file and one YAML (bench/registry.py): a throwaway method kept
+outside the checkout, DIR/decoders/methods/repeat_last.py and DIR/conf/decoder/repeat_last.yaml,
+runs from the command line, is lossless, is found and tested by the greedy-equality tests, and
+gets a leaderboard entry, with nothing else edited."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, run_cli
+
+METHOD = '''"""Drafts one token: the last one, repeated."""
+from dataclasses import dataclass
+
+from decoders.core.contract import decode_one
+from decoders.core.loop import Proposal
+from decoders.core.tree import TokenTree
+
+
+class RepeatLast:
+    def __init__(self, stop_ids):
+        self.stop_ids = stop_ids
+
+    def propose(self, sequence, room):
+        last = sequence[-1]
+        return Proposal(TokenTree.chain(last, [last][:room] if last not in self.stop_ids else []))
+
+    def commit(self, proposal, scores, path, sequence):
+        return {}
+
+
+@dataclass
+class RepeatLastDecoding:
+    name: str | None = None
+    lossless: bool = True
+
+    def proposer(self, lm, prompt_ids, sampler, stop_ids):
+        return RepeatLast(stop_ids), None
+
+    generate = decode_one
+'''
+CONFIG = """_target_: decoders.methods.repeat_last.RepeatLastDecoding
+name: repeat_last
+"""
+
+
+@pytest.fixture
+def method_dir(tmp_path, monkeypatch):
+    """DIR with the method's file and YAML; PYTHONPATH=DIR for the processes the test starts."""
+    (tmp_path / "decoders" / "methods").mkdir(parents=True)
+    (tmp_path / "decoders" / "methods" / "repeat_last.py").write_text(METHOD)
+    (tmp_path / "conf" / "decoder").mkdir(parents=True)
+    (tmp_path / "conf" / "decoder" / "repeat_last.yaml").write_text(CONFIG)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return tmp_path
+
+
+def test_a_new_method_runs_lossless(method_dir):
+    out = run_cli("decoder=repeat_last", "model=tiny-random", f"hydra.searchpath=[file://{method_dir}/conf]",
+                  "dataset=gsm8k", "dataset.limit=2", "gen.max_new_tokens=8", "check_lossless=true", "quality=false",
+                  f"hydra.run.dir={method_dir / 'run'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = (method_dir / "run" / "records.jsonl").read_text().splitlines()
+    assert len(records) == 2 and all('"decoder": "repeat_last"' in r and '"lossless": true' in r for r in records)
+
+
+def test_the_greedy_equality_tests_find_and_pass_a_new_method(method_dir):
+    env = dict(os.environ, BENCH_TEST_CONF_DIRS=str(method_dir / "conf"))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={method_dir / 'pt'}",
+                          "tests/test_greedy_equality.py", "tests/test_layout.py", "-k", "repeat_last"],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    passed = re.search(r"(\d+) passed", out.stdout)
+    assert passed and int(passed[1]) >= 40, out.stdout[-500:]  # its tiny and EOS cases, and its config's layout test
+
+
+def test_the_leaderboard_lists_a_new_method(method_dir):
+    from bench.leaderboard import compose_all
+
+    _, labels, runs = compose_all(["model=tiny-random", f"hydra.searchpath=[file://{method_dir}/conf]",
+                                   "leaderboard.datasets=[gsm8k]"])
+    assert labels[-1] == "repeat_last" and runs["gsm8k", "repeat_last"].decoder.name == "repeat_last"
+    _, labels, _ = compose_all(["model=tiny-random", "leaderboard.datasets=[gsm8k]"])
+    assert "repeat_last" not in labels  # not without its search path
+
+
+def test_a_yaml_named_other_than_its_file_is_refused(tmp_path):
+    (tmp_path / "conf" / "decoder").mkdir(parents=True)
+    (tmp_path / "conf" / "decoder" / "repeat_last.yaml").write_text(CONFIG.replace("name: repeat_last", "name: repeat"))
+    out = run_cli("decoder=autoregressive", "model=tiny-random", f"hydra.searchpath=[file://{tmp_path}/conf]",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "repeat_last.yaml: name: 'repeat'; it must be 'repeat_last'" in out.stderr
