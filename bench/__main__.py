@@ -158,7 +158,6 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool,
     from omegaconf import open_dict
 
     from . import rundir
-    from .errors import BenchError
     from .runner import check_config
 
     try:
@@ -194,7 +193,6 @@ def check_seed_and_device(cfg) -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from .errors import BenchError
     from .models import resolve_device
 
     if not 0 <= cfg.seed < 2**64:
