@@ -194,8 +194,9 @@ def check_seed_and_device(cfg) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def app(cfg: DictConfig) -> None:
+    from .ending import comparison
     from .errors import BenchError
-    from .metrics import to_markdown
+    from .records import iter_records
     from .runner import build, run
 
     from hydra.types import RunMode
@@ -207,7 +208,7 @@ def app(cfg: DictConfig) -> None:
     try:
         logger = build(cfg.logger, "logger")  # started by run(), once the directory is the run's
         try:
-            summary = run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)
+            run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)
         finally:
             logger.finish()
     except BenchError as e:
@@ -216,8 +217,11 @@ def app(cfg: DictConfig) -> None:
         print(f"\ninterrupted: the finished records are in {run_dir}; continue with\n  {resume_command(run_dir)}",
               file=sys.stderr)
         sys.exit(130)
-    print(to_markdown(summary))
-    print(f"\nrun directory: {run_dir}")
+    # A few lines that answer the question; summary.md/.csv in run_dir hold every figure.
+    try:
+        print(comparison(iter_records(run_dir / "records.jsonl"), run_dir))
+    except BenchError as e:
+        fail(e)
 
 
 def resume_command(run_dir: Path) -> str:
