@@ -122,16 +122,24 @@ def _depth_counts(steps) -> dict:
             "depth_accepted": [sum(a >= k for _, a in pairs) for k in range(1, deepest + 1)]}
 
 
-def _acceptance_by_depth(ok: pd.DataFrame) -> str | None:
-    """Per depth d: of the steps whose draft reached d, the share that accepted >= d draft tokens."""
-    if "depth_proposed" not in ok:
-        return None
+def depth_totals(records) -> tuple[np.ndarray, np.ndarray]:
+    """Per draft depth d (index d-1), summed over records: the steps whose draft reached d, and
+    those of them that accepted >= d draft tokens (acceptance by depth is their ratio)."""
     proposed, accepted = np.zeros(0), np.zeros(0)
-    for p, a in zip(ok["depth_proposed"], ok["depth_accepted"]):
+    for r in records:
+        p, a = r.get("depth_proposed"), r.get("depth_accepted")
         if isinstance(p, list) and p:
             n = max(len(proposed), len(p))
             proposed = np.pad(proposed, (0, n - len(proposed))) + np.pad(np.array(p, float), (0, n - len(p)))
             accepted = np.pad(accepted, (0, n - len(accepted))) + np.pad(np.array(a, float), (0, n - len(a)))
+    return proposed, accepted
+
+
+def _acceptance_by_depth(ok: pd.DataFrame) -> str | None:
+    """Per depth d: of the steps whose draft reached d, the share that accepted >= d draft tokens."""
+    if "depth_proposed" not in ok:
+        return None
+    proposed, accepted = depth_totals(ok[["depth_proposed", "depth_accepted"]].to_dict("records"))
     if not len(proposed):
         return None
     return " ".join(f"{a / p:.2f}" for p, a in zip(proposed, accepted))
