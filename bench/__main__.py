@@ -35,14 +35,15 @@ def fail(message) -> None:
     sys.exit(2)
 
 
-def _reason(e: BaseException) -> str:
+def error_reason(e: BaseException) -> str:
     """The most specific non-empty message along an exception's cause chain."""
     while not str(e).strip() and e.__cause__ is not None:
         e = e.__cause__
     return str(e).strip() or type(e).__name__
 
 
-def _choices(group: str) -> list[str]:
+def config_choices(group: str) -> list[str]:
+    """The configs a Hydra group offers (conf/<group>/*.yaml), by name."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
@@ -52,8 +53,8 @@ def _check_choices(overrides) -> None:
         if group in GROUPS:
             values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.get_value_element_as_str()]
             for value in values:
-                if value not in _choices(group):
-                    fail(f"unknown {group} {value!r}; choose one of: {', '.join(_choices(group))}")
+                if value not in config_choices(group):
+                    fail(f"unknown {group} {value!r}; choose one of: {', '.join(config_choices(group))}")
 
 
 def _check_renamed(overrides) -> None:
@@ -74,7 +75,7 @@ def _sweeper_params(overrides, multirun: bool) -> list[str]:
     try:
         base = compose("config", overrides=fixed, return_hydra_config=True)
     except Exception as e:
-        fail(f"{' '.join(fixed)}: {_reason(e)}")
+        fail(f"{' '.join(fixed)}: {error_reason(e)}")
     basic = base.hydra.sweeper.get("_target_", "").endswith(".BasicSweeper")
     if not (multirun or base.hydra.mode == RunMode.MULTIRUN) or not basic:
         return []
@@ -100,7 +101,7 @@ def precheck(argv: list[str]) -> None:
     try:
         parsed = parser.parse_overrides(args.overrides)
     except Exception as e:
-        fail(f"cannot parse overrides: {_reason(e)}")
+        fail(f"cannot parse overrides: {error_reason(e)}")
     for o in parsed:
         key = o.get_key_element().lstrip("+~")
         if key.startswith(FIXED_HYDRA_KEYS):
@@ -119,7 +120,7 @@ def precheck(argv: list[str]) -> None:
         try:
             grid = parser.parse_overrides(_sweeper_params(parsed, args.multirun))
         except Exception as e:
-            fail(f"hydra.sweeper.params: {_reason(e)}")
+            fail(f"hydra.sweeper.params: {error_reason(e)}")
         _check_renamed(grid)
         if local_choices:
             _check_choices(grid)
@@ -128,7 +129,7 @@ def precheck(argv: list[str]) -> None:
         try:
             combos = BasicSweeper.split_arguments([o for o in grid + parsed if not _is_hydra(o)], None)[0]
         except Exception as e:
-            fail(_reason(e))
+            fail(error_reason(e))
         for i, combo in enumerate(combos[:MAX_CHECKED_COMBINATIONS]):
             _check_job(hydra_overrides, combo, args.multirun, first=i == 0)
 
@@ -137,7 +138,7 @@ def _is_hydra(override) -> bool:
     return override.get_key_element().lstrip("+~").startswith("hydra")
 
 
-def _check_writable(key: str, path: str) -> None:
+def check_writable(key: str, path: str) -> None:
     """Where Hydra will write (its run or sweep directory) must take files: else one line now,
     not Hydra's traceback after it has made half a directory."""
     import tempfile
@@ -163,7 +164,7 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool,
     try:
         cfg = compose("config", overrides=hydra_overrides + overrides, return_hydra_config=True)
     except Exception as e:
-        fail(f"{' '.join(overrides)}: {_reason(e)}")
+        fail(f"{' '.join(overrides)}: {error_reason(e)}")
     HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
     sweep = multirun or cfg.hydra.mode == RunMode.MULTIRUN
     key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
@@ -184,7 +185,7 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool,
     except BenchError as e:
         fail(e)
     if first:  # is its output directory writable?
-        _check_writable(key, cfg.hydra.sweep.dir if sweep else cfg.hydra.run.dir)
+        check_writable(key, cfg.hydra.sweep.dir if sweep else cfg.hydra.run.dir)
 
 
 def check_seed_and_device(cfg) -> None:
@@ -210,8 +211,9 @@ def check_seed_and_device(cfg) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def app(cfg: DictConfig) -> None:
+    from .ending import comparison
     from .errors import BenchError
-    from .metrics import to_markdown
+    from .records import iter_records
     from .runner import build, run
 
     from hydra.types import RunMode
@@ -223,7 +225,7 @@ def app(cfg: DictConfig) -> None:
     try:
         logger = build(cfg.logger, "logger")  # started by run(), once the directory is the run's
         try:
-            summary = run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)
+            run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)
         finally:
             logger.finish()
     except BenchError as e:
@@ -232,8 +234,11 @@ def app(cfg: DictConfig) -> None:
         print(f"\ninterrupted: the finished records are in {run_dir}; continue with\n  {resume_command(run_dir)}",
               file=sys.stderr)
         sys.exit(130)
-    print(to_markdown(summary))
-    print(f"\nrun directory: {run_dir}")
+    # A few lines that answer the question; summary.md/.csv in run_dir hold every figure.
+    try:
+        print(comparison(iter_records(run_dir / "records.jsonl"), run_dir))
+    except BenchError as e:
+        fail(e)
 
 
 def resume_command(run_dir: Path) -> str:

@@ -35,10 +35,18 @@ The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
 - decode_overhead_frac: share of decoding-step time outside the target and draft forwards,
 - acceptance_rate: accepted / proposed draft tokens,
 - flops_per_token_vs_ar: (target + draft FLOPs) per token, relative to autoregressive's,
-- lossless: the share of prompts whose greedy output equals autoregressive's token for token
-  (under sampling the column is identical_to_ar: equal outputs then need equal random streams,
-  so it is no test of losslessness),
+- same_as_autoregressive: the share of prompts whose output equals the autoregressive entry's token
+  for token (bench/metrics.py, same_output_share); under sampling equal outputs need equal random
+  streams, so it is then no test of losslessness,
+- lossless, lossless_up_to_ties, real_divergences (greedy only): the lossless check of bench/metrics.py
+  (judge_output, lossless_columns), each output judged against the autoregressive entry's on the same
+  prompt, untimed, after the prompt's timed runs: a departure at a tie (within metrics.TIE_ULPS of the
+  target's top-1 on the output's own path) is no loss. A later turn whose prompt differs from
+  autoregressive's (it renders the method's own earlier answers) is not judged; with check_lossless=true
+  every record is judged against its own autoregressive run instead,
 - quality: the dataset's metric (HumanEval pass@1, GSM8K accuracy; MT-Bench has none).
+Every figure is computed by bench/metrics.py. The leaderboard times one prompt at a time:
+gen.batch_size must be 1.
 Where prompts carry a category (MT-Bench, Spec-Bench), leaderboard_by_category.csv/.md break it down
 and spec_bench.csv/.md give the speedup (mean ± std over repeats) and mean accepted tokens in
 Spec-Bench's layout, a column per task group plus Overall (bench/spec_bench_table.py);
@@ -56,7 +64,6 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
@@ -64,11 +71,12 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import metrics, registry, rundir
-from .__main__ import CONF_DIR, GROUPS, _check_writable, _choices, _reason, check_seed_and_device
+from .__main__ import CONF_DIR, GROUPS, check_seed_and_device, check_writable, config_choices, error_reason
 from .errors import BenchError
-from .prompts import rendering_for
+from .prompts import encode, rendering_for
 from .records import RecordLog
-from .runner import _prepare, _record, _warmup, build, check_config, config_difference, run_unit, sampling_from
+from .runner import (RunContext, build, check_config, config_difference, judge_lossless, new_record, prepare_decoder,
+                     run_unit, sampling_from, warmup)
 
 REFERENCE = "autoregressive"
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
@@ -82,8 +90,14 @@ def compose_all(overrides: list[str]):
         try:
             base = compose("leaderboard", overrides=overrides)
         except Exception as e:  # an unknown key, a bad value: Hydra's reason, in one line
-            raise BenchError(f"{' '.join(overrides)}: {_reason(e)}") from None
+            raise BenchError(f"{' '.join(overrides)}: {error_reason(e)}") from None
         check_seed_and_device(base)
+        batch_size = base.gen.get("batch_size", 1)
+        if batch_size != 1:
+            raise BenchError(f"gen.batch_size must be 1 for the leaderboard, got {batch_size!r}: it times every prompt "
+                             "alone, each method in turn, so that every ratio compares runs made under the same "
+                             "conditions; measure batched speedups with python -m bench gen.batch_size=N "
+                             "check_lossless=true, or scripts/batch_speedup.py")
         board = base.leaderboard
         entries = OmegaConf.to_container(board.decoders, resolve=False)  # ${model.drafts.*} resolve later
         labels = registry.table_order(entries, methods, board.get("order") or ())
@@ -110,7 +124,7 @@ def compose_all(overrides: list[str]):
                     cfg = compose("leaderboard", overrides=[*overrides, f"dataset={ds}", f"dataset.limit={board.limit}",
                                                             *entries[label]])
                 except Exception as e:  # Hydra's own errors: one line naming the entry
-                    raise BenchError(f"leaderboard entry {label} on {ds}: {_reason(e)}") from None
+                    raise BenchError(f"leaderboard entry {label} on {ds}: {error_reason(e)}") from None
                 cfg.leaderboard.decoders = entries
                 runs[ds, label] = cfg
     return base, labels, runs
@@ -124,13 +138,13 @@ def precheck(overrides: list[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as e:
-        raise BenchError(f"cannot parse overrides: {_reason(e)}") from None
+        raise BenchError(f"cannot parse overrides: {error_reason(e)}") from None
     for override in parsed:
         group = override.get_key_element().lstrip("+~").split("@")[0]
         if group in (*GROUPS, "preset") and override.value() is not None:
             value = override.get_value_element_as_str()
-            if value not in _choices(group):
-                raise BenchError(f"unknown {group} {value!r}; choose one of: {', '.join(_choices(group))}")
+            if value not in config_choices(group):
+                raise BenchError(f"unknown {group} {value!r}; choose one of: {', '.join(config_choices(group))}")
 
 
 DRAFT = re.compile(r"\$\{model\.drafts\.([\w.-]+)\}")
@@ -208,12 +222,13 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         lm = lm_cache["lm"]
         rendering = rendering_for(lm.tokenizer, first.prompt_format)
         sampling, _ = check_config(first)
+        ctxs = {label: RunContext(lm, dec, dataset, rendering, cfgs[label], sampling) for label, dec in decoders.items()}
         calibration = {}
         with torch.inference_mode():
-            for label, dec in decoders.items():
-                calibration[label] = _prepare(lm, dec, dataset, prompts, rendering, cfgs[label])
+            for label, ctx in ctxs.items():
+                calibration[label] = prepare_decoder(ctx, prompts)
                 if first.warmup:
-                    _warmup(lm, dec, units, rendering, cfgs[label], sampling)
+                    warmup(ctx, units)
         total = len(units) * len(labels) * repeats
         bar = tqdm(total=total, initial=total - len(todo) * repeats, unit="run", desc=f"leaderboard | {ds}",
                    dynamic_ncols=True, disable=not first.progress)
@@ -230,11 +245,10 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                             continue
                         earlier = [logs[label].get(f"{prompt.id}#{t}") for t in range(turn)]  # this label's own answers
                         if any(r is None or r["status"] != "ok" for r in earlier):
-                            record = _record(cfgs[label], prompt, turn, status="skipped",
-                                             reason="an earlier turn of this conversation was skipped")
+                            record = new_record(cfgs[label], prompt, turn, status="skipped",
+                                                reason="an earlier turn of this conversation was skipped")
                         else:
-                            record = run_unit(lm, decoders[label], dataset, prompt, turn, [r["text"] for r in earlier],
-                                              rendering, cfgs[label], sampling)
+                            record = run_unit(ctxs[label], prompt, turn, [r["text"] for r in earlier])
                         first_run.setdefault(label, record)
                         if record["status"] == "ok":
                             latencies.setdefault(label, []).append(record["latency_s"])
@@ -245,20 +259,36 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                             bar.set_postfix(decoder=label, tok_s=f"{t[0] / t[2]:.1f}",
                                             tok_per_step=f"{t[0] / t[1]:.2f}", refresh=False)
                         bar.update(1)
-                        if rep == repeats - 1:  # the label's last run of this prompt: its record is complete
-                            record = first_run[label]
-                            record["label"] = label
-                            if record["status"] == "ok":
-                                record["repeat_latency_s"] = latencies[label]
-                            if calibration[label] is not None:
-                                record["calibration"] = calibration[label]
-                            logs[label].append(record)
+                # every label's runs of this prompt are done: judge (untimed), then record
+                if sampling.greedy:
+                    judge(lm, rendering, first_run, first_run.get(REFERENCE) or logs[REFERENCE].get(key))
+                for label, record in first_run.items():
+                    record["label"] = label
+                    if record["status"] == "ok":
+                        record["repeat_latency_s"] = latencies[label]
+                    if calibration[label] is not None:
+                        record["calibration"] = calibration[label]
+                    logs[label].append(record)
     finally:
         if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
             bar.close()
         for log in logs.values():
             log.close()
     return records()
+
+
+def judge(lm, rendering: str, records: dict[str, dict], reference: dict | None) -> None:
+    """Greedy: each new record's lossless check (bench/metrics.py, judge_output) against the
+    autoregressive entry's output of the same prompt, from the target's one-token steps along the
+    record's output (untimed), so that a departure at a tie is told from a loss. A record already
+    judged (check_lossless=true: against its own autoregressive run) is kept as it is; one whose
+    prompt differs from autoregressive's (a later turn after other answers) is left unjudged."""
+    if reference is None or reference["status"] != "ok":
+        return
+    for record in records.values():
+        if record["status"] == "ok" and record.get("lossless") is None and record["prompt_text"] == reference["prompt_text"]:
+            ids = encode(lm.tokenizer, record["prompt_text"], rendering)
+            record.update(judge_lossless(lm, ids, record["tokens"], reference["tokens"]))
 
 
 def timed_runs(record: dict) -> list[float]:
@@ -278,31 +308,24 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
     ref = {r["key"]: r for r in reference if r["status"] == "ok"}
     pairs = [(r, ref[r["key"]]) for r in ok if r["key"] in ref]
     per_run = run_pairs(pairs)
-    steps = sum(r["steps"] for r in ok)
-    tokens = sum(r["new_tokens"] for r in ok)
-    run_tokens = sum(r["new_tokens"] * len(timed_runs(r)) for r in ok)  # every timed run's tokens and seconds
-    seconds = sum(sum(timed_runs(r)) for r in ok)
-    flops = sum(r["target_flops"] + r["draft_flops"] for r in ok)
-    ref_flops = sum(b["target_flops"] + b["draft_flops"] for _, b in pairs)
-    ref_tokens = sum(b["new_tokens"] for _, b in pairs)
-    proposed = sum(r["draft_tokens"] for r in ok)
-    scores = [r["quality_score"] for r in ok if r.get("quality_score") is not None]
-    metric = next((r["quality_metric"] for r in ok if r.get("quality_metric")), None)
+    flops_vs_ar = metrics.total_flops_per_token(ok) / metrics.total_flops_per_token([b for _, b in pairs]) if pairs else math.nan
     return {
         "prompts": len(ok),
         "runs": sum(len(timed_runs(r)) for r in ok),
-        "tokens_per_step": tokens / steps if steps else math.nan,
+        "tokens_per_step": metrics.tokens_per_step(ok),
         "mean_accepted_tokens": metrics.mean_accepted_tokens(ok),
-        "tokens_per_s": run_tokens / seconds if seconds else math.nan,
+        # every timed run's tokens and seconds (a record's repeats pooled first)
+        "tokens_per_s": metrics.pooled_tokens_per_s({"new_tokens": r["new_tokens"] * len(timed_runs(r)),
+                                                     "latency_s": sum(timed_runs(r))} for r in ok),
         **metrics.speedups(per_run),
         **metrics.speedup_per_run(per_run),
         "decode_overhead_frac": metrics.decode_overhead_frac(ok),
-        "acceptance_rate": sum(r["accepted_draft_tokens"] for r in ok) / proposed if proposed else math.nan,
-        "flops_per_token_vs_ar": (flops / tokens) / (ref_flops / ref_tokens) if pairs and tokens else math.nan,
-        "lossless": float(np.mean([a["tokens"] == b["tokens"] for a, b in pairs])) if pairs else math.nan,
-        "decoder_lossless": all(r.get("decoder_lossless", True) for r in ok),
-        "quality_metric": metric,
-        "quality": float(np.mean(scores)) if scores else math.nan,
+        "acceptance_rate": metrics.acceptance_rate(ok),
+        "flops_per_token_vs_ar": flops_vs_ar,
+        "same_as_autoregressive": metrics.same_output_share(pairs),
+        **metrics.lossless_columns(ok),
+        "decoder_lossless": metrics.decoder_lossless(ok),
+        **metrics.quality(ok),
         "decode_flops_per_step": metrics.decode_flops_per_step(ok),
     }
 
@@ -381,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
         board = base.leaderboard
         out_dir = Path(board.out_dir)
         rundir.check_board_dir(out_dir)  # only a new or empty directory, or a leaderboard's own
-        _check_writable("leaderboard.out_dir", board.out_dir)  # one line and exit 2, as for hydra.run.dir
+        check_writable("leaderboard.out_dir", board.out_dir)  # one line and exit 2, as for hydra.run.dir
         if base.threads:
             torch.set_num_threads(base.threads)
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
@@ -395,8 +418,8 @@ def main(argv: list[str] | None = None) -> None:
         greedy = sampling_from(runs[board.datasets[0], REFERENCE]).greedy
         df = table(records, list(board.datasets), labels)
         by_category = category_table(records, list(board.datasets), labels)
-        if not greedy:  # equal tokens under sampling need equal random streams: not a losslessness test
-            df, by_category = (d.rename(columns={"lossless": "identical_to_ar"}) for d in (df, by_category))
+        if not greedy:  # the lossless check is greedy's (check_lossless refuses sampling): no such columns
+            df, by_category = (d.drop(columns=[c for c in LOSSLESS_COLUMNS if c in d]) for d in (df, by_category))
         rundir.write_atomic(out_dir / "leaderboard.csv", df.to_csv(index=False))
         rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))  # auto-tuners: forecast vs measured
         from . import spec_bench_table  # imports this module: loaded here, not at the top
@@ -423,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
         rundir.write_atomic(out_dir / "leaderboard.md", md)
         print(md)
     except BenchError as e:
-        print(f"error: {' '.join(_reason(e).split())}", file=sys.stderr)
+        print(f"error: {' '.join(error_reason(e).split())}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # every finished record is on disk; the same command resumes
         print("\ninterrupted: the finished records are kept; rerun the same command to go on", file=sys.stderr)
@@ -432,7 +455,9 @@ def main(argv: list[str] | None = None) -> None:
 
 COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
            "speedup", "speedup_per_run_p25", "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
-           "flops_per_token_vs_ar", "decode_overhead_frac", "lossless", "identical_to_ar", "quality_metric", "quality"]
+           "flops_per_token_vs_ar", "decode_overhead_frac", "same_as_autoregressive", "lossless", "lossless_up_to_ties",
+           "real_divergences", "quality_metric", "quality"]
+LOSSLESS_COLUMNS = ["lossless", "lossless_up_to_ties", "real_divergences"]  # bench/metrics.py, lossless_columns
 CATEGORY_COLUMNS = COLUMNS[:2] + ["category"] + COLUMNS[2:]
 
 
@@ -460,8 +485,12 @@ def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
               "repeat; speedup_geomean: geometric mean over runs of autoregressive's latency / the decoder's; "
               "mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill excluded, bonus token "
               "included; "
-            + ("lossless: share of prompts identical to autoregressive's greedy output; " if "lossless" in df else
-               "identical_to_ar: share of prompts identical to autoregressive's sampled output (with the same "
+            + ("same_as_autoregressive: share of prompts whose output equals the autoregressive entry's; "
+               "lossless (bench/metrics.py): share of judged prompts identical to autoregressive greedy, "
+               f"lossless_up_to_ties: identical or departing only at ties (within {metrics.TIE_ULPS} ulps of the "
+               "target's top-1 on the output's own path), real_divergences: outputs with a departure no tie explains; "
+               if "lossless" in df else
+               "same_as_autoregressive: share of prompts identical to autoregressive's sampled output (with the same "
                "seeds; not a test of losslessness under sampling); ")
             + "flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive; decode_overhead_frac: share "
               "of decoding-step time (prefill left out) outside the target and draft forwards.\n")

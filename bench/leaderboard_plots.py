@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import metrics
 from .errors import BenchError
 
 
@@ -100,14 +101,7 @@ def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str
 def acceptance_plot(records: dict, datasets: list[str], labels: list[str], out: Path) -> None:
     rows = []
     for label in labels:
-        proposed, accepted = np.zeros(0), np.zeros(0)
-        for ds in datasets:
-            for r in records[ds, label]:
-                p, a = r.get("depth_proposed"), r.get("depth_accepted")
-                if p:
-                    n = max(len(proposed), len(p))
-                    proposed = np.pad(proposed, (0, n - len(proposed))) + np.pad(np.array(p, float), (0, n - len(p)))
-                    accepted = np.pad(accepted, (0, n - len(accepted))) + np.pad(np.array(a, float), (0, n - len(a)))
+        proposed, accepted = metrics.depth_totals(r for ds in datasets for r in records[ds, label])
         for d, (p, a) in enumerate(zip(proposed, accepted), start=1):
             if p:
                 rows.append({"decoder": label, "position": d, "proposed_steps": int(p), "accepted_steps": int(a),

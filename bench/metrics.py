@@ -12,7 +12,7 @@
   bonus token a verification step emits counts. decode_flops_per_step: target + draft FLOPs
   per such step, leaving out the target's prefill and the draft's pass over the prompt
   (Step.draft_prefill_flops). The scaling law uses these two.
-- draft acceptance: accepted draft tokens / draft tokens proposed.
+- acceptance_rate: accepted draft tokens / draft tokens proposed (`acceptance_rate`).
 - pool hit rate (n-gram pool methods, whose steps record info["hit"]): share of steps in
   which at least one candidate token was accepted.
 - tokens/s: new tokens / wall latency summed over prompts; medians and quartiles per prompt.
@@ -46,7 +46,13 @@
   first token more than TIE_ULPS below that step's top-1, and divergence_tie says every
   departure was a tie. A summary's lossless is the share of identical outputs,
   lossless_up_to_ties the share identical or departing at ties only, real_divergences the number
-  of outputs with a first_real_divergence.
+  of outputs with a first_real_divergence (`lossless_columns`). `lossless` means only this check.
+- same_as_autoregressive (the leaderboard's): the share of prompts whose output equals the
+  leaderboard's autoregressive entry's, token for token (`same_output_share`). Under greedy
+  decoding a departure may be a tie, which the lossless columns tell apart; under sampling equal
+  outputs need equal random streams, so it is no test of losslessness at all.
+- quality: the mean of the records' quality scores (HumanEval pass@1, GSM8K accuracy) and its
+  metric's name (`quality`).
 - category: where prompts carry one (MT-Bench's eight, a jsonl's `category` field), every
   record keeps it and tables can be broken down by it (`summarize(by_category=True)`).
 """
@@ -116,16 +122,24 @@ def _depth_counts(steps) -> dict:
             "depth_accepted": [sum(a >= k for _, a in pairs) for k in range(1, deepest + 1)]}
 
 
-def _acceptance_by_depth(ok: pd.DataFrame) -> str | None:
-    """Per depth d: of the steps whose draft reached d, the share that accepted >= d draft tokens."""
-    if "depth_proposed" not in ok:
-        return None
+def depth_totals(records) -> tuple[np.ndarray, np.ndarray]:
+    """Per draft depth d (index d-1), summed over records: the steps whose draft reached d, and
+    those of them that accepted >= d draft tokens (acceptance by depth is their ratio)."""
     proposed, accepted = np.zeros(0), np.zeros(0)
-    for p, a in zip(ok["depth_proposed"], ok["depth_accepted"]):
+    for r in records:
+        p, a = r.get("depth_proposed"), r.get("depth_accepted")
         if isinstance(p, list) and p:
             n = max(len(proposed), len(p))
             proposed = np.pad(proposed, (0, n - len(proposed))) + np.pad(np.array(p, float), (0, n - len(p)))
             accepted = np.pad(accepted, (0, n - len(accepted))) + np.pad(np.array(a, float), (0, n - len(a)))
+    return proposed, accepted
+
+
+def _acceptance_by_depth(ok: pd.DataFrame) -> str | None:
+    """Per depth d: of the steps whose draft reached d, the share that accepted >= d draft tokens."""
+    if "depth_proposed" not in ok:
+        return None
+    proposed, accepted = depth_totals(ok[["depth_proposed", "depth_accepted"]].to_dict("records"))
     if not len(proposed):
         return None
     return " ".join(f"{a / p:.2f}" for p, a in zip(proposed, accepted))
@@ -215,6 +229,58 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
 
 
+def tokens_per_step(records) -> float:
+    """New tokens / target forward passes (prefill included), summed over records first."""
+    return _ratio(sum(r["new_tokens"] for r in records), sum(r["steps"] for r in records))
+
+
+def pooled_tokens_per_s(runs) -> float:
+    """runs: {new_tokens, latency_s} per timed run (a record, or one repeat of it). Summed tokens
+    over summed seconds."""
+    runs = list(runs)
+    return _ratio(sum(r["new_tokens"] for r in runs), sum(r["latency_s"] for r in runs))
+
+
+def acceptance_rate(records) -> float:
+    """Accepted draft tokens / draft tokens proposed (NaN for methods that propose none)."""
+    return _ratio(sum(r["accepted_draft_tokens"] for r in records), sum(r["draft_tokens"] for r in records))
+
+
+def total_flops_per_token(records) -> float:
+    """Target + draft FLOPs per new token (summaries split it into flops_per_token, the target's,
+    and draft_flops_per_token; the leaderboard's flops_per_token_vs_ar divides it by autoregressive's)."""
+    return _ratio(sum(r["target_flops"] + r["draft_flops"] for r in records), sum(r["new_tokens"] for r in records))
+
+
+def quality(records) -> dict:
+    """quality_metric (the first record's that names one) and quality: the mean score of the
+    records that have one (NaN without)."""
+    scores = [r["quality_score"] for r in records if r.get("quality_score") is not None and r["quality_score"] == r["quality_score"]]
+    metric = next((r["quality_metric"] for r in records if isinstance(r.get("quality_metric"), str)), None)
+    return {"quality_metric": metric, "quality": float(np.mean(scores)) if scores else math.nan}
+
+
+def decoder_lossless(records) -> bool:
+    """False when a record's decoder is an explicitly lossy variant (e.g. typical acceptance);
+    records without the field (older runs) do not count."""
+    return all(bool(r["decoder_lossless"]) for r in records
+               if r.get("decoder_lossless") is not None and r["decoder_lossless"] == r["decoder_lossless"])
+
+
+def same_output_share(pairs: list[tuple[dict, dict]]) -> float:
+    """pairs: (decoder's, reference's) records of the same prompt. The share whose tokens are
+    equal (the leaderboard's same_as_autoregressive: no tie is excused, and under sampling no
+    test of losslessness); NaN without pairs."""
+    return float(np.mean([a["tokens"] == b["tokens"] for a, b in pairs])) if pairs else math.nan
+
+
+def mean_tokens_per_s(runs) -> float:
+    """The mean over runs ({new_tokens, latency_s}) of each run's tokens/s: `speedup` is the
+    decoder's over the reference's. NaN without runs."""
+    rates = [r["new_tokens"] / r["latency_s"] for r in runs]
+    return float(np.mean(rates)) if rates else math.nan
+
+
 def speedups(pairs: list[tuple[dict, dict]]) -> dict:
     """pairs: (decoder's, reference's) per-prompt {new_tokens, latency_s} on the same prompt.
     The three speedup figures (module docstring); NaN without pairs."""
@@ -223,7 +289,7 @@ def speedups(pairs: list[tuple[dict, dict]]) -> dict:
         return {"speedup": math.nan, "speedup_geomean": math.nan, "speedup_pooled": math.nan}
     mine = np.array([[a["new_tokens"], a["latency_s"]] for a, _ in pairs], float)
     ref = np.array([[b["new_tokens"], b["latency_s"]] for _, b in pairs], float)
-    return {"speedup": _ratio(np.mean(mine[:, 0] / mine[:, 1]), np.mean(ref[:, 0] / ref[:, 1])),
+    return {"speedup": _ratio(mean_tokens_per_s(a for a, _ in pairs), mean_tokens_per_s(b for _, b in pairs)),
             "speedup_geomean": float(np.exp(np.mean(np.log(ref[:, 1] / mine[:, 1])))),
             "speedup_pooled": _ratio(mine[:, 0].sum() / mine[:, 1].sum(), ref[:, 0].sum() / ref[:, 1].sum())}
 
@@ -294,10 +360,11 @@ def batch_totals(records) -> dict:
 SUMMARY_KEYS = ["decoder", "model", "dataset"]
 
 
-# The fields the per-record functions above read (mean_accepted_tokens, decode_flops_per_step, batch_totals,
-# lossless_columns).
-_PER_RECORD = ["new_tokens", "latency_s", "batch", "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops",
-               "lossless", "divergence_tie"]
+# The fields the per-record functions above read (tokens_per_step, pooled_tokens_per_s, acceptance_rate,
+# mean_accepted_tokens, decode_flops_per_step, batch_totals, quality, decoder_lossless, lossless_columns).
+_PER_RECORD = ["new_tokens", "steps", "latency_s", "batch", "draft_tokens", "accepted_draft_tokens", "decode_tokens",
+               "decode_steps", "decode_flops", "decode_draft_flops", "quality_metric", "quality_score",
+               "decoder_lossless", "lossless", "divergence_tie"]
 
 
 def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> pd.DataFrame:
@@ -314,14 +381,14 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
         row = dict(zip(keys, key))
         row.update(records=len(ok), skipped=int((group["status"] != "ok").sum()))
         if len(ok):
-            tokens, steps, latency = ok["new_tokens"].sum(), ok["steps"].sum(), ok["latency_s"].sum()
+            tokens, steps = ok["new_tokens"].sum(), ok["steps"].sum()
             busy = ok["target_time_s"].sum() + ok["draft_time_s"].sum() + ok["overhead_time_s"].sum()
             tps = ok["tokens_per_s"]
             ok_records = ok[[c for c in _PER_RECORD if c in ok]].to_dict("records")
             row.update(
                 new_tokens=int(tokens), steps=int(steps),
-                tokens_per_step=_ratio(tokens, steps),
-                tokens_per_s=_ratio(tokens, latency),
+                tokens_per_step=tokens_per_step(ok_records),
+                tokens_per_s=pooled_tokens_per_s(ok_records),
                 tokens_per_s_median=float(tps.median()),
                 tokens_per_s_p25=float(tps.quantile(0.25)), tokens_per_s_p75=float(tps.quantile(0.75)),
                 latency_s_median=float(ok["latency_s"].median()), ttft_s_median=float(ok["ttft_s"].median()),
@@ -332,7 +399,7 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
                 decode_flops_per_step=decode_flops_per_step(ok_records),
                 flops_per_token=_ratio(ok["target_flops"].sum(), tokens),
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
-                acceptance_rate=_ratio(ok["accepted_draft_tokens"].sum(), ok["draft_tokens"].sum()),
+                acceptance_rate=acceptance_rate(ok_records),
                 acceptance_by_depth=_acceptance_by_depth(ok),
                 target_time_frac=_ratio(ok["target_time_s"].sum(), busy),
                 draft_time_frac=_ratio(ok["draft_time_s"].sum(), busy),
@@ -344,16 +411,13 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
                 batch_size=int(ok["batch"].map(lambda b: b["size"] if isinstance(b, dict) else 1).max()) if "batch" in ok else 1,
                 **batch_totals(ok_records),
             )
-            metric = ok["quality_metric"].dropna()
-            scores = ok["quality_score"].dropna()
-            row.update(quality_metric=metric.iloc[0] if len(metric) else None,
-                       quality=float(scores.mean()) if len(scores) else math.nan)
+            row.update(quality(ok_records))
             if "decoder_lossless" in ok:  # False: an explicitly lossy variant (e.g. typical acceptance)
-                row["decoder_lossless"] = bool(ok["decoder_lossless"].dropna().astype(bool).all())
+                row["decoder_lossless"] = decoder_lossless(ok_records)
             row.update(lossless_columns(ok_records))
             ref = ok["reference"].dropna()
             if len(ref):
-                row["ref_tokens_per_s"] = _ratio(sum(r["new_tokens"] for r in ref), sum(r["latency_s"] for r in ref))
+                row["ref_tokens_per_s"] = pooled_tokens_per_s(ref)
                 row.update(speedups([(ok.loc[i], r) for i, r in ref.items()]))
             tuned = ok["tuned"].dropna() if "tuned" in ok else []
             if len(tuned):  # a hardware-aware decoder's own forecast, to set beside the measured speedup

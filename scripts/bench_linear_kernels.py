@@ -73,13 +73,13 @@ def main() -> None:
     table = pd.DataFrame(rows).pivot_table(index=["dtype", "kernel"], columns="rows", values="vs_native_1_row")
     print(table.to_string(float_format=lambda v: f"{v:.2f}"))
     if args.out:
-        from bench.provenance import _git
+        from bench.provenance import git_output
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "kernels.csv")
         import importlib.metadata
         (out / "kernels_provenance.json").write_text(json.dumps({
-            "git_commit": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "git_commit": git_output("rev-parse", "HEAD"), "git_dirty": bool(git_output("status", "--porcelain", "--untracked-files=no")),
             "torch": importlib.metadata.version("torch"), "torch_threads": torch.get_num_threads(),
             "command": " ".join(["python scripts/bench_linear_kernels.py", *sys.argv[1:]])}, indent=2))
 

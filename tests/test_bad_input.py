@@ -266,6 +266,7 @@ def test_seed_and_device_are_checked_before_the_run(capsys, override, message):
     ("leaderboard.nokey=1", "Could not override 'leaderboard.nokey'"),
     ("nokey=1", "Could not override 'nokey'"),
     ("seed=-1", "seed must be an integer from 0"),
+    ("gen.batch_size=2", "gen.batch_size must be 1 for the leaderboard, got 2"),
 ])
 def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, override, message):
     from bench.leaderboard import main

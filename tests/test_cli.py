@@ -33,7 +33,9 @@ def test_run_writes_the_run_directory(tmp_path):
     prov = json.loads((tmp_path / "provenance.json").read_text())
     assert prov["dtype"] == "float32" and prov["device"] == "cpu" and prov["torch_threads"] >= 1
     assert prov["packages"]["transformers"].startswith("5.") and "git_commit" in prov
-    assert "tokens_per_step" in out.stdout and str(tmp_path) in out.stdout  # the table and where it went
+    # the ending: a few lines, no check_lossless so no speedup, and where the files went
+    assert "tokens per step  1.00" in out.stdout and "speedup          n/a" in out.stdout, out.stdout
+    assert f"{tmp_path}: summary.md" in out.stdout and len(out.stdout.strip().splitlines()) <= 10
     assert "tok_s=" in out.stderr and "tok_per_step=" in out.stderr and "3/3" in out.stderr  # live progress
 
 
@@ -64,6 +66,37 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
     assert summary.loc[0, "real_divergences"] == 0
     assert summary.loc[0, "speedup"] > 0 and summary.loc[0, "speedup_geomean"] > 0
     assert summary.loc[0, "quality_metric"] == "accuracy"
+    # the run ends with the comparison, its figures those of the records and summary.csv
+    tokens_per_step = sum(r["new_tokens"] for r in recs) / sum(r["steps"] for r in recs)
+    mine = sum(r["new_tokens"] / r["latency_s"] for r in recs) / 2
+    ref = sum(r["reference"]["new_tokens"] / r["reference"]["latency_s"] for r in recs) / 2
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "hf_pld vs autoregressive: tiny-random, gsm8k, 2 prompts", out.stdout
+    assert lines[1] == f"  tokens per step  {tokens_per_step:.2f} vs 1.00"
+    assert lines[2].startswith(f"  speedup          {summary.loc[0, 'speedup']:.2f}x: {mine:.1f} vs {ref:.1f} tokens/s")
+    assert lines[3] == "  lossless         2/2 identical to autoregressive greedy"
+    assert lines[4] == f"  quality          accuracy {summary.loc[0, 'quality']:.3f} (2 scored)"
+    assert lines[5] == f"  files            {tmp_path}: summary.md (every figure), records.jsonl (per prompt)"
+    assert len(lines) == 6
+
+
+def test_ending_says_how_many_departures_were_ties(tmp_path):
+    from bench.ending import comparison
+
+    def record(key, lossless, tie=None, real=None):
+        return {"key": key, "decoder": "eagle", "model": "m", "dataset": "d", "status": "ok", "new_tokens": 4,
+                "steps": 2, "latency_s": 1.0, "reference": {"new_tokens": 4, "steps": 4, "latency_s": 2.0},
+                "lossless": lossless, "divergence_tie": tie, "first_real_divergence": real,
+                "quality_metric": None, "quality_score": None, "decoder_lossless": True}
+
+    records = [record("a#0", True), record("b#0", False, tie=True), record("c#0", False, tie=False, real=3),
+               {"key": "d#0", "status": "skipped"}]
+    text = comparison(records, tmp_path)
+    assert "eagle vs autoregressive: m, d, 3 prompts (1 skipped)" in text
+    assert "tokens per step  2.00 vs 1.00" in text and "speedup          2.00x: 4.0 vs 2.0 tokens/s" in text
+    assert ("lossless         1/3 identical to autoregressive greedy; 2/3 up to ties (1 departs only at ties, "
+            "within 4 ulps); 1 real divergence (first: c#0 at token 3)") in text, text
+    assert "quality" not in text
 
 
 @pytest.mark.parametrize("decoder,draft", [("spec_chain", ["draft=tiny-random", "draft.seed=1"]),

@@ -27,8 +27,8 @@ TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard
 LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "eagle", "eagle-static", "hf_assisted", "jacobi", "lookahead",
           "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
-           "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "lossless",
-           "quality_metric", "quality"]
+           "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "same_as_autoregressive",
+           "lossless", "lossless_up_to_ties", "real_divergences", "quality_metric", "quality"]
 
 
 def run_module(module: str, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
@@ -54,7 +54,8 @@ def test_table_has_every_decoder_dataset_and_column(board):
     assert set(df["dataset"]) == {"mt_bench", "humaneval", "gsm8k", "all"}
     assert (df["prompts"][df["dataset"] != "all"] == 2).all() and (df["prompts"][df["dataset"] == "all"] == 6).all()
     # every decoder here is lossless (fp32, greedy): output identical to autoregressive on every prompt
-    assert (df["lossless"] == 1.0).all(), df[["decoder", "dataset", "lossless"]]
+    assert (df["same_as_autoregressive"] == 1.0).all(), df[["decoder", "dataset", "same_as_autoregressive"]]
+    assert (df["lossless"] == 1.0).all() and (df["real_divergences"] == 0).all(), df[["decoder", "dataset", "lossless"]]
     ar = df[df["decoder"] == "autoregressive"]
     assert (ar["tokens_per_step"] == 1.0).all() and (ar["mean_accepted_tokens"] == 1.0).all()
     assert (ar[["speedup", "speedup_geomean", "speedup_pooled"]] == 1.0).all().all()
@@ -62,7 +63,7 @@ def test_table_has_every_decoder_dataset_and_column(board):
     assert set(df[df["dataset"] == "humaneval"]["quality_metric"]) == {"pass@1"}
     md = (out / "leaderboard.md").read_text()
     assert "verification cost on this device" in md and "Spec-Bench" in md and "bpd-ngram" in md
-    assert "| greedy |" in md and "identical_to_ar" not in md
+    assert "| greedy |" in md and "same_as_autoregressive" in md and "lossless_up_to_ties" in md
     assert "leaderboard | gsm8k" in result.stderr  # the progress bar
 
 
@@ -101,7 +102,7 @@ def test_sampling_leaderboard_says_so_and_does_not_call_equality_lossless(tmp_pa
                         "leaderboard.datasets=[gsm8k]", "gen.temperature=0.7", f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     df = pd.read_csv(tmp_path / "leaderboard.csv")
-    assert "lossless" not in df and "identical_to_ar" in df
+    assert "lossless" not in df and "lossless_up_to_ties" not in df and "same_as_autoregressive" in df
     md = (tmp_path / "leaderboard.md").read_text()
     assert "sampling (temperature 0.7" in md and "| greedy |" not in md and "not a test of losslessness" in md
 
@@ -306,3 +307,29 @@ def test_repeats_pair_each_run_with_the_references_same_run():
 def test_repeats_must_be_a_positive_integer(tmp_path):
     result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.repeats=0", f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 2 and result.stderr.strip() == "error: leaderboard.repeats must be an integer >= 1, got 0"
+
+
+def test_a_departure_at_a_tie_is_no_loss_but_not_the_same_output():
+    """same_as_autoregressive counts equal outputs; lossless is bench/metrics.py's check, ties excused."""
+    from bench.leaderboard import board_row
+
+    def record(key, tokens, **verdict):
+        return {"key": key, "status": "ok", "new_tokens": 3, "steps": 3, "latency_s": 1.0, "target_flops": 1.0,
+                "draft_flops": 0.0, "draft_tokens": 0, "accepted_draft_tokens": 0, "tokens": tokens, **verdict}
+
+    reference = [record("a#0", [1, 2, 3], lossless=True), record("b#0", [1, 2, 3], lossless=True),
+                 record("c#0", [1, 2, 3], lossless=True)]
+    mine = [record("a#0", [1, 2, 3], lossless=True), record("b#0", [1, 2, 4], lossless=False, divergence_tie=True),
+            record("c#0", [1, 5, 3], lossless=False, divergence_tie=False)]
+    row = board_row(mine, reference)
+    assert row["same_as_autoregressive"] == pytest.approx(1 / 3)
+    assert row["lossless"] == pytest.approx(1 / 3) and row["lossless_up_to_ties"] == pytest.approx(2 / 3)
+    assert row["real_divergences"] == 1
+    unjudged = [{k: v for k, v in r.items() if k not in ("lossless", "divergence_tie")} for r in mine]
+    assert board_row(unjudged, reference)["real_divergences"] is None  # no verdicts: nothing claimed
+
+
+def test_leaderboard_records_carry_the_lossless_verdict(board):
+    out, _ = board
+    for r in map(json.loads, (out / "gsm8k" / "lookahead" / "records.jsonl").read_text().splitlines()):
+        assert r["lossless"] is True and r["first_divergence"] is None and r["reference"] is None

@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.datasets import Prompt
-from bench.runner import run_unit
+from bench.runner import RunContext, run_unit
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.core.sampling import Sampling
 from decoders.core.trace import Generation, Step
@@ -83,7 +83,7 @@ PROMPT = Prompt(id="p", turns=["hello world"], raw_turns=["hello world"])
 
 
 def test_lossless_check_reports_first_divergence_and_logit_gap(lm):
-    record = run_unit(lm, FlipToken(at=4), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    record = run_unit(RunContext(lm, FlipToken(at=4), NoQuality(), "raw", config(), Sampling()), PROMPT, 0, [])
     assert record["lossless"] is False and record["first_divergence"] == 4
     ids = CharTokenizer()("hello world")["input_ids"]
     reference = autoregressive_decode(lm, ids, 12, Sampling(), set())
@@ -105,17 +105,17 @@ def test_lossless_reference_is_timed_without_the_gap_bookkeeping(lm, monkeypatch
         return iter([torch.zeros(64)] * len(tokens))
 
     monkeypatch.setattr(bench.runner, "step_logits", slow_gap)
-    record = run_unit(lm, FlipToken(at=4), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    record = run_unit(RunContext(lm, FlipToken(at=4), NoQuality(), "raw", config(), Sampling()), PROMPT, 0, [])
     assert record["divergence_logit_gap"] == 0.0
     assert record["reference"]["latency_s"] < 0.5
 
 
 def test_identical_output_is_lossless(lm):
-    record = run_unit(lm, FlipToken(at=-1), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    record = run_unit(RunContext(lm, FlipToken(at=-1), NoQuality(), "raw", config(), Sampling()), PROMPT, 0, [])
     assert record["lossless"] is False and record["first_divergence"] == 11
     from decoders.methods.autoregressive import Autoregressive
 
-    record = run_unit(lm, Autoregressive(), NoQuality(), PROMPT, 0, [], "raw", config(), Sampling())
+    record = run_unit(RunContext(lm, Autoregressive(), NoQuality(), "raw", config(), Sampling()), PROMPT, 0, [])
     assert record["lossless"] is True and record["first_divergence"] is None
     assert record["divergence_logit_gap"] is None
 
@@ -126,7 +126,7 @@ def test_identical_output_is_lossless(lm):
 def test_generation_contract_is_enforced(lm, how, message):
     lm.stop_ids = frozenset({1})
     with pytest.raises(RuntimeError, match=message):
-        run_unit(lm, Broken(how), NoQuality(), PROMPT, 0, [], "raw", config(check_lossless=False), Sampling())
+        run_unit(RunContext(lm, Broken(how), NoQuality(), "raw", config(check_lossless=False), Sampling()), PROMPT, 0, [])
 
 
 def test_calibration_prompts_are_never_scored(tmp_path):
