@@ -9,6 +9,9 @@ scorer / rejection sampler; the loop follows gpt-fast's speculative_decode.
 
 The first step is the prefill: the prompt, with the proposer's tree if it drafts before the
 target's first pass, else the root alone (an autoregressive step over the prompt).
+
+batch.py runs the same step over B prompts: propose(), feed(), split() and verify_and_commit()
+are shared; only the forward differs (LM.forward here, the fast path; LM.forward_batch there).
 """
 from __future__ import annotations
 
