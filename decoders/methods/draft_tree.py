@@ -29,7 +29,7 @@ class DraftTree:
     flops: float
 
 
-def _children(parents: Sequence[int]) -> list[list[int]]:
+def children_of(parents: Sequence[int]) -> list[list[int]]:
     kids: list[list[int]] = [[] for _ in parents]
     for i, p in enumerate(parents[1:], start=1):
         kids[p].append(i)
@@ -56,7 +56,7 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
     (whose last token is the root). Children are drawn without replacement (Sequoia) or
     independently with replacement (SpecInfer's independent sequences)."""
     spec = draft.flops_spec()
-    kids = _children(parents)
+    kids = children_of(parents)
     root_pos = len(sequence) - 1
     tokens: list[int] = [int(sequence[-1])] + [-1] * (len(parents) - 1)
     dists: list[torch.Tensor | None] = [None] * len(parents)

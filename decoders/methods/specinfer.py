@@ -18,7 +18,7 @@ from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
 from .draft_model import DRAFT_REQUIRED, build_draft
-from .draft_tree import DraftTree, DraftTreeProposer, _children, draft_tree, stacked_dists
+from .draft_tree import DraftTree, DraftTreeProposer, children_of, draft_tree, stacked_dists
 
 
 def chains(k: int, depth: int) -> tuple[int, ...]:
@@ -34,7 +34,7 @@ def merge_chains(dtree: DraftTree) -> tuple[TokenTree, torch.Tensor | None, list
     shared prefixes once. Returns (trie, draft_probs rows, trie node -> draft node, draws): draws
     holds, per trie node, the child each chain through it drew next, in draw order with
     duplicates kept, because multi-step verification must try every draw (verify_sampling)."""
-    kids = _children(dtree.parents)
+    kids = children_of(dtree.parents)
     sequences, nodes = [], []  # each chain's tokens and draft nodes
     for first in kids[0]:
         chain = [first]
