@@ -10,11 +10,28 @@ os.environ.setdefault("BENCH_DATA_DIR", str(DATA_DIR))
 os.environ.setdefault("BENCH_CACHE_DIR", CACHE_DIR)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("WANDB_MODE", "offline")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist each worker gets its share of the cores, and so do the CLI runs it starts
+# (OMP_NUM_THREADS, which torch reads): two workers at two threads each on two cores spin
+# against each other. Tests that set threads themselves still do.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+torch.set_num_threads(THREADS)
+
+# Test files run whole on one xdist worker (--dist loadgroup): SLURM's single-node cluster (one
+# per machine: ports, daemons), and files whose module fixture is a costly run that every worker
+# would otherwise repeat.
+ONE_WORKER = {"test_slurm.py": "slurm", "test_leaderboard.py": "leaderboard"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """`cuda` tests run where CUDA is; elsewhere each is skipped, saying why."""
+    """`cuda` tests run where CUDA is; elsewhere each is skipped, saying why. Files in
+    ONE_WORKER get their xdist group."""
+    for item in items:
+        group = ONE_WORKER.get(item.path.name)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False on this machine")
