@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,33 @@ os.environ.setdefault("BENCH_DATA_DIR", str(DATA_DIR))
 os.environ.setdefault("BENCH_CACHE_DIR", CACHE_DIR)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("WANDB_MODE", "offline")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist each worker gets its share of the cores, and so do the CLI runs it starts
+# (OMP_NUM_THREADS, which torch reads): two workers at two threads each on two cores spin
+# against each other. Tests that set threads themselves still do.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+torch.set_num_threads(THREADS)
+
+# Test files run whole on one xdist worker: SLURM's single-node cluster (one per machine: ports,
+# daemons), and files whose module fixture is a costly run every worker would otherwise repeat.
+# (A scheduler, not xdist_group marks: xdist 3.8 renames grouped tests through a node attribute
+# pytest 9 no longer reads, so --dist loadgroup groups nothing.)
+ONE_WORKER = {"test_slurm.py", "test_leaderboard.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Tests spread one by one over the workers, except ONE_WORKER's files, each sent whole."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerFiles(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return path if Path(path).name in ONE_WORKER else nodeid
+
+    return OneWorkerFiles(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

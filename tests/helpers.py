@@ -47,6 +47,23 @@ def smollm2() -> LM:
     return GGUFPackageModel(cache_dir=CACHE_DIR, device="cpu", dtype="float32", fast_path=FAST_PATH).load()
 
 
+_REFERENCES: dict[int, tuple] = {}
+
+
+def greedy_reference(lm: LM, ids, max_new_tokens: int, stop_ids):
+    """Autoregressive greedy's Generation for `ids` on `lm`, decoded once per model and arguments
+    (tests of many decoders on the session's SmolLM2 compare against the same references). The
+    model is kept alive beside its entries, so an id is never reused for another model."""
+    from decoders.core.sampling import Sampling
+    from decoders.methods.autoregressive import autoregressive_decode
+
+    _, done = _REFERENCES.setdefault(id(lm), (lm, {}))
+    key = (tuple(ids), max_new_tokens, frozenset(stop_ids))
+    if key not in done:
+        done[key] = autoregressive_decode(lm, list(ids), max_new_tokens, Sampling(), set(stop_ids))
+    return done[key]
+
+
 def _cli_env() -> dict:
     return dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR, HYDRA_FULL_ERROR="0",
                 WANDB_SILENT="true")

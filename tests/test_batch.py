@@ -27,7 +27,7 @@ from decoders.methods.recycling import Recycling
 from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
 from decoders.methods.specinfer import SpecInfer
-from helpers import chi2_pvalue, run_cli, tiny_lm
+from helpers import chi2_pvalue, greedy_reference, run_cli, tiny_lm
 from test_heads import tiny_ngram  # noqa: F401  (fixture)
 
 GREEDY = Sampling()
@@ -202,7 +202,7 @@ def test_smollm2_batched_rows_equal_autoregressive_greedy(name, smollm, real_pro
     from helpers import REPO
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         decoder = instantiate(compose("config", overrides=[f"decoder={name}"]).decoder, _convert_="all")
-    reference = [autoregressive_decode(smollm, p, 24, GREEDY, smollm.stop_ids).tokens for p in real_prompts]
+    reference = [greedy_reference(smollm, p, 24, smollm.stop_ids).tokens for p in real_prompts]
     for size in (3, 6):
         for i in range(0, len(real_prompts), size):
             batch = real_prompts[i:i + size]

@@ -24,7 +24,7 @@ from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
 from decoders.methods.specinfer import SpecInfer
 from decoders.core.trace import check_generation
-from helpers import EXTRA_CONF_DIRS, REPO, searchpath, tiny_lm
+from helpers import EXTRA_CONF_DIRS, REPO, greedy_reference, searchpath, tiny_lm
 
 GREEDY = Sampling()
 
@@ -173,7 +173,7 @@ def test_greedy_equality_smollm2(smollm, data_dir, dataset, decoder):
               "gsm8k": GSM8K(limit=2, data_dir=str(data_dir))}[dataset]
     for prompt in loader.load():
         _, ids = render(smollm.tokenizer, prompt, 0, [], "chat")
-        reference = autoregressive_decode(smollm, ids, 40, GREEDY, smollm.stop_ids)
+        reference = greedy_reference(smollm, ids, 40, smollm.stop_ids)
         out = {**DECODERS, **SMOLLM2_DECODERS}[decoder].generate(smollm, ids, 40, GREEDY, smollm.stop_ids)
         assert out.tokens == reference.tokens, f"{prompt.id}: first difference at " \
             f"{next(i for i, (a, b) in enumerate(zip(out.tokens + [-1], reference.tokens + [-1])) if a != b)}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.lm import LM
-from .profile import forward_latency, step_cost
+from .profile import _save_json, forward_latency, step_cost
 from ..core.sampling import Sampling
 from ..core.trace import Generation
 
@@ -62,8 +62,7 @@ def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_si
                       "compression": committed / steps if steps else 1.0,
                       "forward_tokens": fed / steps if steps else 1.0})
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table, indent=1))
+        _save_json(path, table)  # atomic: a concurrent run (sweep job, test worker) reads it whole or not at all
     return _choose(table, profile)
 
 

@@ -29,7 +29,7 @@ def save_acceptance(path: str | os.PathLike, acceptance: Sequence[float], info: 
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"format": ACCEPTANCE_FORMAT, "acceptance": p, "cumulative": cumulative(p), "info": info}
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")  # per process: two writers of one entry must not share it
     tmp.write_text(json.dumps(body, indent=1, default=str))
     tmp.replace(path)
 
