@@ -215,7 +215,7 @@ ERRORS = [
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
     out = run_cli(*TINY, *overrides, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 2
-    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("error: ") and message in lines[0], lines[0]
     assert "Traceback" not in out.stderr + out.stdout

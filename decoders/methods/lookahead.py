@@ -38,10 +38,10 @@ def window_mask(levels: int, width: int) -> torch.Tensor:
     n = levels * width
     mask = torch.zeros(n, n, dtype=torch.bool)
     level0 = torch.tril(torch.ones(width, width, dtype=torch.bool))
-    for l in range(levels):
-        rows = slice(l * width, (l + 1) * width)
+    for level in range(levels):
+        rows = slice(level * width, (level + 1) * width)
         mask[rows, :width] = level0
-        for k in range(1, l + 1):
+        for k in range(1, level + 1):
             mask[rows, k * width:(k + 1) * width] |= torch.eye(width, dtype=torch.bool)
     return mask
 
