@@ -451,7 +451,8 @@ def test_lookahead_without_guesses_is_one_token_per_step(window, ngram):
     """G = 0: no n-gram is kept nor verified; each pass commits exactly the target's own token."""
     lm = tiny_lm(seed=1, vocab=8, init_std=0.4)
     prompt = cycle_prompt(lm)
-    gen = Lookahead(window=window, ngram=ngram, guess_set_size=0).generate(lm, prompt, 12, Sampling(temperature=0.8, seed=1), set())
+    gen = Lookahead(window=window, ngram=ngram, guess_set_size=0).generate(
+        lm, prompt, 12, Sampling(temperature=0.8, seed=1), set())
     assert len(gen.steps) == len(gen.tokens) == 12
     for s, step in enumerate(gen.steps):
         assert step.committed == 1 and step.draft_tokens == 0 and step.accepted_draft_tokens == 0
@@ -611,7 +612,8 @@ def test_negative_control_lookahead_with_a_wrong_verifier_is_rejected(stat_model
     lm, prompt = stat_model
     monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)
     kwargs = dict(temperature=0.8)
-    counts, hit_share = sample_counts(lambda s: Lookahead(window=3, ngram=2, guess_set_size=3).generate(lm, prompt, LENGTH, s, set()), kwargs,
-                                      N_CONTROL)
+    counts, hit_share = sample_counts(
+        lambda s: Lookahead(window=3, ngram=2, guess_set_size=3).generate(lm, prompt, LENGTH, s, set()), kwargs,
+        N_CONTROL)
     assert hit_share > 0
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA

@@ -171,7 +171,8 @@ def test_records_from_before_the_rename_read_as_committed(tmp_path):
     "accepted") reads, resumes and validates as if written now, with the same counts."""
     from pathlib import Path
 
-    old = Path(__file__).resolve().parent.parent / "results/reference/leaderboard_bf16/mt_bench/spec_chain/records.jsonl"
+    old = (Path(__file__).resolve().parent.parent
+           / "results/reference/leaderboard_bf16/mt_bench/spec_chain/records.jsonl")
     raw = [json.loads(x) for x in old.read_text().splitlines() if x.strip()]
     assert raw and all("accepted" in r["trace"] for r in raw if r["status"] == "ok")
     read = [r for r in read_records(old) if r["status"] == "ok"]

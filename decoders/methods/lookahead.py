@@ -135,7 +135,8 @@ class Lookahead:
             return
 
         def decode(ids, max_new_tokens, sampling, window, ngram, guess_set_size):
-            fixed = Lookahead(window=window, ngram=ngram, guess_set_size=guess_set_size, pool_from_prompt=self.pool_from_prompt,
+            fixed = Lookahead(window=window, ngram=ngram, guess_set_size=guess_set_size,
+                              pool_from_prompt=self.pool_from_prompt,
                               pool_from_output=self.pool_from_output, init=self.init)
             return fixed.generate(lm, ids, max_new_tokens, sampling, stop_ids)
         self.tuning = tune(lm, [list(p) for p in prompts[:self.auto_prompts]], stop_ids, self.window, self.ngram,
