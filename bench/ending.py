@@ -34,7 +34,8 @@ def comparison(records, run_dir: Path) -> str:
                      "process by check_lossless)")
     else:
         lines.append(f"  tokens per step  {metrics.tokens_per_step(ok):.2f} (autoregressive: 1.00)")
-        lines.append(f"  speedup          n/a: no autoregressive run in this process ({metrics.pooled_tokens_per_s(ok):.1f} "
+        lines.append("  speedup          n/a: no autoregressive run in this process "
+                     f"({metrics.pooled_tokens_per_s(ok):.1f} "
                      "tokens/s alone); rerun with check_lossless=true (greedy), or python -m bench.leaderboard")
     lines.append(f"  lossless         {lossless_line(ok)}")
     quality = metrics.quality(ok)

@@ -222,7 +222,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         lm = lm_cache["lm"]
         rendering = rendering_for(lm.tokenizer, first.prompt_format)
         sampling, _ = check_config(first)
-        ctxs = {label: RunContext(lm, dec, dataset, rendering, cfgs[label], sampling) for label, dec in decoders.items()}
+        ctxs = {label: RunContext(lm, dec, dataset, rendering, cfgs[label], sampling)
+                for label, dec in decoders.items()}
         calibration = {}
         with torch.inference_mode():
             for label, ctx in ctxs.items():
@@ -286,7 +287,8 @@ def judge(lm, rendering: str, records: dict[str, dict], reference: dict | None) 
     if reference is None or reference["status"] != "ok":
         return
     for record in records.values():
-        if record["status"] == "ok" and record.get("lossless") is None and record["prompt_text"] == reference["prompt_text"]:
+        if (record["status"] == "ok" and record.get("lossless") is None
+                and record["prompt_text"] == reference["prompt_text"]):
             ids = encode(lm.tokenizer, record["prompt_text"], rendering)
             record.update(judge_lossless(lm, ids, record["tokens"], reference["tokens"]))
 
@@ -308,7 +310,8 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
     ref = {r["key"]: r for r in reference if r["status"] == "ok"}
     pairs = [(r, ref[r["key"]]) for r in ok if r["key"] in ref]
     per_run = run_pairs(pairs)
-    flops_vs_ar = metrics.total_flops_per_token(ok) / metrics.total_flops_per_token([b for _, b in pairs]) if pairs else math.nan
+    flops_vs_ar = (metrics.total_flops_per_token(ok) / metrics.total_flops_per_token([b for _, b in pairs])
+                   if pairs else math.nan)
     return {
         "prompts": len(ok),
         "runs": sum(len(timed_runs(r)) for r in ok),
@@ -421,14 +424,17 @@ def main(argv: list[str] | None = None) -> None:
         if not greedy:  # the lossless check is greedy's (check_lossless refuses sampling): no such columns
             df, by_category = (d.drop(columns=[c for c in LOSSLESS_COLUMNS if c in d]) for d in (df, by_category))
         rundir.write_atomic(out_dir / "leaderboard.csv", df.to_csv(index=False))
-        rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))  # auto-tuners: forecast vs measured
+        # auto-tuners: forecast vs measured
+        rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))
         from . import spec_bench_table  # imports this module: loaded here, not at the top
 
-        spec_bench_table.write(out_dir, records, list(board.datasets), labels)  # Spec-Bench's layout, where prompts have categories
+        # Spec-Bench's layout, where prompts have categories
+        spec_bench_table.write(out_dir, records, list(board.datasets), labels)
         if len(by_category):
             rundir.write_atomic(out_dir / "leaderboard_by_category.csv", by_category.to_csv(index=False))
             rundir.write_atomic(out_dir / "leaderboard_by_category.md",
-                by_category[[c for c in CATEGORY_COLUMNS if c in by_category]].to_markdown(index=False, floatfmt=".3g") + "\n")
+                by_category[[c for c in CATEGORY_COLUMNS if c in by_category]]
+                .to_markdown(index=False, floatfmt=".3g") + "\n")
         from .leaderboard_plots import plot_all
 
         lm = lm_cache.get("lm") or build(runs[board.datasets[0], REFERENCE].model, "model").load()

@@ -29,7 +29,8 @@ def _plt():
 
 def speedup_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], out: Path) -> None:
     data = df[df["dataset"].isin([*datasets, "all"])].pivot(index="decoder", columns="dataset", values="speedup")
-    data = data.reindex(index=[x for x in labels if x in data.index], columns=[d for d in [*datasets, "all"] if d in data.columns])
+    data = data.reindex(index=[x for x in labels if x in data.index],
+                        columns=[d for d in [*datasets, "all"] if d in data.columns])
     data.to_csv(out / "speedup.csv")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(data)), 3.5))
@@ -66,7 +67,8 @@ def sweep_points(sweeps: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], sweeps: list[str], out: Path) -> None:
+def tokens_vs_flops_plot(df: pd.DataFrame, datasets: list[str], labels: list[str], sweeps: list[str],
+                         out: Path) -> None:
     own = df[df["dataset"].isin(datasets)][["decoder", "dataset", "mean_accepted_tokens", "decode_flops_per_step"]]
     own = own.assign(source="leaderboard")
     extra = sweep_points(sweeps)

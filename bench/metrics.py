@@ -255,7 +255,8 @@ def total_flops_per_token(records) -> float:
 def quality(records) -> dict:
     """quality_metric (the first record's that names one) and quality: the mean score of the
     records that have one (NaN without)."""
-    scores = [r["quality_score"] for r in records if r.get("quality_score") is not None and r["quality_score"] == r["quality_score"]]
+    scores = [r["quality_score"] for r in records
+              if r.get("quality_score") is not None and r["quality_score"] == r["quality_score"]]
     metric = next((r["quality_metric"] for r in records if isinstance(r.get("quality_metric"), str)), None)
     return {"quality_metric": metric, "quality": float(np.mean(scores)) if scores else math.nan}
 
@@ -374,7 +375,8 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
     df = records if isinstance(records, pd.DataFrame) else pd.DataFrame([r for r in records if r is not None])
     if df.empty:
         return pd.DataFrame(columns=SUMMARY_KEYS)
-    keys = SUMMARY_KEYS + ["category"] if by_category and "category" in df and df["category"].notna().any() else SUMMARY_KEYS
+    keys = (SUMMARY_KEYS + ["category"] if by_category and "category" in df and df["category"].notna().any()
+            else SUMMARY_KEYS)
     rows = []
     for key, group in df.groupby(keys, sort=False, dropna=False):
         ok = group[group["status"] == "ok"]
@@ -408,7 +410,8 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
                 head_flops_per_token=_info_ratio(ok, "head_flops", "new_tokens"),
                 rescore_flops_per_token=_info_ratio(ok, "rescore_flops", "new_tokens"),
                 overhead_frac=_ratio(ok["overhead_time_s"].sum(), busy),
-                batch_size=int(ok["batch"].map(lambda b: b["size"] if isinstance(b, dict) else 1).max()) if "batch" in ok else 1,
+                batch_size=(int(ok["batch"].map(lambda b: b["size"] if isinstance(b, dict) else 1).max())
+                            if "batch" in ok else 1),
                 **batch_totals(ok_records),
             )
             row.update(quality(ok_records))
@@ -427,9 +430,13 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
 
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
-DISPLAY = ["decoder", "model", "dataset", "category", "records", "skipped", "new_tokens", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
-           "tokens_per_s_median", "batch_size", "throughput_tokens_per_s", "padding_waste", "latency_s_median", "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
-           "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "paths_per_step", "head_flops_per_token", "rescore_flops_per_token", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric", "quality", "decoder_lossless", "lossless", "lossless_up_to_ties", "real_divergences", "speedup",
+DISPLAY = ["decoder", "model", "dataset", "category", "records", "skipped", "new_tokens", "tokens_per_step",
+           "mean_accepted_tokens", "tokens_per_s",
+           "tokens_per_s_median", "batch_size", "throughput_tokens_per_s", "padding_waste", "latency_s_median",
+           "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
+           "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "paths_per_step", "head_flops_per_token",
+           "rescore_flops_per_token", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric",
+           "quality", "decoder_lossless", "lossless", "lossless_up_to_ties", "real_divergences", "speedup",
            "speedup_geomean", "speedup_pooled", "predicted_speedup"]
 
 

@@ -125,12 +125,14 @@ def check_placement(name: str, device: torch.device, model, offload: bool) -> No
     if off and device.type == "cuda" and not offload:
         n = sum(str(v) in off for v in placed.values())
         raise BenchError(f"model {name}: the device_map put {n} of {len(placed)} modules on {' and '.join(off)} (the "
-                         "model does not fit the GPUs); set model.offload=true to allow offloading, or use more GPU memory")
+                         "model does not fit the GPUs); set model.offload=true to allow offloading, "
+                         "or use more GPU memory")
 
 
 def check_fast_path(name: str, fast_path: str) -> None:
     if fast_path not in ("auto", *FAST_PATHS):
-        raise BenchError(f"model {name}: model.fast_path={fast_path!r} is not allowed; use auto, {', '.join(FAST_PATHS)}")
+        raise BenchError(f"model {name}: model.fast_path={fast_path!r} is not allowed; "
+                         f"use auto, {', '.join(FAST_PATHS)}")
 
 
 def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None) -> LM:
@@ -188,17 +190,19 @@ class PretrainedModel:
         dtype = resolve_dtype(self.dtype, device)
         local = Path(self.path).expanduser()
         if not local.is_dir() and self.path.startswith((".", "/", "~")):
-            raise BenchError(f"model {self.name}: no directory at model.path={self.path}; give an existing HF-format directory or a hub id")
+            raise BenchError(f"model {self.name}: no directory at model.path={self.path}; "
+                             "give an existing HF-format directory or a hub id")
         source = str(local) if local.is_dir() else self.path
         if local.is_dir() and not (local / "config.json").is_file():
-            raise BenchError(f"model {self.name}: model.path={self.path} is not a model directory (no config.json); give "
-                             "a directory written by save_pretrained, or a hub id")
+            raise BenchError(f"model {self.name}: model.path={self.path} is not a model directory (no config.json); "
+                             "give a directory written by save_pretrained, or a hub id")
         kwargs = dict(dtype=dtype, attn_implementation=self.attn_implementation, revision=self.revision)
         device_map = "auto" if self.offload and self.device_map is None else self.device_map
         if device_map is not None:
             kwargs["device_map"] = device_map
         if self.offload:
-            kwargs["offload_folder"] = str(Path(self.cache_dir or "~/.cache/decoding-bench").expanduser() / "offload" / self.name)
+            kwargs["offload_folder"] = str(Path(self.cache_dir or "~/.cache/decoding-bench").expanduser()
+                                           / "offload" / self.name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
             config = AutoConfig.from_pretrained(source, revision=self.revision)
@@ -216,12 +220,13 @@ class PretrainedModel:
             if local.is_dir():
                 raise BenchError(f"model {self.name}: could not load model.path={self.path} ({first}); its files "
                                  "are damaged or incomplete: write the directory again with save_pretrained") from None
-            raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); without hub access, download it elsewhere "
-                             f"and pass model.path=/local/dir") from None
+            raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); "
+                             "without hub access, download it elsewhere and pass model.path=/local/dir") from None
         if device_map is None:
             model.to(device)
         check_placement(self.name, device, model, self.offload)
-        lm = LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name, max_context=self.max_context)
+        lm = LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name,
+                max_context=self.max_context)
         # What was loaded, for provenance: the revision asked for and the hub commit it resolved to
         # (None for a local directory, which is read as it is).
         lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision,
@@ -267,7 +272,8 @@ class GGUFPackageModel:
         """The dequantized HF-format copy, made on first use."""
         gguf = self.gguf_path()
         version = importlib.metadata.version(self.package)
-        target = Path(self.cache_dir).expanduser() / "models" / f"{self.package}-{version}" / f"{Path(self.gguf_file).stem}-{gguf.stat().st_size}"
+        target = (Path(self.cache_dir).expanduser() / "models" / f"{self.package}-{version}"
+                  / f"{Path(self.gguf_file).stem}-{gguf.stat().st_size}")
         if (target / "config.json").is_file():
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -307,7 +313,8 @@ class GGUFPackageModel:
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
                                max_context=self.max_context, fast_path=self.fast_path, cache_dir=self.cache_dir)
         lm = spec.load(batch, add_ons)
-        lm.source = {"package": self.package, "version": importlib.metadata.version(self.package), "gguf_file": self.gguf_file}
+        lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
+                     "gguf_file": self.gguf_file}
         return lm
 
 

@@ -27,7 +27,8 @@ def render_text(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str
         for user, assistant in prompt.shots:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
         for i in range(turn):
-            messages += [{"role": "user", "content": prompt.turns[i]}, {"role": "assistant", "content": previous_outputs[i]}]
+            messages += [{"role": "user", "content": prompt.turns[i]},
+                         {"role": "assistant", "content": previous_outputs[i]}]
         messages.append({"role": "user", "content": prompt.turns[turn]})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "".join(prompt.raw_turns[i] + previous_outputs[i] + "\n\n" for i in range(turn)) + prompt.raw_turns[turn]

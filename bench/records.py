@@ -54,7 +54,8 @@ OK = {"new_tokens": _COUNT, "steps": ("an integer >= 1", lambda v: _is_int(v) an
       "tokens_per_s": _AMOUNT, "target_time_s": _AMOUNT, "draft_time_s": _AMOUNT, "overhead_time_s": _AMOUNT,
       "forward_tokens": _COUNT, "draft_tokens": _COUNT, "accepted_draft_tokens": _COUNT,
       "draft_forward_tokens": _COUNT, "target_flops": _AMOUNT, "draft_flops": _AMOUNT}
-OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt_text": _TEXT, "decoder_lossless": _FLAG,
+OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt_text": _TEXT,
+            "decoder_lossless": _FLAG,
             "lossless": _FLAG, "quality_score": ("a finite number", _is_number), "quality": _OBJECT,
             "reference": _OBJECT, "decode_steps": _COUNT, "decode_tokens": _COUNT, "decode_flops": _AMOUNT,
             "decode_draft_flops": _AMOUNT, "hit_steps": _COUNT, "paths": _COUNT, "head_flops": _AMOUNT,

@@ -57,7 +57,8 @@ def store_leaderboard_entries(extra_conf_dirs=()) -> list[str]:
     from hydra.core.config_store import ConfigStore
 
     names = list(decoder_configs(extra_conf_dirs))
-    ConfigStore.instance().store(name=ENTRIES_NODE, node={"leaderboard": {"decoders": {n: [f"decoder={n}"] for n in names}}})
+    ConfigStore.instance().store(name=ENTRIES_NODE,
+                                 node={"leaderboard": {"decoders": {n: [f"decoder={n}"] for n in names}}})
     return names
 
 

@@ -36,8 +36,8 @@ NUMBERS = ("new_tokens", "steps", "latency_s", "ttft_s", "tokens_per_s", "target
            "overhead_time_s", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "target_flops", "draft_flops",
            "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops", "hit_steps", "paths", "head_flops",
            "rescore_flops", "quality_score")
-OBJECTS = ("decoder", "model", "dataset", "category", "status", "quality_metric", "decoder_lossless", "lossless", "divergence_tie",
-           "reference", "tuned", "batch", "depth_proposed", "depth_accepted")
+OBJECTS = ("decoder", "model", "dataset", "category", "status", "quality_metric", "decoder_lossless", "lossless",
+           "divergence_tie", "reference", "tuned", "batch", "depth_proposed", "depth_accepted")
 
 
 def _natural(path: Path) -> list:
@@ -79,7 +79,8 @@ def columns(records) -> pd.DataFrame:
         for k, column in objects.items():
             value = record.get(k)
             column.append(sys.intern(value) if isinstance(value, str) else value)
-    table = {**{k: np.frombuffer(v, dtype=np.float64) if len(v) else np.zeros(0) for k, v in numbers.items()}, **objects}
+    table = {**{k: np.frombuffer(v, dtype=np.float64) if len(v) else np.zeros(0) for k, v in numbers.items()},
+             **objects}
     return pd.DataFrame({k: v for k, v in table.items() if k in present})
 
 

@@ -102,7 +102,8 @@ def check_owned(run_dir: Path, key: str) -> bool:
         return False
     if is_run(path):
         return True
-    raise BenchError(f"{key}={run_dir} exists and is not a run directory of python -m bench (it holds {_shown(entries)}); "
+    raise BenchError(f"{key}={run_dir} exists and is not a run directory of python -m bench "
+                     f"(it holds {_shown(entries)}); "
                      "a run writes only into a new or empty directory, or its own to resume: choose another")
 
 

@@ -61,8 +61,8 @@ def sampling_from(cfg: DictConfig) -> Sampling:
     except (ValueError, TypeError) as e:
         raise BenchError(str(e)) from None
     if cfg.check_lossless and not sampling.greedy:
-        raise BenchError("check_lossless=true compares against autoregressive greedy output and needs gen.temperature=0; "
-                         "sampling is checked by the statistical tests")
+        raise BenchError("check_lossless=true compares against autoregressive greedy output "
+                         "and needs gen.temperature=0; sampling is checked by the statistical tests")
     return sampling
 
 
@@ -79,7 +79,8 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise BenchError(f"gen.batch_size must be an integer >= 1, got {size!r}")
     if size > 1 and not isinstance(decoder, Batches):
-        raise BenchError(f"decoder {decoder.name} decodes one prompt at a time, so gen.batch_size must be 1, got {size} "
+        raise BenchError(f"decoder {decoder.name} decodes one prompt at a time, "
+                         f"so gen.batch_size must be 1, got {size} "
                          "(every decoder with proposer() batches; the hf_* peers decode one prompt at a time)")
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
@@ -187,7 +188,8 @@ def start_unit(ctx: RunContext, prompt, turn: int, previous: list[str]):
     """The record before decoding (status skipped when the prompt cannot run), the prompt's ids and
     its own sampling seed."""
     lm, cfg = ctx.lm, ctx.cfg
-    text, ids, unfit = prepare(lm.tokenizer, prompt, turn, previous, ctx.rendering, cfg.gen.max_new_tokens, lm.max_context)
+    text, ids, unfit = prepare(lm.tokenizer, prompt, turn, previous, ctx.rendering, cfg.gen.max_new_tokens,
+                               lm.max_context)
     # decoder_lossless: False for explicitly lossy variants (e.g. Medusa's typical acceptance).
     record = new_record(cfg, prompt, turn, rendering=ctx.rendering, prompt_tokens=None if ids is None else len(ids),
                         prompt_text=text, decoder_lossless=bool(ctx.decoder.lossless),
@@ -217,7 +219,8 @@ def finish_unit(ctx: RunContext, record: dict, prompt, turn: int, ids, gen, late
         ref_latency = time.perf_counter() - start
         record.update(judge_lossless(lm, ids, gen.tokens, ref.tokens))  # after the clock
         record["reference"] = {"decoder": "autoregressive", "latency_s": ref_latency, "new_tokens": len(ref.tokens),
-                               "steps": len(ref.steps), "ttft_s": ref.ttft, "tokens_per_s": len(ref.tokens) / ref_latency}
+                               "steps": len(ref.steps), "ttft_s": ref.ttft,
+                               "tokens_per_s": len(ref.tokens) / ref_latency}
     if cfg.quality:
         scored = ctx.dataset.score(prompt, turn, output, ctx.rendering)
         if scored is not None:
@@ -298,7 +301,8 @@ def warmup(ctx: RunContext, units: list) -> None:
     """One short untimed generation per method (and of the lossless check's autoregressive), so
     first-call costs (allocator growth, kernel selection) are not charged to the first prompt."""
     lm, decoder, cfg, sampling = ctx.lm, ctx.decoder, ctx.cfg, ctx.sampling
-    rows = [prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, 16, lm.max_context) for prompt, _ in units[:cfg.gen.batch_size]]
+    rows = [prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, 16, lm.max_context)
+            for prompt, _ in units[:cfg.gen.batch_size]]
     rows = [ids for _, ids, unfit in rows if not unfit]
     if not rows:
         return
@@ -391,7 +395,8 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
                         tokens += record["new_tokens"]
                         steps += record["steps"]
                         seconds += record["latency_s"]
-                        bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}", refresh=False)
+                        bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}",
+                                        refresh=False)
                     bar.update(1)
     finally:
         bar.close()

@@ -4,7 +4,8 @@ The new tokens are grouped by the target forward pass that committed them and co
 many that pass committed (1 = plain, as autoregressive; 2, 3, 4+ = stronger colours), as the
 lookahead decoding blog shows its demo: where a method speeds up, long coloured runs; where it
 stalls, single plain tokens. Writes a self-contained HTML page (RUN_DIR/show/<prompt>_<turn>.html
-by default; an id that is not a plain short file name gets a hash) and prints the same to the terminal with ANSI colours.
+by default; an id that is not a plain short file name gets a hash) and prints the same to the terminal
+with ANSI colours.
 """
 from __future__ import annotations
 
@@ -96,11 +97,14 @@ def render_html(record: dict, steps: list[tuple[str, int, int]]) -> str:
     legend = " ".join(f'<span style="background:{COLOURS[k][0]};padding:0 6px">{v}</span>' for k, v in LEGEND.items())
     n, steps_n = record["new_tokens"], record["steps"]
     head = (f"{html.escape(str(record['decoder']))} | {html.escape(str(record['model']))} | "
-            f"{html.escape(str(record['dataset']))} | prompt {html.escape(str(record['prompt_id']))} turn {record['turn']} | "
-            f"{n} new tokens in {steps_n} steps = {n / steps_n:.2f} tokens per step | {record['tokens_per_s']:.1f} tokens/s")
+            f"{html.escape(str(record['dataset']))} | prompt {html.escape(str(record['prompt_id']))} "
+            f"turn {record['turn']} | {n} new tokens in {steps_n} steps = {n / steps_n:.2f} tokens per step | "
+            f"{record['tokens_per_s']:.1f} tokens/s")
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(str(record['decoder']))} {html.escape(str(record['prompt_id']))}</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}} pre{{white-space:pre-wrap;font-size:14px;line-height:1.6}}
+<html><head>
+<meta charset="utf-8"><title>{html.escape(str(record['decoder']))} {html.escape(str(record['prompt_id']))}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
+pre{{white-space:pre-wrap;font-size:14px;line-height:1.6}}
 .step{{border-right:1px solid #fff}} .prompt{{color:#666}}</style></head><body>
 <h3>{head}</h3>
 <p>Each box is one target forward pass; its colour says how many tokens that pass committed. {legend}</p>
@@ -139,7 +143,7 @@ def show(run_dir: str | Path, prompt_id: str, turn: int = 0, out: str | Path | N
     print(render_terminal(steps, use_colour))
     n = record["new_tokens"]
     print(f"\n{record['decoder']}: {n} tokens in {record['steps']} steps ({n / record['steps']:.2f} per step); "
-          f"{'plain = 1 token per pass, coloured/bracketed = several' if use_colour else '[...] = one pass that committed several tokens'}; "
+          f"{'plain = 1 token per pass, coloured/bracketed = several' if use_colour else '[...] = one pass that committed several tokens'}; "  # noqa: E501
           f"wrote {path}")
     return path
 

@@ -51,8 +51,10 @@ def cell(records: list[dict], reference: list[dict]) -> dict:
     runs = min((len(timed_runs(r)) for q in common for r in mine[q] + ref[q]), default=0)
     per_run = []
     for k in range(runs):
-        pairs = [({"new_tokens": sum(r["new_tokens"] for r in mine[q]), "latency_s": sum(timed_runs(r)[k] for r in mine[q])},
-                  {"new_tokens": sum(r["new_tokens"] for r in ref[q]), "latency_s": sum(timed_runs(r)[k] for r in ref[q])})
+        pairs = [({"new_tokens": sum(r["new_tokens"] for r in mine[q]),
+                   "latency_s": sum(timed_runs(r)[k] for r in mine[q])},
+                  {"new_tokens": sum(r["new_tokens"] for r in ref[q]),
+                   "latency_s": sum(timed_runs(r)[k] for r in ref[q])})
                  for q in common]
         per_run.append(metrics.speedups(pairs)["speedup"])
     return {"questions": len(common), "runs": runs,

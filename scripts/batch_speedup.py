@@ -56,7 +56,8 @@ def cost_curve(lm, batch_sizes, widths, context: int = 256, repeats: int = 5) ->
             for _ in range(repeats + 1):  # the first is untimed: a new shape's first call
                 lm.sync()  # CUDA runs asynchronously: time from an idle device to a finished forward
                 t0 = time.perf_counter()
-                lm.forward_batch([[7] * q] * b, cache, [range(context, context + q)] * b, [None] * b, [list(range(q))] * b)
+                lm.forward_batch([[7] * q] * b, cache, [range(context, context + q)] * b, [None] * b,
+                                 [list(range(q))] * b)
                 lm.sync()
                 times.append(time.perf_counter() - t0)
                 cache.keep_tail(context, [[]] * b)  # back to the context
@@ -102,7 +103,8 @@ def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, title: str) -> No
         right.plot(part.tokens_per_row, part.cost_vs_one_token, marker=".", label=f"B={b}")
     right.set(xscale="log", xlabel="tokens per row (q)", ylabel="forward time / (B rows x 1 token)",
               title="cost of a batched forward")
-    right.set_xticks(sorted(curve.tokens_per_row.unique()), labels=[str(q) for q in sorted(curve.tokens_per_row.unique())])
+    right.set_xticks(sorted(curve.tokens_per_row.unique()),
+                     labels=[str(q) for q in sorted(curve.tokens_per_row.unique())])
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -113,8 +115,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--decoders", nargs="+", default=["autoregressive", "spec_chain", "medusa", "lookahead", "eagle"])
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="cost curve: tokens per row")
+    parser.add_argument("--decoders", nargs="+",
+                        default=["autoregressive", "spec_chain", "medusa", "lookahead", "eagle"])
+    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
+                        help="cost curve: tokens per row")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (interleaved)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "batching")
     args, overrides = parser.parse_known_args()
@@ -136,12 +140,14 @@ def main() -> None:
         if isinstance(decoder, LoadsAddOns):
             decoder.load_addons(lm)
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
-    prompts = [render(lm.tokenizer, p, 0, [], rendering)[1] for p in instantiate(cfg.dataset, limit=args.prompts).load()]
+    prompts = [render(lm.tokenizer, p, 0, [], rendering)[1]
+               for p in instantiate(cfg.dataset, limit=args.prompts).load()]
     greedy, stop, max_new = Sampling(), lm.stop_ids, args.max_new_tokens
     args.out.mkdir(parents=True, exist_ok=True)
 
     with torch.inference_mode():
-        reference = [autoregressive_decode(lm, p, max_new, greedy, stop).tokens for p in tqdm(prompts, desc="batch-1 reference")]
+        reference = [autoregressive_decode(lm, p, max_new, greedy, stop).tokens
+                     for p in tqdm(prompts, desc="batch-1 reference")]
         for decoder in decoders.values():  # warm-up: first-call costs are not charged to B=1
             decode_batch(decoder, lm, prompts[:2], 8, [greedy] * 2, stop)
         hf_generate_batch(lm, prompts[:2], 8, stop)
@@ -156,7 +162,8 @@ def main() -> None:
                         hf_generate_batch(lm, batch, 2, stop)
                 for name in [*decoders, "hf_generate"]:
                     wall, tokens, steps, row_steps, fed, padded, same, ttft, latency = 0.0, 0, 0, 0, 0, 0, 0, [], []
-                    widths, drafting = [], 0.0  # tokens each row fed per decode step (prefill left out); drafting seconds
+                    # tokens each row fed per decode step (prefill left out); drafting seconds
+                    widths, drafting = [], 0.0
                     for i, batch in enumerate(batches):
                         refs = reference[i * b:i * b + len(batch)]
                         lm.sync()
@@ -173,13 +180,14 @@ def main() -> None:
                             row_steps += sum(len(g.steps) for g in gens)
                             fed, padded = fed + stats.fed_tokens, padded + stats.padded_tokens
                             ttft += [g.ttft for g in gens]
-                            latency += [sum(s.target_time + s.draft_time + s.overhead_time for s in g.steps) for g in gens]
+                            latency += [sum(s.target_time + s.draft_time + s.overhead_time for s in g.steps)
+                                        for g in gens]
                             widths += [s.forward_tokens for g in gens for s in g.steps[1:]]
                             drafting += stats.draft_s
                         tokens += sum(map(len, outs))
                         same += sum(o == r for o, r in zip(outs, refs))
-                    runs.append({"repeat": repeat, "batch_size": b, "decoder": name, "wall_s": wall, "new_tokens": tokens,
-                                 "tokens_per_s": tokens / wall, "batch_steps": steps or None,
+                    runs.append({"repeat": repeat, "batch_size": b, "decoder": name, "wall_s": wall,
+                                 "new_tokens": tokens, "tokens_per_s": tokens / wall, "batch_steps": steps or None,
                                  "tokens_per_step_per_row": tokens / row_steps if row_steps else None,
                                  "padding_waste": 1 - fed / padded if padded else None,
                                  "tokens_fed_per_row_step": statistics.mean(widths) if widths else None,
@@ -196,11 +204,13 @@ def main() -> None:
     runs["speedup"] = runs.tokens_per_s / runs.set_index(["repeat", "batch_size"]).index.map(ar)
     table = (runs.groupby(["batch_size", "decoder"], sort=False)
              .agg(speedup=("speedup", "median"), speedup_min=("speedup", "min"), speedup_max=("speedup", "max"),
-                  tokens_per_s=("tokens_per_s", "median"), tokens_per_step_per_row=("tokens_per_step_per_row", "median"),
-                  padding_waste=("padding_waste", "median"), tokens_fed_per_row_step=("tokens_fed_per_row_step", "median"),
+                  tokens_per_s=("tokens_per_s", "median"),
+                  tokens_per_step_per_row=("tokens_per_step_per_row", "median"),
+                  padding_waste=("padding_waste", "median"),
+                  tokens_fed_per_row_step=("tokens_fed_per_row_step", "median"),
                   draft_s_per_row_step=("draft_s_per_row_step", "median"), median_ttft_s=("median_ttft_s", "median"),
-                  median_row_latency_s=("median_row_latency_s", "median"), rows_equal_batch1=("rows_equal_batch1", "min"),
-                  rows=("rows", "first"))
+                  median_row_latency_s=("median_row_latency_s", "median"),
+                  rows_equal_batch1=("rows_equal_batch1", "min"), rows=("rows", "first"))
              .reset_index())
     table["predicted_speedup"] = predicted_speedup(table, curve)
     runs.to_csv(args.out / "runs.csv", index=False)
@@ -213,7 +223,8 @@ def main() -> None:
         f"{cfg.dataset.name} prompts x {max_new} tokens, greedy, {provenance.collect(lm)['dtype']}\n\n"
         + wide.to_markdown(floatfmt=".2f") + "\n\nWhat the cost curve predicts (predicted_speedup):\n\n"
         + forecast.to_markdown(floatfmt=".2f") + "\n\n" + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
-        + curve.pivot(index="tokens_per_row", columns="batch_size", values="cost_vs_one_token").to_markdown(floatfmt=".2f") + "\n")
+        + curve.pivot(index="tokens_per_row", columns="batch_size",
+                      values="cost_vs_one_token").to_markdown(floatfmt=".2f") + "\n")
     plot(table, curve, args.out / "batch_speedup.png", f"{cfg.model.name}, {cfg.dataset.name}, {lm.device.type}")
     meta = provenance.collect(lm)
     meta.update(argv=sys.argv[1:], prompts=len(prompts), max_new_tokens=max_new, dataset=cfg.dataset.name)

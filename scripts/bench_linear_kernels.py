@@ -60,15 +60,19 @@ def main() -> None:
             unit = timed(native, weights, 1, dtype, args.repeats)
             name = str(dtype).replace("torch.", "")
             for k in ROWS:
-                rows.append({"dtype": name, "kernel": "native", "rows": k, "vs_native_1_row": timed(native, weights, k, dtype, args.repeats) / unit})
-                rows.append({"dtype": name, "kernel": "onednn_prepacked", "rows": k, "vs_native_1_row": timed(onednn, weights, k, dtype, args.repeats) / unit})
+                rows.append({"dtype": name, "kernel": "native", "rows": k,
+                             "vs_native_1_row": timed(native, weights, k, dtype, args.repeats) / unit})
+                rows.append({"dtype": name, "kernel": "onednn_prepacked", "rows": k,
+                             "vs_native_1_row": timed(onednn, weights, k, dtype, args.repeats) / unit})
                 if dtype == torch.float32 and k in (2, 8, 16):  # one packed copy per k: measured at a few
                     mkl = [[torch.ops.mkl._mkl_reorder_linear_weight(w, k) for w in layer] for layer in weights]
                     fixed = lambda x, layer, j: torch.ops.mkl._mkl_linear(  # noqa: E731
                         x, mkl[index[id(layer)]][j], layer[j], None, k)
-                    rows.append({"dtype": name, "kernel": "mkl_packed_fixed_k", "rows": k, "vs_native_1_row": timed(fixed, weights, k, dtype, args.repeats) / unit})
+                    rows.append({"dtype": name, "kernel": "mkl_packed_fixed_k", "rows": k,
+                                 "vs_native_1_row": timed(fixed, weights, k, dtype, args.repeats) / unit})
                     del mkl
-            print(f"{name}: native 1-row pass over {sum(o * i for o, i in SHAPES) * args.layers * dtype.itemsize / 1e6:.0f} MB "
+            print(f"{name}: native 1-row pass over "
+                  f"{sum(o * i for o, i in SHAPES) * args.layers * dtype.itemsize / 1e6:.0f} MB "
                   f"of weights: {unit * 1e3:.1f} ms", flush=True)
     table = pd.DataFrame(rows).pivot_table(index=["dtype", "kernel"], columns="rows", values="vs_native_1_row")
     print(table.to_string(float_format=lambda v: f"{v:.2f}"))
@@ -79,7 +83,8 @@ def main() -> None:
         table.to_csv(out / "kernels.csv")
         import importlib.metadata
         (out / "kernels_provenance.json").write_text(json.dumps({
-            "git_commit": git_output("rev-parse", "HEAD"), "git_dirty": bool(git_output("status", "--porcelain", "--untracked-files=no")),
+            "git_commit": git_output("rev-parse", "HEAD"),
+            "git_dirty": bool(git_output("status", "--porcelain", "--untracked-files=no")),
             "torch": importlib.metadata.version("torch"), "torch_threads": torch.get_num_threads(),
             "command": " ".join(["python scripts/bench_linear_kernels.py", *sys.argv[1:]])}, indent=2))
 

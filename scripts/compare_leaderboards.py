@@ -55,7 +55,8 @@ def main(argv: list[str]) -> int:
     rows, all_same = [], True
     for ds, label in sorted(set(before) | set(after)):
         if (ds, label) not in after or (ds, label) not in before:
-            rows.append((ds, label, f"missing {'after' if (ds, label) not in after else 'before'}", "", "", "", "", "", ""))
+            rows.append((ds, label, f"missing {'after' if (ds, label) not in after else 'before'}",
+                         "", "", "", "", "", ""))
             all_same = False
             continue
         row, ok = compare(load(before[ds, label]), load(after[ds, label]))

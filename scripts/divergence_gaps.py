@@ -64,7 +64,8 @@ def divergences(root: Path) -> pd.DataFrame:
                 with torch.inference_mode():
                     verdict = judge_output(r["tokens"], ref["tokens"], step_logits(lm, ids, r["tokens"]))
                 rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, "prompt": r["prompt_id"],
-                             "key": r["key"], "new_tokens": len(ref["tokens"]), "dtype": str(lm.dtype).replace("torch.", ""),
+                             "key": r["key"], "new_tokens": len(ref["tokens"]),
+                             "dtype": str(lm.dtype).replace("torch.", ""),
                              **{k: verdict[k] for k in COLUMNS if k in verdict}})
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--paths", default=",".join(candidate_labels()),
-                        help="fast paths to profile, comma-separated: none, prepacked (its default threshold), prepacked>=N")
+                        help="fast paths to profile, comma-separated: none, "
+                             "prepacked (its default threshold), prepacked>=N")
     parser.add_argument("--refresh", action="store_true", help="measure again even if cached")
     parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
     args, overrides = parser.parse_known_args()
@@ -87,12 +88,14 @@ def main() -> None:
     for path in curves:
         read = weight_bytes / steps[path]
         print(f"  {path}: one autoregressive step {steps[path] * 1e3:.1f} ms = {read / 1e9:.1f} GB/s of weights read "
-              f"({weight_bytes / 1e6:.0f} MB), {read / bandwidth:.0%} of memory-copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+              f"({weight_bytes / 1e6:.0f} MB), "
+              f"{read / bandwidth:.0%} of memory-copy bandwidth {bandwidth / 1e9:.1f} GB/s")
     shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for path in curves:
-        ax.plot(table["tokens"], table[f"{path}_vs_native_step"], marker=".", label=f"{path} (1-token step {steps[path] * 1e3:.1f} ms)")
+        ax.plot(table["tokens"], table[f"{path}_vs_native_step"], marker=".",
+                label=f"{path} (1-token step {steps[path] * 1e3:.1f} ms)")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="new tokens in one forward", ylabel="latency / native autoregressive step",
            title=f"{lm.name} {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads", ylim=(0, None))
@@ -106,7 +109,8 @@ def main() -> None:
     table.to_csv(out / f"{stem}.csv", index=False)
     if args.out:
         info = provenance.collect(lm)
-        info.update(fast_path="see columns", packed_min_rows="see columns", profiles=keys, autoregressive_s=steps, weight_bytes=weight_bytes,
+        info.update(fast_path="see columns", packed_min_rows="see columns", profiles=keys, autoregressive_s=steps,
+                    weight_bytes=weight_bytes,
                     copy_bandwidth_bytes_per_s=bandwidth, context=args.context, repeats=args.repeats,
                     command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
         (out / "provenance.json").write_text(json.dumps(info, indent=2))

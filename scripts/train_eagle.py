@@ -143,10 +143,13 @@ def depth_accuracy(lm, draft, sequences: list[list[int]], depth: int, bf16: bool
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--chunks", type=int, default=1200, help="stdlib + GSM8K chunks (beside all self-distilled ones)")
-    parser.add_argument("--generated-repeats", type=int, default=3, help="self-distilled chunks appear this often per epoch")
+    parser.add_argument("--chunks", type=int, default=1200,
+                        help="stdlib + GSM8K chunks (beside all self-distilled ones)")
+    parser.add_argument("--generated-repeats", type=int, default=3,
+                        help="self-distilled chunks appear this often per epoch")
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--unroll", type=int, default=3, help="levels of drafting trained on (1 = EAGLE-1's teacher forcing)")
+    parser.add_argument("--unroll", type=int, default=3,
+                        help="levels of drafting trained on (1 = EAGLE-1's teacher forcing)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -157,7 +160,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: adapters/<model>-eagle.safetensors")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                        help="bfloat16 autocast for a float32 target's forward (a half-precision one runs in its own dtype)")
+                        help="bfloat16 autocast for a float32 target's forward "
+                             "(a half-precision one runs in its own dtype)")
     add_target_args(parser)
     args, overrides = parser.parse_known_args()
     for key in ("chunks", "epochs", "unroll", "batch", "depth"):
@@ -223,11 +227,12 @@ def main() -> None:
     for j in range(args.depth):
         print(f"depth {j + 1}: top-1 {before[j][0]:.3f} -> {after[j][0]:.3f}, "
               f"top-5 {sum(before[j][:5]):.3f} -> {sum(after[j][:5]):.3f}", flush=True)
-    print(f"held-out greedy tokens inside the draft vocabulary: {coverage:.3f}; {seconds / 60:.1f} min in all", flush=True)
+    print(f"held-out greedy tokens inside the draft vocabulary: {coverage:.3f}; {seconds / 60:.1f} min in all",
+          flush=True)
 
     info = {"model": cfg.model.name, "epochs": args.epochs, "unroll": args.unroll, "batch": args.batch,
-            "seq_len": args.seq_len, "lr": args.lr, "steps": steps, "draft_vocab": len(vocab) if vocab else lm.vocab_size,
-            "vocab_coverage": round(coverage, 4),
+            "seq_len": args.seq_len, "lr": args.lr, "steps": steps,
+            "draft_vocab": len(vocab) if vocab else lm.vocab_size, "vocab_coverage": round(coverage, 4),
             "chunks": {"self_distilled": len(own), "self_distilled_repeats": args.generated_repeats,
                        "stdlib_gsm8k": len(other)},
             "data": "the model's own greedy answers to requests written for scripts/training_corpus.py (every 10th "

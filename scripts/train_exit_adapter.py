@@ -55,7 +55,8 @@ INSTRUCTIONS = [
     "Tom has 5 apples and buys 3 bags of 4 apples each. How many apples does he have now?",
     "Write a Python function that merges two sorted lists.", "Explain what recursion is with a simple example.",
     "Give advice to someone starting to learn the guitar.", "Write a function that counts vowels in a string.",
-    "Explain photosynthesis in two paragraphs.", "Write a Python script that reads a CSV file and prints the sum of a column.",
+    "Explain photosynthesis in two paragraphs.",
+    "Write a Python script that reads a CSV file and prints the sum of a column.",
     "If a rectangle is 7 cm by 4 cm, what are its area and perimeter?",
 ]
 
@@ -184,8 +185,9 @@ def main() -> None:
     print(f"held-out top-1 agreement with the full model: {before:.3f} without the adapter, {after:.3f} with it "
           f"({seconds / 60:.1f} min in all)", flush=True)
 
-    info = {"model": cfg.model.name, "layers": layers, "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
-            "lr": args.lr, "train_chunks": len(train), "data": "Python stdlib source (train split) + self-distilled answers",
+    info = {"model": cfg.model.name, "layers": layers, "steps": args.steps, "batch": args.batch,
+            "seq_len": args.seq_len, "lr": args.lr, "train_chunks": len(train),
+            "data": "Python stdlib source (train split) + self-distilled answers",
             "seconds": round(seconds, 1), "final_kl": round(sum(losses[-20:]) / len(losses[-20:]), 4),
             "heldout_agreement_before": round(before, 4), "heldout_agreement_after": round(after, 4),
             "command": " ".join(["python", "scripts/train_exit_adapter.py", *sys.argv[1:]])}

@@ -3,8 +3,8 @@
 - Python standard-library source (this interpreter's own; train / held-out split by file name),
 - GSM8K's train split (question + worked answer),
 - self-distillation: the target's own greedy answers, rendered as a benchmark run renders prompts
-  (its chat template, or the raw text for a tokenizer without one), to coding requests written for this script, to the exit
-  adapter script's instructions, and to GSM8K train questions.
+  (its chat template, or the raw text for a tokenizer without one), to coding requests written for this script,
+  to the exit adapter script's instructions, and to GSM8K train questions.
 
 Generation is batched (left padding) and cached, so the heads and the n-gram LM scripts share it.
 Also what every script training on it starts with: the frozen target (`frozen_target`) and the
@@ -31,7 +31,8 @@ CODE_TASKS = [
     "returns all prime factors of a number", "computes the running sum of a list", "capitalises every word in a string",
     "finds the longest common prefix of a list of strings", "converts Celsius to Fahrenheit for a list of values",
     "returns the indices of two numbers that add up to a target", "splits a list into chunks of size n",
-    "computes the median of a list", "counts the digits of an integer", "checks whether brackets in a string are balanced",
+    "computes the median of a list", "counts the digits of an integer",
+    "checks whether brackets in a string are balanced",
     "returns the factorial of n recursively", "finds the maximum depth of nested parentheses",
     "interleaves two lists", "returns the sum of the squares of odd numbers in a list",
     "converts a binary string to an integer", "groups words by their first letter", "returns the mode of a list",

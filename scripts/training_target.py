@@ -23,7 +23,8 @@ from bench.prompts import render, rendering_for  # noqa: E402
 
 
 def add_target_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (the run config's device=; default: its value, auto)")
+    parser.add_argument("--device", default=None,
+                        help="auto, cpu, cuda or cuda:N (the run config's device=; default: its value, auto)")
     parser.add_argument("--dtype", default=None, help="auto, float32, bfloat16 or float16 (the run config's dtype=)")
 
 

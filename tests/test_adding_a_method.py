@@ -70,7 +70,8 @@ def test_a_new_method_runs_lossless(method_dir):
 
 def test_the_greedy_equality_tests_find_and_pass_a_new_method(method_dir):
     env = dict(os.environ, BENCH_TEST_CONF_DIRS=str(method_dir / "conf"))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={method_dir / 'pt'}",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          f"--basetemp={method_dir / 'pt'}",
                           "tests/test_greedy_equality.py", "tests/test_layout.py", "-k", "repeat_last"],
                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:]

@@ -150,7 +150,8 @@ def test_resume_sets_invalid_records_aside_and_generates_them_again(run_dir, run
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 damaged line(s)" in out.stderr and "invalid record (no prompt_id)" in out.stderr
     again = _records(run_copy)
-    assert again["a_b#0"]["tokens"] == records["a_b#0"]["tokens"] and again["a/b#0"]["steps"] == records["a/b#0"]["steps"]
+    assert (again["a_b#0"]["tokens"] == records["a_b#0"]["tokens"]
+            and again["a/b#0"]["steps"] == records["a/b#0"]["steps"])
     rejected = [json.loads(x) for x in (run_copy / "records.rejected.jsonl").read_text().splitlines()]
     assert {r["key"]: r for r in rejected} == bad  # moved aside whole
     summary = pd.read_csv(run_copy / "summary.csv")
@@ -214,7 +215,8 @@ def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeyp
     in the issue-30 report."""
     taken = []
     summarize = report.metrics.summarize
-    monkeypatch.setattr(report.metrics, "summarize", lambda records, **kw: taken.append(records) or summarize(records, **kw))
+    monkeypatch.setattr(report.metrics, "summarize",
+                        lambda records, **kw: taken.append(records) or summarize(records, **kw))
     read = []
     monkeypatch.setattr(report, "iter_records", lambda path: (read.append(r) or r for r in iter_records(path)))
     table, _ = report.report([str(run_dir)])

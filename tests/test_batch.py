@@ -148,7 +148,8 @@ def test_sampled_rows_draw_their_own_streams(name):
     prompts = mixed_prompts(5, 3)
     samplings = [Sampling(temperature=0.9, top_p=0.95, seed=s) for s in (11, 12, 13)]
     gens, _ = decode_batch(decoder, lm, prompts, 16, samplings, set())
-    assert [g.tokens for g in gens] == [decoder.generate(lm, p, 16, s, set()).tokens for p, s in zip(prompts, samplings)]
+    assert [g.tokens for g in gens] == [decoder.generate(lm, p, 16, s, set()).tokens
+                                        for p, s in zip(prompts, samplings)]
 
 
 def test_sampled_batch_keeps_the_target_distribution_per_row():
@@ -160,13 +161,14 @@ def test_sampled_batch_keeps_the_target_distribution_per_row():
     exact = []
     for p in prompts:
         first = torch.softmax(lm.forward(p, lm.new_cache(), last_only=True)[-1].double(), -1)
-        joint = torch.stack([first[a] * torch.softmax(lm.forward([*p, a], lm.new_cache(), last_only=True)[-1].double(), -1)
+        joint = torch.stack([first[a]
+                             * torch.softmax(lm.forward([*p, a], lm.new_cache(), last_only=True)[-1].double(), -1)
                              for a in range(16)])
         exact.append(joint)
     counts = [torch.zeros(16, 16) for _ in prompts]
     for seed in range(1500):
-        gens, _ = decode_batch(decoder, lm, prompts, 2, [Sampling(temperature=1.0, seed=seed * 2 + r) for r in range(2)],
-                               set())
+        gens, _ = decode_batch(decoder, lm, prompts, 2,
+                               [Sampling(temperature=1.0, seed=seed * 2 + r) for r in range(2)], set())
         for r, g in enumerate(gens):
             counts[r][g.tokens[0], g.tokens[1]] += 1
     for r in range(2):
@@ -186,7 +188,8 @@ def real_prompts(smollm, data_dir):
 
     rendering = rendering_for(smollm.tokenizer, "auto")
     prompts = []
-    for dataset in (MTBench(data_dir=str(data_dir), limit=2), HumanEval(limit=2), GSM8K(data_dir=str(data_dir), limit=2)):
+    for dataset in (MTBench(data_dir=str(data_dir), limit=2), HumanEval(limit=2),
+                    GSM8K(data_dir=str(data_dir), limit=2)):
         prompts += [render(smollm.tokenizer, p, 0, [], rendering)[1] for p in dataset.load()]
     return prompts
 
@@ -221,7 +224,8 @@ BAD_BATCH = [("gen.batch_size=0", "gen.batch_size must be an integer >= 1, got 0
 
 
 @pytest.mark.parametrize("override,message", BAD_BATCH + [
-    ("decoder=hf_generate gen.batch_size=2", "decoder hf_generate decodes one prompt at a time, so gen.batch_size must be 1")])
+    ("decoder=hf_generate gen.batch_size=2",
+     "decoder hf_generate decodes one prompt at a time, so gen.batch_size must be 1")])
 def test_bad_batch_size_is_one_line_and_exit_2(tmp_path, override, message):
     out = run_cli("model=tiny-random", *override.split(), f"hydra.run.dir={tmp_path}")
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -249,5 +253,6 @@ def test_runner_batches_two_turn_conversations_and_resumes(tmp_path):
     assert again.returncode == 0 and (out / "records.jsonl").read_text().count("\n") == 6
     single = tmp_path / "b1"
     assert run_cli(*common, f"hydra.run.dir={single}").returncode == 0
-    alone = {json.loads(line)["key"]: json.loads(line)["tokens"] for line in (single / "records.jsonl").read_text().splitlines()}
+    alone = {json.loads(line)["key"]: json.loads(line)["tokens"]
+             for line in (single / "records.jsonl").read_text().splitlines()}
     assert {r["key"]: r["tokens"] for r in records} == alone

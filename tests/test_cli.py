@@ -147,14 +147,16 @@ def test_overlong_prompt_is_skipped_with_its_reason(tmp_path):
     assert out.returncode == 0, out.stderr
     by_key = {r["key"]: r for r in records(tmp_path / "run")}
     assert by_key["short#0"]["status"] == "ok"
-    assert by_key["long#0"]["status"] == "skipped" and "exceeds the model's context of 256" in by_key["long#0"]["reason"]
+    assert (by_key["long#0"]["status"] == "skipped"
+            and "exceeds the model's context of 256" in by_key["long#0"]["reason"])
     assert by_key["long#1"]["status"] == "skipped" and "earlier turn" in by_key["long#1"]["reason"]
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
     assert summary.loc[0, "records"] == 1 and summary.loc[0, "skipped"] == 2
 
 
 ERRORS = [
-    (["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld"),
+    (["decoder=nope"],
+     "unknown decoder 'nope'; choose one of: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld"),
     (["model=nope"], "unknown model 'nope'"),
     (["dataset=nope"], "unknown dataset 'nope'"),
     (["gen.max_new_tokens=0"], "gen.max_new_tokens must be an integer >= 1"),
@@ -185,11 +187,13 @@ ERRORS = [
     (["decoder=spec_chain", "draft.layers=0"], "draft.layers must be an integer >= 1, got 0"),
     (["decoder=specinfer", "decoder.depth=0"], "decoder.depth must be an integer >= 1, got 0"),
     (["decoder=sequoia", "decoder.tree=big"], "decoder.tree must be one of fixed, auto, got 'big'"),
-    (["decoder=sequoia", "decoder.acceptance_file=/no/such.json"], "decoder.acceptance_file: no acceptance vector at /no/such.json"),
+    (["decoder=sequoia", "decoder.acceptance_file=/no/such.json"],
+     "decoder.acceptance_file: no acceptance vector at /no/such.json"),
     (["decoder=hf_assisted", "decoder.num_assistant_tokens=0"], "decoder.num_assistant_tokens must be an integer >= 1"),
     (["decoder=spec_chain", "model.num_layers=3", "draft.layers=2"],
      "smollm2-135m-self4.safetensors was trained for 4 layers and hidden size 576"),
-    (["decoder=spec_chain", "draft=tiny-random", "draft.vocab_size=100"], "draft: draft tiny-random's head covers 100 ids"),
+    (["decoder=spec_chain", "draft=tiny-random", "draft.vocab_size=100"],
+     "draft: draft tiny-random's head covers 100 ids"),
     (["decoder=spec_chain", "draft.layers=2"], "draft: draft.layers must be an integer in [1, 1] for a 2-layer target"),
     (["decoder=medusa"], "was trained for hidden size 576; tiny-random has 64"),
     (["decoder=medusa", "decoder.heads=/no/such.safetensors"], "decoder.heads: no heads file at /no/such.safetensors"),
@@ -197,8 +201,10 @@ ERRORS = [
     (["decoder=medusa", "decoder.choices=[[0],[1,1]]"], "decoder.choices: path [1, 1] has no parent path [1]"),
     (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be one of exact, typical"),
     (["decoder=eagle"], "smollm2-135m-eagle.safetensors was trained for hidden size 576; tiny-random has 64"),
-    (["decoder=eagle", "decoder.draft_weights=/no/such.safetensors"], "decoder.draft_weights: no EAGLE draft file at /no/such.safetensors"),
-    (["decoder=eagle", "+decoder.head=null"], "decoder.head is now decoder.draft_weights; use decoder.draft_weights=null"),
+    (["decoder=eagle", "decoder.draft_weights=/no/such.safetensors"],
+     "decoder.draft_weights: no EAGLE draft file at /no/such.safetensors"),
+    (["decoder=eagle", "+decoder.head=null"],
+     "decoder.head is now decoder.draft_weights; use decoder.draft_weights=null"),
     (["decoder=eagle", "decoder.head_seed=1"], "decoder.head_seed is now decoder.draft_seed; use decoder.draft_seed=1"),
     (["decoder=eagle", "decoder.tree=wide"], "decoder.tree must be one of dynamic, static, got 'wide'"),
     (["decoder=eagle", "decoder.top_k=0"], "decoder.top_k must be an integer >= 1, got 0"),
@@ -206,8 +212,10 @@ ERRORS = [
      "is not an EAGLE draft file (format 'medusa-heads-v1')"),
     (["decoder=bpd", "decoder.rescore=lm"], "decoder.rescore must be one of none, ngram, neural, got 'lm'"),
     (["decoder=bpd", "decoder.paths=0"], "decoder.paths must be an integer >= 1, got 0"),
-    (["decoder=bpd", "decoder.rescore=ngram", "decoder.ngram=/no/such.json.gz"], "decoder.ngram: no n-gram LM at /no/such.json.gz"),
-    (["decoder=bpd", "decoder.heads=null", "decoder.block=9"], "decoder.block=9 needs as many heads; these heads have 4"),
+    (["decoder=bpd", "decoder.rescore=ngram", "decoder.ngram=/no/such.json.gz"],
+     "decoder.ngram: no n-gram LM at /no/such.json.gz"),
+    (["decoder=bpd", "decoder.heads=null", "decoder.block=9"],
+     "decoder.block=9 needs as many heads; these heads have 4"),
 ]
 
 
@@ -215,7 +223,7 @@ ERRORS = [
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
     out = run_cli(*TINY, *overrides, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 2
-    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("error: ") and message in lines[0], lines[0]
     assert "Traceback" not in out.stderr + out.stdout
@@ -287,4 +295,5 @@ def test_hydra_flags_pass_through():
     assert shown.returncode == 0, shown.stderr
     assert "_target_: decoders.methods.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
     helped = run_cli("--help")
-    assert helped.returncode == 0 and "decoder: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld" in helped.stdout
+    assert (helped.returncode == 0
+            and "decoder: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld" in helped.stdout)

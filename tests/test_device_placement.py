@@ -115,7 +115,8 @@ class Placed:
         self.hf_device_map = placed
 
 
-@pytest.mark.parametrize("device, offload, refused", [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
+@pytest.mark.parametrize("device, offload, refused",
+                         [("cuda", False, True), ("cuda", True, False), ("cpu", False, False)])
 def test_device_map_offloading_only_when_asked(device, offload, refused):
     model = Placed({"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "lm_head": "disk"})
     if refused:

@@ -64,7 +64,8 @@ def test_every_node_is_a_fresh_causal_run_along_its_path(tree, top_k, seed):
     predicted equal a run from scratch along the node's own path."""
     lm = tiny_lm(seed=seed)
     draft = new_draft(lm, seed=seed + 1)
-    shape = Eagle(draft_weights=None, tree="static", tree_size=12, depth=4, top_k=top_k).shape(draft)[1] if tree == "static" else None
+    shape = Eagle(draft_weights=None, tree="static", tree_size=12, depth=4,
+                  top_k=top_k).shape(draft)[1] if tree == "static" else None
     proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4, 1, 7][:2 + seed], tree=tree, tree_size=12,
                                                   depth=4, top_k=top_k, shape=shape)
     proposal = proposer.propose(sequence, 10)

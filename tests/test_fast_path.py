@@ -20,8 +20,8 @@ from helpers import tiny_lm
 
 
 def _tied_model(seed=0):
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, tie_word_embeddings=True)
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -119,7 +119,8 @@ def test_auto_measures_once_caches_and_records(tmp_path):
     cached.write_text("{not json")  # damaged: measured again
     assert choose_fast_path(lm, tmp_path)["chosen"] in ("none", "prepacked")
     assert profile_key(lm) != profile_key(lm, fast_path=False)  # latency profiles are kept per path
-    keys = {(p, m): (lm.set_fast_path(p, m), profile_key(lm))[1] for p, m in [("none", None), ("prepacked", 1), ("prepacked", 4)]}
+    keys = {(p, m): (lm.set_fast_path(p, m), profile_key(lm))[1]
+            for p, m in [("none", None), ("prepacked", 1), ("prepacked", 4)]}
     assert len(set(keys.values())) == 3  # ... and per threshold
 
 
@@ -153,7 +154,8 @@ def test_model_config_key_and_provenance(tmp_path):
     lm = spec.load()
     record = collect(lm)
     assert record["fast_path"] == "prepacked" and record["fast_path_extra_bytes"] > 0 and record["packed_min_rows"] == 4
-    auto = TinyRandomModel(device="cpu", dtype="float32", fast_path="auto", cache_dir=str(tmp_path), vocab_size=64).load()
+    auto = TinyRandomModel(device="cpu", dtype="float32", fast_path="auto", cache_dir=str(tmp_path),
+                           vocab_size=64).load()
     assert auto.fast_path_note.startswith(f"auto chose {auto.fast_path}")
     with pytest.raises(BenchError, match="model.fast_path='fast' is not allowed; use auto, none, prepacked"):
         TinyRandomModel(device="cpu", fast_path="fast").load()

@@ -42,7 +42,8 @@ def weights(kind: str, tmp_path: Path, source: Path) -> Path:
 @pytest.mark.parametrize("kind", ["empty", "truncated", "json"])
 def test_damaged_heads_file(tmp_path, kind):
     path = weights(kind, tmp_path, HEADS)
-    out = run_cli(*TINY, "dataset.limit=1", "decoder=medusa", f"decoder.heads={path}", f"hydra.run.dir={tmp_path / 'r'}")
+    out = run_cli(*TINY, "dataset.limit=1", "decoder=medusa", f"decoder.heads={path}",
+                  f"hydra.run.dir={tmp_path / 'r'}")
     one_line_error(out, f"decoder.heads: {path} is not a readable safetensors file")
 
 
@@ -70,7 +71,8 @@ def test_truncated_model_weights(tmp_path):
         if f.suffix != ".safetensors":
             shutil.copy(f, model / f.name)
     (model / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:100_000])
-    out = run_cli("model=codellama-7b", f"model.path={model}", "gen.max_new_tokens=8", f"hydra.run.dir={tmp_path / 'r'}")
+    out = run_cli("model=codellama-7b", f"model.path={model}", "gen.max_new_tokens=8",
+                  f"hydra.run.dir={tmp_path / 'r'}")
     one_line_error(out, f"could not load model.path={model}")
     assert "damaged or incomplete" in out.stderr
 
@@ -178,7 +180,8 @@ def test_report_and_show_survive_failed_runs_duplicates_and_torn_lines(tmp_path)
     (failed / "records.jsonl").write_text("")
     lines = (good / "records.jsonl").read_text().splitlines(keepends=True)
     (good / "records.jsonl").write_text("".join(lines) + lines[0] + lines[1][:40])  # a duplicate, a torn line
-    report = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path / "sweep"), "--out", str(tmp_path / "rep")],
+    report = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path / "sweep"),
+                             "--out", str(tmp_path / "rep")],
                             capture_output=True, text=True, cwd=REPO)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "no finished records in" in report.stderr and "2 damaged line(s)" in report.stderr

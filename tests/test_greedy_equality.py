@@ -38,7 +38,8 @@ TINY = ["model=tiny-random", "draft=self", "draft.layers=1", "cache_dir=null"]
 VARIANTS = {
     "hf_pld": {"3-1": dict(num_tokens=3, max_ngram=1), "1-3": dict(num_tokens=1, max_ngram=3)},
     "prompt_lookup": {"3-1": dict(num_tokens=3, max_ngram=1), "1-4": dict(num_tokens=1, max_ngram=4)},
-    "recycling": {"1-1-1": dict(tree_size=1, depth=1, successors=1), "12-2-6": dict(tree_size=12, depth=2, successors=6),
+    "recycling": {"1-1-1": dict(tree_size=1, depth=1, successors=1),
+                  "12-2-6": dict(tree_size=12, depth=2, successors=6),
                   "40-10-3": dict(tree_size=40, depth=10, successors=3),
                   "cold-16-4-4": dict(tree_size=16, depth=4, successors=4, hot_start=False)},
     # eagle-tree-size-depth-top_k, untrained (features stay as they are) or random (seed) drafts
@@ -50,7 +51,8 @@ VARIANTS = {
     "jacobi": {"1": dict(block_size=1), "4": dict(block_size=4), "16-vocab": dict(block_size=16, init="vocab"),
                "3-repeat": dict(block_size=3, init="repeat")},
     # lookahead-W-N-G
-    "lookahead": {"1-2-1": dict(window=1, ngram=2, guess_set_size=1), "3-2-0": dict(window=3, ngram=2, guess_set_size=0),
+    "lookahead": {"1-2-1": dict(window=1, ngram=2, guess_set_size=1),
+                  "3-2-0": dict(window=3, ngram=2, guess_set_size=0),
                   "1-5-2": dict(window=1, ngram=5, guess_set_size=2),
                   "7-3-unbounded": dict(window=7, ngram=3, guess_set_size=-1),
                   "4-6-8-vocab": dict(window=4, ngram=6, guess_set_size=8, init="vocab"),
@@ -104,8 +106,9 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), d
                     "eagle-dynamic-24": Eagle(draft_weights=EAGLE, tree_size=24),
                     "eagle-static-16": Eagle(draft_weights=EAGLE, tree="static", tree_size=16),
                     "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
-                    "bpd-neural-p2-self4": BPD(heads=HEADS, rescore="neural", paths=2,
-                                               draft=SelfDraft(layers=4, adapter="adapters/smollm2-135m-self4.safetensors"))}
+                    "bpd-neural-p2-self4": BPD(
+                        heads=HEADS, rescore="neural", paths=2,
+                        draft=SelfDraft(layers=4, adapter="adapters/smollm2-135m-self4.safetensors"))}
 
 
 def test_every_variant_is_of_a_method():

@@ -35,7 +35,8 @@ for _label, _decoder in DECODERS.items():
 def test_ulp_is_the_spacing_of_the_dtype(dtype):
     for x in (0.3, 1.0, 1.5, -7.25, 100.0):
         v = torch.tensor(x, dtype=dtype)
-        assert float(torch.nextafter(v.abs(), torch.tensor(float("inf"), dtype=dtype)) - v.abs()) == metrics.ulp(x, dtype)
+        assert (float(torch.nextafter(v.abs(), torch.tensor(float("inf"), dtype=dtype)) - v.abs())
+                == metrics.ulp(x, dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -152,7 +152,8 @@ def test_shipped_heads_beat_untrained_ones_on_real_prompts(smollm, data_dir):
     assert shipped.info["accuracy"][0][0] > shipped.info["accuracy_untrained"][0][0]
 
 
-@pytest.mark.parametrize("shipped", ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-eagle.safetensors",
+@pytest.mark.parametrize("shipped",
+                         ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-eagle.safetensors",
                                      "adapters/smollm2-135m-self4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"])
 def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypatch, shipped):
     """The configs name the shipped add-ons relative to the repository; a run started elsewhere finds them."""
@@ -197,7 +198,8 @@ def test_best_paths_are_the_top_products_and_prefix_closed(size):
     assert all(value[p] >= cut - 1e-12 for p in paths)
     assert all(p[:-1] in set(paths) | {()} for p in paths)  # closed under prefixes
     parents, slots = tree_shape(paths)
-    assert len(parents) == len(paths) + 1 and [h for h, _ in slots] == [len(p) - 1 for p in sorted(paths, key=lambda p: (len(p), p))]
+    assert (len(parents) == len(paths) + 1
+            and [h for h, _ in slots] == [len(p) - 1 for p in sorted(paths, key=lambda p: (len(p), p))])
 
 
 def test_choices_validation():

@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 from bench.registry import decoder_configs
 from helpers import CACHE_DIR, DATA_DIR, REPO, on_cpu
 
-TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard.limit=2", "draft.layers=1", "draft.adapter=null",
+TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard.limit=2", "draft.layers=1",
+        "draft.adapter=null",
         "leaderboard.verification_tokens=[1,2,4]", "leaderboard.sweeps=[tests/fixtures/lookahead_sweep]",
         # the shipped heads are SmolLM2's: tiny-random gets untrained ones
         'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
@@ -24,7 +25,8 @@ TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard
         'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.draft_weights=null","decoder.tree=static"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
-LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "eagle", "eagle-static", "hf_assisted", "jacobi", "lookahead",
+LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "eagle", "eagle-static",
+          "hf_assisted", "jacobi", "lookahead",
           "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
            "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "same_as_autoregressive",
@@ -98,7 +100,8 @@ def test_draft_flops_count_and_the_drafts_prompt_pass_is_its_prefill(board, labe
 
 
 def test_sampling_leaderboard_says_so_and_does_not_call_equality_lossless(tmp_path):
-    result = run_module("bench.leaderboard", *TINY, "leaderboard.limit=1", "leaderboard.only=[autoregressive,spec_chain]",
+    result = run_module("bench.leaderboard", *TINY, "leaderboard.limit=1",
+                        "leaderboard.only=[autoregressive,spec_chain]",
                         "leaderboard.datasets=[gsm8k]", "gen.temperature=0.7", f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     df = pd.read_csv(tmp_path / "leaderboard.csv")
@@ -201,9 +204,11 @@ def test_show_errors_are_one_line(board, tmp_path, args, message):
 
 
 def test_leaderboard_errors_are_one_line(tmp_path):
-    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[nope]", f"leaderboard.out_dir={tmp_path}")
+    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[nope]",
+                        f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 2 and result.stderr.strip().startswith("error: leaderboard.only: unknown label")
-    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[lookahead]", f"leaderboard.out_dir={tmp_path}")
+    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[lookahead]",
+                        f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 2 and "needs the autoregressive entry" in result.stderr
 
 
@@ -215,8 +220,8 @@ PRESETS = {
     "heads": (["autoregressive", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1", "bpd-p4",
                "bpd-ngram-p4"], 1),
     "baselines": (["autoregressive", "hf_generate"], 3),
-    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-static", "recycling", "medusa", "lookahead-auto", "sequoia-auto",
-                 "hf_pld", "prompt_lookup"], 1),
+    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-static", "recycling", "medusa", "lookahead-auto",
+                 "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
 }
 LIMITS = {"leaders": 5}  # prompts per dataset, where a preset's differs from 4
 
@@ -229,7 +234,8 @@ def preset_overrides(name: str) -> list[str]:
     preset = OmegaConf.load(REPO / "conf" / "preset" / f"{name}.yaml").leaderboard
     entries = {**{name: [f"decoder={name}"] for name in decoder_configs()},  # every method's own entry
                **OmegaConf.load(REPO / "conf" / "leaderboard.yaml").leaderboard.decoders, **preset.get("decoders", {})}
-    untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null", "decoder=eagle": "decoder.draft_weights=null"}
+    untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null",
+                 "decoder=eagle": "decoder.draft_weights=null"}
     for label in preset.only:
         extra = [untrained[o] for o in entries[label] if o in untrained]
         if extra:
@@ -245,7 +251,8 @@ def test_presets_write_to_their_own_directory_not_the_reference():
         base, composed, runs = compose_all([f"+preset={name}", "model=tiny-random"])
         assert composed == labels and base.leaderboard.repeats == repeats
         assert base.leaderboard.out_dir == f"results/{name}"  # results/reference/<topic> only when asked for
-        assert base.leaderboard.limit == LIMITS.get(name, 4) and list(base.leaderboard.datasets) == ["humaneval", "mt_bench", "gsm8k"]
+        assert (base.leaderboard.limit == LIMITS.get(name, 4)
+                and list(base.leaderboard.datasets) == ["humaneval", "mt_bench", "gsm8k"])
     # the speculative preset's fixed-size methods get the same draft-node budget
     _, _, runs = compose_all(["+preset=speculative", "model=tiny-random"])
     chain, tree, seq = (runs["gsm8k", x].decoder for x in ("spec_chain-8", "specinfer-2x4", "sequoia-8"))
@@ -305,8 +312,10 @@ def test_repeats_pair_each_run_with_the_references_same_run():
 
 
 def test_repeats_must_be_a_positive_integer(tmp_path):
-    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.repeats=0", f"leaderboard.out_dir={tmp_path}")
-    assert result.returncode == 2 and result.stderr.strip() == "error: leaderboard.repeats must be an integer >= 1, got 0"
+    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.repeats=0",
+                        f"leaderboard.out_dir={tmp_path}")
+    assert (result.returncode == 2
+            and result.stderr.strip() == "error: leaderboard.repeats must be an integer >= 1, got 0")
 
 
 def test_a_departure_at_a_tie_is_no_loss_but_not_the_same_output():

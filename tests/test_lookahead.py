@@ -75,7 +75,7 @@ def reference_layout(c: int, u: int, levels: int, width: int, tree: TokenTree):
       its path (itself included; the root is the last committed token).
     Returns the items, the (q, c + q) mask and the positions."""
     root = c + u - 1
-    items = ([("commit", i) for i in range(u)] + [("guess", l, j) for l in range(levels) for j in range(width)]
+    items = ([("commit", i) for i in range(u)] + [("guess", level, j) for level in range(levels) for j in range(width)]
              + [("node", k) for k in range(1, len(tree))])
 
     def position(item):
@@ -89,8 +89,8 @@ def reference_layout(c: int, u: int, levels: int, width: int, tree: TokenTree):
         if key[0] == "commit":
             return query[0] != "commit" or key[1] <= query[1]
         if query[0] == "guess" and key[0] == "guess":
-            (l, j), (kl, kj) = query[1:], key[1:]
-            return (kl == 0 and kj <= j) or (1 <= kl <= l and kj == j)
+            (level, j), (kl, kj) = query[1:], key[1:]
+            return (kl == 0 and kj <= j) or (1 <= kl <= level and kj == j)
         if query[0] == "node" and key[0] == "node":
             return key[1] in tree.path(query[1])
         return False  # committed tokens see no guess; window and trie never see each other
@@ -187,8 +187,8 @@ def test_fused_pass_rows_equal_plain_causal_forwards(seed):
     branch = [t for level in guesses for t in level]
     logits = lm.forward(feed + branch + tree.tokens[1:], cache, position_ids=positions, mask=mask)
     histories = [prefix + feed[:i + 1] for i in range(u)]
-    histories += [prefix + feed + guesses[0][:j + 1] + [guesses[k][j] for k in range(1, l + 1)]
-                  for l in range(levels) for j in range(width)]
+    histories += [prefix + feed + guesses[0][:j + 1] + [guesses[k][j] for k in range(1, level + 1)]
+                  for level in range(levels) for j in range(width)]
     histories += [prefix + feed + [tree.tokens[i] for i in tree.path(k)[1:]] for k in range(1, len(tree))]
     assert len(histories) == logits.shape[0]
     for row, history in enumerate(histories):
@@ -451,7 +451,8 @@ def test_lookahead_without_guesses_is_one_token_per_step(window, ngram):
     """G = 0: no n-gram is kept nor verified; each pass commits exactly the target's own token."""
     lm = tiny_lm(seed=1, vocab=8, init_std=0.4)
     prompt = cycle_prompt(lm)
-    gen = Lookahead(window=window, ngram=ngram, guess_set_size=0).generate(lm, prompt, 12, Sampling(temperature=0.8, seed=1), set())
+    gen = Lookahead(window=window, ngram=ngram, guess_set_size=0).generate(
+        lm, prompt, 12, Sampling(temperature=0.8, seed=1), set())
     assert len(gen.steps) == len(gen.tokens) == 12
     for s, step in enumerate(gen.steps):
         assert step.committed == 1 and step.draft_tokens == 0 and step.accepted_draft_tokens == 0
@@ -611,7 +612,8 @@ def test_negative_control_lookahead_with_a_wrong_verifier_is_rejected(stat_model
     lm, prompt = stat_model
     monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)
     kwargs = dict(temperature=0.8)
-    counts, hit_share = sample_counts(lambda s: Lookahead(window=3, ngram=2, guess_set_size=3).generate(lm, prompt, LENGTH, s, set()), kwargs,
-                                      N_CONTROL)
+    counts, hit_share = sample_counts(
+        lambda s: Lookahead(window=3, ngram=2, guess_set_size=3).generate(lm, prompt, LENGTH, s, set()), kwargs,
+        N_CONTROL)
     assert hit_share > 0
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA

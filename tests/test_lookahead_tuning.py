@@ -28,7 +28,8 @@ def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
     first = forward_latency(lm, tmp_path, max_tokens=6, context=16, repeats=2)
     assert len(first["latency_s"]) == 6 and all(t > 0 for t in first["latency_s"]) and first["autoregressive_s"] > 0
     assert (tmp_path / "latency" / f"{profile_key(lm)}.json").is_file()
-    monkeypatch.setattr("decoders.tuning.profile.measure_forward_latency", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr("decoders.tuning.profile.measure_forward_latency",
+                        lambda *a, **k: pytest.fail("measured again"))
     assert forward_latency(lm, tmp_path, max_tokens=6, context=16) == first
     assert forward_latency(lm, tmp_path, max_tokens=4, context=16) == first  # a longer profile serves shorter asks
 
@@ -64,7 +65,8 @@ def test_choice_maximises_compression_over_step_cost(monkeypatch, tmp_path, per_
     assert table["step_cost"].to_numpy() == pytest.approx(expected_cost.to_numpy())
     best = table.loc[(table["compression"] / expected_cost).idxmax()]
     assert (out["window"], out["ngram"]) == (best["window"], best["ngram"])
-    assert out["predicted_speedup"] == pytest.approx(best["compression"] / (1 + per_token * (best["forward_tokens"] - 1)))
+    assert out["predicted_speedup"] == pytest.approx(
+        best["compression"] / (1 + per_token * (best["forward_tokens"] - 1)))
     if per_token == 0.0:  # free extra tokens: the most compressive setting wins
         assert best["compression"] == table["compression"].max()
     if per_token == 1.0:  # every token costs a full step: nothing beats W=1, N=2
@@ -74,7 +76,8 @@ def test_choice_maximises_compression_over_step_cost(monkeypatch, tmp_path, per_
 def test_compression_table_is_cached_and_fixed_parameters_are_kept(monkeypatch, tmp_path):
     fake_profile(monkeypatch, 0.05)
     lm = tiny_lm(seed=3)
-    first = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16, run=runner(lm), cache_dir=tmp_path)
+    first = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16, run=runner(lm),
+                        cache_dir=tmp_path)
     assert {(r["ngram"], r["guess_set_size"]) for r in first["table"]} == {(3, 2)}  # only W searched
     assert [r["window"] for r in first["table"]] == [1, 2, 4]
     again = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16,
@@ -90,7 +93,8 @@ def test_auto_decoder_is_exact_and_reports_its_choice(monkeypatch):
     assert decoder.calibration_prompts == 2
     decoder.prepare(lm, PROMPTS, set())
     assert decoder.calibration_prompts == 0 and (
-        decoder.tuning["window"], decoder.tuning["ngram"], decoder.tuning["guess_set_size"]) in {(w, n, w) for w in (2, 4) for n in (2, 3)}
+        decoder.tuning["window"], decoder.tuning["ngram"],
+        decoder.tuning["guess_set_size"]) in {(w, n, w) for w in (2, 4) for n in (2, 3)}
     for prompt in PROMPTS:
         out = decoder.generate(lm, prompt, 30, Sampling(), set())
         assert out.tokens == autoregressive_decode(lm, prompt, 30, Sampling(), set()).tokens
@@ -99,7 +103,8 @@ def test_auto_decoder_is_exact_and_reports_its_choice(monkeypatch):
 def test_auto_through_the_runner_records_choice_and_prediction(tmp_path):
     run = tmp_path / "run"
     out = run_cli("model=tiny-random", "gen.max_new_tokens=12", "dataset.limit=3", "decoder=lookahead",
-                  "decoder.window=auto", "decoder.ngram=auto", "decoder.auto_windows=[1,3]", "decoder.auto_ngrams=[2,3]",
+                  "decoder.window=auto", "decoder.ngram=auto", "decoder.auto_windows=[1,3]",
+                  "decoder.auto_ngrams=[2,3]",
                   "decoder.auto_tokens=8", "check_lossless=true", f"cache_dir={tmp_path / 'cache'}",
                   f"hydra.run.dir={run}")
     assert out.returncode == 0, out.stderr
@@ -110,7 +115,8 @@ def test_auto_through_the_runner_records_choice_and_prediction(tmp_path):
     summary = pd.read_csv(run / "summary.csv")
     assert summary.loc[0, "predicted_speedup"] == pytest.approx(tuned["predicted_speedup"])
     assert "speedup" in summary.columns  # measured, beside the prediction
-    assert list((tmp_path / "cache" / "latency").glob("*.json")) and list((tmp_path / "cache" / "tuning").glob("*.json"))
+    assert (list((tmp_path / "cache" / "latency").glob("*.json"))
+            and list((tmp_path / "cache" / "tuning").glob("*.json")))
 
 
 def test_calibration_runs_at_the_runs_sampling_settings(monkeypatch, tmp_path):

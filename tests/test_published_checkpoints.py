@@ -59,9 +59,11 @@ def eagle1_reference_module(lm, seed: int):
     try:
         from eagle.model.cnets import Model
     except ImportError:
-        pytest.fail("the EAGLE-1/2 oracle is the authors' module: pip install --no-deps eagle-llm (the README's test command)")
+        pytest.fail("the EAGLE-1/2 oracle is the authors' module: "
+                    "pip install --no-deps eagle-llm (the README's test command)")
     cfg = lm.config
-    ns = types.SimpleNamespace(vocab_size=lm.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+    ns = types.SimpleNamespace(vocab_size=lm.vocab_size, hidden_size=cfg.hidden_size,
+                               intermediate_size=cfg.intermediate_size,
                                num_hidden_layers=1, num_attention_heads=cfg.num_attention_heads,
                                num_key_value_heads=cfg.num_key_value_heads, max_position_embeddings=2048,
                                rms_norm_eps=cfg.rms_norm_eps, rope_scaling=None, pretraining_tp=1, hidden_act="silu",
@@ -74,10 +76,11 @@ def eagle1_reference_module(lm, seed: int):
         for name, p in model.named_parameters():
             p.copy_(perturbed(p.shape, gen, 0.1, 1.0) if "norm" in name else p + perturbed(p.shape, gen, 0.1))
         model.embed_tokens.weight.copy_(lm.model.get_input_embeddings().weight)
-    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": ns.hidden_size, "intermediate_size": ns.intermediate_size,
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": ns.hidden_size,
+              "intermediate_size": ns.intermediate_size,
               "num_attention_heads": ns.num_attention_heads, "num_key_value_heads": ns.num_key_value_heads,
-              "num_hidden_layers": 1, "vocab_size": ns.vocab_size, "rms_norm_eps": ns.rms_norm_eps, "hidden_act": "silu",
-              "max_position_embeddings": 2048, "bias": True}
+              "num_hidden_layers": 1, "vocab_size": ns.vocab_size, "rms_norm_eps": ns.rms_norm_eps,
+              "hidden_act": "silu", "max_position_embeddings": 2048, "bias": True}
     return model, config
 
 
@@ -104,7 +107,8 @@ def write_eagle3(path, lm, seed: int, draft_vocab: int | None = None, embed: boo
     lin = lambda o, i: perturbed((o, i), gen, 1 / math.sqrt(i))  # noqa: E731
     ids = torch.randperm(V, generator=gen)[:dv].sort().values
     state = {"fc.weight": lin(d, 3 * d), "midlayer.self_attn.q_proj.weight": lin(hq * hd, 2 * d),
-             "midlayer.self_attn.k_proj.weight": lin(hkv * hd, 2 * d), "midlayer.self_attn.v_proj.weight": lin(hkv * hd, 2 * d),
+             "midlayer.self_attn.k_proj.weight": lin(hkv * hd, 2 * d),
+             "midlayer.self_attn.v_proj.weight": lin(hkv * hd, 2 * d),
              "midlayer.self_attn.o_proj.weight": lin(d, hq * hd), "midlayer.mlp.gate_proj.weight": lin(inter, d),
              "midlayer.mlp.up_proj.weight": lin(inter, d), "midlayer.mlp.down_proj.weight": lin(d, inter),
              "midlayer.hidden_norm.weight": perturbed(d, gen, 0.1, 1.0),
@@ -124,8 +128,8 @@ def write_eagle3(path, lm, seed: int, draft_vocab: int | None = None, embed: boo
     return state
 
 
-def write_medusa(path, lm, seed: int, heads: int = 3, layers: int = 1, own_outputs: bool = True, fmt: str = "safetensors",
-                 base: str = NAME):
+def write_medusa(path, lm, seed: int, heads: int = 3, layers: int = 1, own_outputs: bool = True,
+                 fmt: str = "safetensors", base: str = NAME):
     """medusa_lm_head.* in medusa_model.py's layout: head i = Sequential(ResBlock x layers, Linear(d, V))."""
     d, V, gen = lm.config.hidden_size, lm.vocab_size, torch.Generator().manual_seed(seed)
     state = {}
@@ -169,7 +173,8 @@ def eagle3_reference(state, lm, hidden, tokens):
     hd = d // hq
     s = {k: v.float() for k, v in state.items()}
     emb = lm.model.get_input_embeddings().weight[torch.as_tensor(tokens)]
-    x = torch.cat([rms(emb, s["midlayer.input_layernorm.weight"], eps), rms(hidden, s["midlayer.hidden_norm.weight"], eps)], -1)
+    x = torch.cat([rms(emb, s["midlayer.input_layernorm.weight"], eps),
+                   rms(hidden, s["midlayer.hidden_norm.weight"], eps)], -1)
     pos = torch.arange(n)
     q = rope((x @ s["midlayer.self_attn.q_proj.weight"].T).view(n, hq, hd).transpose(0, 1), pos)
     k = rope((x @ s["midlayer.self_attn.k_proj.weight"].T).view(n, hkv, hd).transpose(0, 1), pos)
@@ -202,7 +207,8 @@ def run_draft(draft, feats, tokens, then):
     with torch.inference_mode():
         first = draft(draft.from_target(feats), torch.tensor(tokens), torch.arange(n),
                       torch.ones(n, n, dtype=torch.bool).tril(), cache)
-        second = draft(first[-1:], torch.tensor([then]), torch.tensor([n]), torch.ones(1, n + 1, dtype=torch.bool), cache)
+        second = draft(first[-1:], torch.tensor([then]), torch.tensor([n]), torch.ones(1, n + 1, dtype=torch.bool),
+                       cache)
     return first, second
 
 
@@ -279,11 +285,13 @@ def checkpoints(tmp_path_factory):
 
 DECODERS = {  # name -> (checkpoint, target, decoder)
     "eagle1-dynamic-bin": ("eagle1-bin", "small", lambda p: Eagle(draft_weights=p, tree_size=10, depth=4, top_k=3)),
-    "eagle1-static-st": ("eagle1-st", "small", lambda p: Eagle(draft_weights=p, tree="static", tree_size=8, depth=3, top_k=3)),
+    "eagle1-static-st": ("eagle1-st", "small",
+                         lambda p: Eagle(draft_weights=p, tree="static", tree_size=8, depth=3, top_k=3)),
     "eagle3-dynamic": ("eagle3", "deep", lambda p: Eagle(draft_weights=p, tree_size=12, depth=4, top_k=4)),
     "eagle3-static": ("eagle3", "deep", lambda p: Eagle(draft_weights=p, tree="static", tree_size=6, depth=3, top_k=2)),
     "medusa1-auto": ("medusa1", "small", lambda p: Medusa(heads=p, tree_size=12)),
-    "medusa1-legacy-list": ("medusa1-legacy", "small", lambda p: Medusa(heads=p, choices=[[0], [1], [0, 0], [0, 0, 0]])),
+    "medusa1-legacy-list": ("medusa1-legacy", "small",
+                            lambda p: Medusa(heads=p, choices=[[0], [1], [0, 0], [0, 0, 0]])),
 }
 
 
@@ -319,7 +327,8 @@ def stat_target(layers: int):
 
 
 SAMPLING_CASES = {  # every token is a depth-1 candidate (top_k / ranks = VOCAB), so candidates are tried every step
-    "eagle1-t0.8": ("eagle1", 2, lambda p: Eagle(draft_weights=p, tree_size=8, depth=1, top_k=VOCAB), dict(temperature=0.8)),
+    "eagle1-t0.8": ("eagle1", 2, lambda p: Eagle(draft_weights=p, tree_size=8, depth=1, top_k=VOCAB),
+                    dict(temperature=0.8)),
     "eagle3-t1.0-topp0.9": ("eagle3", 7, lambda p: Eagle(draft_weights=p, tree_size=8, depth=1, top_k=VOCAB),
                             dict(temperature=1.0, top_p=0.9)),
     "medusa1-t0.8": ("medusa1", 2, lambda p: Medusa(heads=p, choices=[[r] for r in range(VOCAB)] + [[0, 0]]),
@@ -349,7 +358,8 @@ def test_a_checkpoint_for_another_target_is_refused_in_one_line(tmp_path):
     write_medusa(tmp_path / "vicuna", lm, seed=0, base="lmsys/vicuna-7b-v1.3")
     write_medusa(tmp_path / "wide", target(vocab=80), seed=0)
     write_eagle1(tmp_path / "e1", target(), seed=0, base_model_name_or_path="other/model")
-    cases = [(lambda: load_heads(lm, tmp_path / "vicuna"), "made for base model lmsys/vicuna-7b-v1.3; the target is tiny-llama"),
+    cases = [(lambda: load_heads(lm, tmp_path / "vicuna"),
+              "made for base model lmsys/vicuna-7b-v1.3; the target is tiny-llama"),
              (lambda: load_heads(lm, tmp_path / "wide"), "vocabulary of 80 tokens; tiny-llama has 64"),
              (lambda: load_draft(tiny_lm(seed=0, hidden=32), tmp_path / "e1"), "hidden size 64; model has 32"),
              (lambda: load_draft(lm, tmp_path / "e1"), "made for base model other/model"),
@@ -391,7 +401,8 @@ def test_a_hub_id_goes_through_snapshot_download(tmp_path, monkeypatch):
     assert asked == [("FasterDecoding/medusa-tiny", ["config.json", "medusa_lm_head.safetensors", "medusa_lm_head.pt"])]
     monkeypatch.undo()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on machines without the hub: one line, naming the id
-    with pytest.raises(ValueError, match="decoder.draft_weights: yuhuili/EAGLE-tiny is neither a local directory nor a hub id"):
+    with pytest.raises(ValueError,
+                       match="decoder.draft_weights: yuhuili/EAGLE-tiny is neither a local directory nor a hub id"):
         load_draft(lm, "yuhuili/EAGLE-tiny")
 
 

@@ -1,9 +1,14 @@
+import errno
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from bench.errors import BenchError
-from bench.records import RecordLog
+from bench.records import RecordLog, read_records
 
 
 def rec(key: str, **extra) -> dict:
@@ -21,7 +26,7 @@ def test_append_flushes_each_line(tmp_path):
     log = RecordLog(tmp_path / "records.jsonl", resume=False)
     log.append(rec("a#0", x=1))
     # Readable by another process before close: flushed per record.
-    assert [json.loads(l)["key"] for l in (tmp_path / "records.jsonl").read_text().splitlines()] == ["a#0"]
+    assert [json.loads(text)["key"] for text in (tmp_path / "records.jsonl").read_text().splitlines()] == ["a#0"]
     log.append(rec("b#0", x=2))
     log.close()
     assert (tmp_path / "records.jsonl").read_text().count("\n") == 2
@@ -42,7 +47,7 @@ def test_resume_keeps_complete_lines_and_cuts_a_torn_one(tmp_path):
     log.append(rec("c#0"))
     log.close()
     lines = path.read_text().splitlines()
-    assert [json.loads(l)["key"] for l in lines] == ["a#0", "b#0", "c#0"]
+    assert [json.loads(text)["key"] for text in lines] == ["a#0", "b#0", "c#0"]
 
 
 def test_resume_cuts_an_unterminated_but_parseable_line(tmp_path):
@@ -63,14 +68,6 @@ def test_a_record_cannot_be_written_twice(tmp_path):
 
 
 # ---- faults (issue 16, items 5 and 8): every valid record survives, nothing is duplicated ----
-import errno
-import os
-import signal
-import subprocess
-import sys
-import time
-
-from bench.records import read_records
 
 
 @pytest.mark.parametrize("damage,why", [
@@ -174,7 +171,8 @@ def test_records_from_before_the_rename_read_as_committed(tmp_path):
     "accepted") reads, resumes and validates as if written now, with the same counts."""
     from pathlib import Path
 
-    old = Path(__file__).resolve().parent.parent / "results/reference/leaderboard_bf16/mt_bench/spec_chain/records.jsonl"
+    old = (Path(__file__).resolve().parent.parent
+           / "results/reference/leaderboard_bf16/mt_bench/spec_chain/records.jsonl")
     raw = [json.loads(x) for x in old.read_text().splitlines() if x.strip()]
     assert raw and all("accepted" in r["trace"] for r in raw if r["status"] == "ok")
     read = [r for r in read_records(old) if r["status"] == "ok"]

@@ -126,7 +126,8 @@ def test_identical_output_is_lossless(lm):
 def test_generation_contract_is_enforced(lm, how, message):
     lm.stop_ids = frozenset({1})
     with pytest.raises(RuntimeError, match=message):
-        run_unit(RunContext(lm, Broken(how), NoQuality(), "raw", config(check_lossless=False), Sampling()), PROMPT, 0, [])
+        run_unit(RunContext(lm, Broken(how), NoQuality(), "raw", config(check_lossless=False), Sampling()),
+                 PROMPT, 0, [])
 
 
 def test_calibration_prompts_are_never_scored(tmp_path):
@@ -146,8 +147,9 @@ def test_calibration_prompts_are_never_scored(tmp_path):
     assert overlaps  # nothing left out: flagged, and the run warns
 
     out = tmp_path / "run"
-    result = run_cli("model=tiny-random", "dataset=jsonl", f"dataset.path={path}", "dataset.limit=2", "decoder=lookahead",
-                     "decoder.window=auto", "decoder.ngram=auto", "decoder.guess_set_size=auto", "decoder.auto_prompts=2",
+    result = run_cli("model=tiny-random", "dataset=jsonl", f"dataset.path={path}", "dataset.limit=2",
+                     "decoder=lookahead", "decoder.window=auto", "decoder.ngram=auto", "decoder.guess_set_size=auto",
+                     "decoder.auto_prompts=2",
                      "decoder.auto_windows=[1,2]", "decoder.auto_ngrams=[2,3]", "gen.max_new_tokens=8", "quality=false",
                      f"hydra.run.dir={out}", "progress=false")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -58,7 +58,8 @@ def test_hostile_program_fails_contained(program, result):
     assert out["passed"] is False and out["result"].startswith(result), out
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="as root the program runs as nobody; else as the user, in a user namespace")
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="as root the program runs as nobody; else as the user, in a user namespace")
 def test_runs_unprivileged_in_a_root_of_its_own():
     program = (f"import os\nassert os.getuid() != 0 and os.geteuid() != 0 and os.getgroups() == []\n"
                f"assert not os.path.exists({str(REPO)!r}) and not os.path.exists('/proc')\n"

@@ -187,4 +187,5 @@ def test_sweep_runs_in_parallel_resumes_and_loads(tmp_path):
     assert again.returncode == 0, again.stderr
     assert len(list((tmp_path / ".submitit").rglob("*_result.pkl"))) == 4
     assert {r: (r / "records.jsonl").read_text() for r in runs} == before
-    assert [json.loads(l)["key"] for l in (runs[0] / "records.jsonl").read_text().splitlines()] == ["HumanEval/0#0"]
+    assert [json.loads(text)["key"]
+            for text in (runs[0] / "records.jsonl").read_text().splitlines()] == ["HumanEval/0#0"]

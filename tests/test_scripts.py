@@ -59,8 +59,8 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     """Both training scripts end to end (2 steps; the corpus's self-distilled answers come from
     the tiny model itself, rendered raw: its tokenizer has no chat template; the heads train on a
     bfloat16 target), and the files they write load into the decoders."""
-    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}",
-              *base_tokenizer]
+    common = ["--gsm8k-questions", "2", "--answer-tokens", "8", "model=tiny-random", "device=cpu",
+              f"cache_dir={tmp_path}", *base_tokenizer]
     out = run_script("train_heads.py", "--steps", "2", "--heads", "2", "--seq-len", "32", "--batch", "2",
                      "--device", "cpu", "--dtype", "bfloat16", "--out", str(tmp_path / "heads.safetensors"), *common,
                      timeout=900)
@@ -79,7 +79,8 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     heads = load_heads(lm, tmp_path / "heads.safetensors")
     assert heads.k == 2 and len(heads.info["accuracy"]) == 2 and heads.info["steps"] == 2
     assert NgramLM.load(tmp_path / "ngram.json.gz").info["order"] == 3
-    dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"), paths=2)
+    dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"),
+              paths=2)
     reference = autoregressive_decode(lm, [5, 6, 7], 6, Sampling(), set()).tokens
     assert dec.generate(lm, [5, 6, 7], 6, Sampling(), set()).tokens == reference
 
@@ -88,14 +89,16 @@ def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_t
     """scripts/train_exit_adapter.py end to end (2 steps, float32 target), its self-distilled requests
     rendered raw, and its file loads into draft=self."""
     out = run_script("train_exit_adapter.py", "--steps", "2", "--seq-len", "32", "--batch", "2", "--generated", "2",
-                     "--heldout", "2", "--device", "cpu", "--dtype", "float32", "--out", str(tmp_path / "self1.safetensors"),
+                     "--heldout", "2", "--device", "cpu", "--dtype", "float32",
+                     "--out", str(tmp_path / "self1.safetensors"),
                      "model=tiny-random", "draft.layers=1", f"cache_dir={tmp_path}", *base_tokenizer, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "held-out top-1 agreement" in out.stdout
     from decoders.methods.draft_model import SelfDraft
     from helpers import tiny_lm
 
-    draft = SelfDraft(layers=1, adapter=str(tmp_path / "self1.safetensors")).build(tiny_lm(seed=0, vocab=49152, name="tiny-random"))
+    draft = SelfDraft(layers=1, adapter=str(tmp_path / "self1.safetensors")).build(
+        tiny_lm(seed=0, vocab=49152, name="tiny-random"))
     assert draft.model.base_model.norm[0].proj.weight.dtype == torch.float32
 
 
@@ -116,7 +119,8 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert set(info["profiles"]) == set(labels) and info["copy_bandwidth_bytes_per_s"] > 0
     assert len(set(info["profiles"].values())) == 4  # each threshold its own cached profile
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
-    bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}")
+    bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu",
+                     f"cache_dir={tmp_path}")
     assert bad.returncode == 2 and "prepacked>=N (N >= 1)" in bad.stderr
 
 
@@ -132,8 +136,9 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     import pandas as pd
 
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu", "gen.max_new_tokens=8",
-                            "leaderboard.limit=2", "leaderboard.datasets=[gsm8k]", "leaderboard.only=[autoregressive,jacobi]",
+    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu",
+                            "gen.max_new_tokens=8", "leaderboard.limit=2", "leaderboard.datasets=[gsm8k]",
+                            "leaderboard.only=[autoregressive,jacobi]",
                             "leaderboard.verification_tokens=[1,2]", f"leaderboard.out_dir={tmp_path}"],
                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert board.returncode == 0, board.stderr[-2000:]
@@ -207,7 +212,8 @@ def test_batch_speedup_on_tiny_random(tmp_path):
     assert (table.rows_equal_batch1 == table.rows).all()
     assert (tmp_path / "batch_speedup.png").stat().st_size > 0 and (tmp_path / "cost_curve.csv").is_file()
     la = table[table.decoder == "lookahead"]
-    assert (la.tokens_fed_per_row_step > 1).all() and (la.draft_s_per_row_step > 0).all() and la.predicted_speedup.notna().all()
+    assert ((la.tokens_fed_per_row_step > 1).all() and (la.draft_s_per_row_step > 0).all()
+            and la.predicted_speedup.notna().all())
     assert (table[table.decoder == "autoregressive"].predicted_speedup == 1).all()
 
 

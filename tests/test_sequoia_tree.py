@@ -18,7 +18,8 @@ from decoders.tuning.sequoia_acceptance import (
     _sampled_rank, acceptance_counts, cached_acceptance, device_latency, load_acceptance, measure_acceptance,
     model_fingerprint, profile_latency, save_acceptance,
 )
-from decoders.tuning.sequoia_tree import TreeShape, _tables, choose_tree, expected_tokens, optimal_tree, predicted_time_per_token
+from decoders.tuning.sequoia_tree import (TreeShape, _tables, choose_tree, expected_tokens, optimal_tree,
+                                          predicted_time_per_token)
 from decoders.core.tree import TokenTree
 from helpers import chi2_pvalue, tiny_lm
 from test_scripts import run_script
@@ -94,7 +95,8 @@ def check_shape(shape: TreeShape, K: int, budget: int, max_depth: int) -> None:
     assert depths == sorted(depths), "nodes are in BFS (level) order"
     assert shape.children() == TokenTree([0] * shape.size, parents).children
     for kids in shape.children():
-        assert kids == list(range(kids[0] if kids else 0, (kids[0] if kids else 0) + len(kids))), "siblings are consecutive"
+        assert kids == list(range(kids[0] if kids else 0,
+                                  (kids[0] if kids else 0) + len(kids))), "siblings are consecutive"
         assert len(kids) <= K
     # BFS: a node's children come after those of every node before it
     firsts = [kids[0] for kids in shape.children() if kids]
@@ -278,7 +280,8 @@ def pair(seed: int, draft_layers: int = 1):
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, seed=5), Sampling(temperature=0.7, top_p=0.8)])
+@pytest.mark.parametrize("sampling",
+                         [Sampling(), Sampling(temperature=1.0, seed=5), Sampling(temperature=0.7, top_p=0.8)])
 def test_measured_vector_is_a_distribution(seed, sampling):
     target, draft = pair(seed, draft_layers=1 + seed % 3)
     p = measure_acceptance(target, draft, PROMPTS, 4, sampling, 12)
@@ -287,7 +290,8 @@ def test_measured_vector_is_a_distribution(seed, sampling):
     assert positions == 3 * 12 and [c / positions for c in counts] == p  # same seed, same draws
 
 
-@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, seed=1), Sampling(temperature=0.6, top_p=0.9)])
+@pytest.mark.parametrize("sampling",
+                         [Sampling(), Sampling(temperature=1.0, seed=1), Sampling(temperature=0.6, top_p=0.9)])
 def test_the_target_as_its_own_draft_is_always_accepted_first(sampling):
     target = tiny_lm(seed=4, layers=2)
     assert measure_acceptance(target, target, PROMPTS, 3, sampling, 10) == [1.0, 0.0, 0.0]
@@ -339,11 +343,12 @@ def test_cached_acceptance_measures_once_per_key(tmp_path, monkeypatch):
     first = cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, tmp_path, info={"dataset": "toy"})
     files = list((tmp_path / "acceptance").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["info"]["dataset"] == "toy"
-    monkeypatch.setattr("decoders.tuning.sequoia_acceptance.acceptance_counts", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr("decoders.tuning.sequoia_acceptance.acceptance_counts",
+                        lambda *a, **k: pytest.fail("measured again"))
     assert cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, tmp_path) == first
     # every part of the key separates entries
-    for args in [(PROMPTS[:2], 3, Sampling(), 8), (PROMPTS, 4, Sampling(), 8), (PROMPTS, 3, Sampling(temperature=0.5), 8),
-                 (PROMPTS, 3, Sampling(), 9)]:
+    for args in [(PROMPTS[:2], 3, Sampling(), 8), (PROMPTS, 4, Sampling(), 8),
+                 (PROMPTS, 3, Sampling(temperature=0.5), 8), (PROMPTS, 3, Sampling(), 9)]:
         with pytest.raises(pytest.fail.Exception, match="measured again"):
             cached_acceptance(target, draft, *args, tmp_path)
 
@@ -367,8 +372,8 @@ def test_fingerprint_tells_drafts_apart():
 def test_measure_script_on_tiny_random(tmp_path):
     out_file = tmp_path / "acc.json"
     out = run_script("measure_acceptance.py", "--prompts", "2", "--max-new-tokens", "6", "--K", "3", "--out",
-                     str(out_file), "model=tiny-random", "device=cpu", "draft.layers=1", "draft.adapter=null", "threads=1", "gen.temperature=0.8",
-                     f"cache_dir={tmp_path}")
+                     str(out_file), "model=tiny-random", "device=cpu", "draft.layers=1", "draft.adapter=null",
+                     "threads=1", "gen.temperature=0.8", f"cache_dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-2000:]
     p = load_acceptance(out_file)
     info = json.loads(out_file.read_text())["info"]

@@ -124,7 +124,8 @@ def test_spec_bench_table_matches_speed_py():
         assert row["mean_accepted_tokens"] == pytest.approx(accepted, rel=1e-12)
     assert row["questions"] == 6  # Overall: questions, not turns
     ar = df[df["decoder"] == "autoregressive"]
-    assert (ar["speedup_mean"] == 1.0).all() and (ar["speedup_std"] == 0.0).all() and (ar["mean_accepted_tokens"] == 1.0).all()
+    assert ((ar["speedup_mean"] == 1.0).all() and (ar["speedup_std"] == 0.0).all()
+            and (ar["mean_accepted_tokens"] == 1.0).all())
     wide = spec_bench_table.csv_layout(df)
     assert list(wide["decoder"]) == ["autoregressive", "fast"]
     assert list(wide.columns[:5]) == ["dataset", "decoder", "MT-Bench speedup_mean", "MT-Bench speedup_std",
@@ -163,7 +164,8 @@ def test_preset_follows_spec_bench_protocol_with_each_targets_drafts():
     _, _, runs = compose_all(["+preset=spec_bench", "model=llama-3.1-8b-instruct",
                               "leaderboard.only=[autoregressive,eagle3,hf_pld-n3]"])
     assert runs["spec_bench", "eagle3"].decoder.draft_weights == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
-    with pytest.raises(BenchError, match=r"leaderboard entry \S+ needs model.drafts.\w+, but model codellama-7b names no drafts"):
+    with pytest.raises(BenchError,
+                       match=r"leaderboard entry \S+ needs model.drafts.\w+, but model codellama-7b names no drafts"):
         compose_all(["+preset=spec_bench", "model=codellama-7b"])
     _, labels, _ = compose_all(["+preset=spec_bench", "model=codellama-7b",
                                 "leaderboard.only=[autoregressive,hf_pld-n3,lookahead-n5w7g7,recycling]"])
@@ -232,13 +234,15 @@ def test_spec_bench_preset_runs_every_turn_and_writes_its_table(tmp_path, monkey
 
     rows = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines()]
     questions = tmp_path / "question.jsonl"
-    questions.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], next(r for r in rows if r["category"] == "translation")]))
+    questions.write_text("".join(json.dumps(r) + "\n"
+                                 for r in [rows[0], next(r for r in rows if r["category"] == "translation")]))
     monkeypatch.setenv("BENCH_CACHE_DIR", CACHE_DIR)
     out = tmp_path / "board"
     main(["+preset=spec_bench", "model=tiny-random", "model.fast_path=none", f"dataset.path={questions}",
           "gen.max_new_tokens=6", "leaderboard.repeats=2", "leaderboard.only=[autoregressive,prompt_lookup-n3]",
           "leaderboard.verification_tokens=[1,2]", f"leaderboard.out_dir={out}", "progress=false"])
-    logs = {label: [json.loads(line) for line in (out / "spec_bench" / label / "records.jsonl").read_text().splitlines()]
+    logs = {label: [json.loads(line)
+                    for line in (out / "spec_bench" / label / "records.jsonl").read_text().splitlines()]
             for label in ("autoregressive", "prompt_lookup-n3")}
     for records in logs.values():
         assert [r["key"] for r in records] == ["81#0", "81#1", "161#0"]  # MT-Bench's second turn is asked
@@ -272,7 +276,8 @@ def test_a_sentencepiece_only_tokenizer_loads_as_sentencepiece_encodes(tmp_path)
     pieces = [("<unk>", pb.ModelProto.SentencePiece.UNKNOWN), ("<s>", pb.ModelProto.SentencePiece.CONTROL),
               ("</s>", pb.ModelProto.SentencePiece.CONTROL)]
     pieces += [(f"<0x{i:02X}>", pb.ModelProto.SentencePiece.BYTE) for i in range(256)]
-    words = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "he", "ll", "lo", "▁he", "llo", "▁hello", "▁w", "or", "ld", "▁world"]
+    words = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "he", "ll", "lo", "▁he", "llo", "▁hello", "▁w", "or", "ld",
+             "▁world"]
     pieces += [(w, pb.ModelProto.SentencePiece.NORMAL) for w in words]
     for i, (piece, kind) in enumerate(pieces):
         p = model.pieces.add()

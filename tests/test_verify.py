@@ -27,7 +27,8 @@ def test_chi2_pvalue_helper():
     # df = 2: the chi-square survival function is exp(-x / 2).
     counts = torch.tensor([130.0, 100.0, 70.0])
     stat = (30 ** 2 + 0 + 30 ** 2) / 100
-    assert chi2_pvalue(counts, torch.full((3,), 1 / 3, dtype=torch.float64)) == pytest.approx(math.exp(-stat / 2), rel=1e-9)
+    assert (chi2_pvalue(counts, torch.full((3,), 1 / 3, dtype=torch.float64))
+            == pytest.approx(math.exp(-stat / 2), rel=1e-9))
     # df = 1: the two rare cells (expected 2 and 2) form one bin of expected 4 < 5, which is
     # merged into the smallest other bin; sf(x) = erfc(sqrt(x / 2)).
     counts = torch.tensor([490.0, 502.0, 3.0, 5.0])

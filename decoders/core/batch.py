@@ -43,8 +43,8 @@ class BatchStats:
         return 1 - self.fed_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
     def as_dict(self) -> dict:
-        return {"rows": self.rows, "steps": self.steps, "wall_s": self.wall_s, "draft_s": self.draft_s, "fed_tokens": self.fed_tokens,
-                "padded_tokens": self.padded_tokens, "padding_waste": self.padding_waste}
+        return {"rows": self.rows, "steps": self.steps, "wall_s": self.wall_s, "draft_s": self.draft_s,
+                "fed_tokens": self.fed_tokens, "padded_tokens": self.padded_tokens, "padding_waste": self.padding_waste}
 
 
 @dataclass
@@ -127,12 +127,14 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
         stats.draft_s += drafting.seconds
         for r, f in zip(active, fields):  # every row took part in the whole step
             rows[r].steps.append(Step(target_time=target.seconds, draft_time=drafting.seconds,
-                                      overhead_time=max(0.0, now - step_start - target.seconds - drafting.seconds), **f))
+                                      overhead_time=max(0.0, now - step_start - target.seconds - drafting.seconds),
+                                      **f))
             first_token.setdefault(r, now - start)
         active = [active[i] for i in going]
         step_start = now
     stats.wall_s = time.perf_counter() - start
-    gens = [Generation(tokens=row.tokens, steps=row.steps, ttft=first_token[r], stop_reason=stop_reason(row.tokens, stop_ids))
+    gens = [Generation(tokens=row.tokens, steps=row.steps, ttft=first_token[r],
+                       stop_reason=stop_reason(row.tokens, stop_ids))
             for r, row in enumerate(rows)]
     return gens, stats
 

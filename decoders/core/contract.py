@@ -54,7 +54,8 @@ class Batches(Protocol):
     (None: exact verification). generate() is decode_one(self, ...), but for autoregressive, whose
     single-prompt generate() keeps its own leaner loop (the baseline every ratio uses)."""
 
-    def proposer(self, lm: LM, prompt_ids: Sequence[int], sampler: Sampler, stop_ids) -> tuple[Proposer, Accept | None]: ...
+    def proposer(self, lm: LM, prompt_ids: Sequence[int], sampler: Sampler,
+                 stop_ids) -> tuple[Proposer, Accept | None]: ...
 
 
 def decode_one(decoder: Batches, lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,

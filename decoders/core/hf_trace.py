@@ -36,7 +36,8 @@ def hf_generate(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling
     draft_spec = assistant.flops_spec() if assistant is not None else None
     if not sampling.greedy:  # generate() draws from the device's global RNG; seed it before the clock starts
         if lm.device.type == "cuda":
-            torch.cuda.manual_seed_all(sampling.seed)  # it draws on the head's GPU, which a device_map may make another one
+            # it draws on the head's GPU, which a device_map may make another one
+            torch.cuda.manual_seed_all(sampling.seed)
         else:
             torch.default_generator.manual_seed(sampling.seed)
     lm.sync()

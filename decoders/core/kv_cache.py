@@ -63,7 +63,8 @@ class KVCache:
             return self._crop(n)
         for layer in self.hf.layers:
             if type(layer) is not DynamicLayer:
-                raise NotImplementedError(f"KVCache.keep supports full-attention DynamicLayer only, not {type(layer).__name__}")
+                raise NotImplementedError("KVCache.keep supports full-attention DynamicLayer only, "
+                                          f"not {type(layer).__name__}")
             if not layer.is_initialized:
                 continue
             if start < n:
@@ -98,7 +99,8 @@ class BatchKVCache:
     def _layers(self):
         for layer in self.hf.layers:
             if type(layer) is not DynamicLayer:
-                raise NotImplementedError(f"batched decoding supports full-attention DynamicLayer only, not {type(layer).__name__}")
+                raise NotImplementedError("batched decoding supports full-attention DynamicLayer only, "
+                                          f"not {type(layer).__name__}")
             if layer.is_initialized:
                 yield layer
 
@@ -127,7 +129,8 @@ class BatchKVCache:
         moves = not torch.equal(index[tail], torch.arange(width).expand_as(index)[tail])
         for layer in self._layers():
             if moves:
-                at = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]).to(layer.keys.device)
+                at = (index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                      .to(layer.keys.device))
                 # gather copies first, so overlapping source and destination are safe
                 layer.keys[:, :, start:start + width] = layer.keys[:, :, start:].gather(2, at)
                 layer.values[:, :, start:start + width] = layer.values[:, :, start:].gather(2, at)

@@ -180,8 +180,10 @@ class LM:
         if self.attn_implementation == "sdpa":
             return mask
         if self.attn_implementation == "eager":
-            return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(~mask, torch.finfo(self.dtype).min)
-        raise ValueError(f"custom attention masks need attn_implementation 'sdpa' or 'eager', not {self.attn_implementation!r}")
+            return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(
+                ~mask, torch.finfo(self.dtype).min)
+        raise ValueError("custom attention masks need attn_implementation 'sdpa' or 'eager', "
+                         f"not {self.attn_implementation!r}")
 
     @torch.inference_mode()
     def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None,
@@ -207,7 +209,8 @@ class LM:
             kwargs["position_ids"] = torch.as_tensor(position_ids, dtype=torch.long, device=self.device).reshape(1, -1)
         if mask is not None:
             if mask.shape != (ids.shape[1], len(cache) + ids.shape[1]):
-                raise ValueError(f"mask shape {tuple(mask.shape)} != (new, cache + new) = {(ids.shape[1], len(cache) + ids.shape[1])}")
+                raise ValueError(f"mask shape {tuple(mask.shape)} "
+                                 f"!= (new, cache + new) = {(ids.shape[1], len(cache) + ids.shape[1])}")
             kwargs["attention_mask"] = self.mask_4d(mask)
             if position_ids is None:
                 raise ValueError("a custom mask needs explicit position_ids")
@@ -282,11 +285,13 @@ class LM:
         if self.attn_implementation == "eager":
             mask = torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
         elif self.attn_implementation != "sdpa":
-            raise ValueError(f"batched decoding needs attn_implementation 'sdpa' or 'eager', not {self.attn_implementation!r}")
+            raise ValueError("batched decoding needs attn_implementation 'sdpa' or 'eager', "
+                             f"not {self.attn_implementation!r}")
         self._want_hidden = hidden
         handles = self._hook_features(features)
         try:
-            out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), attention_mask=mask.to(self.device),
+            out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
+                             attention_mask=mask.to(self.device),
                              **{self.cache_kw: cache.hf}, use_cache=True, logits_to_keep=keep)
             h, f = (x.to(self.output_device) if x is not None else None for x in (self._hidden, self._features))
         finally:

@@ -162,7 +162,8 @@ def feed(cached: int, sequence: Sequence[int], proposal: Proposal) -> Feed:
     if side is not None or not tree.is_chain():
         mask, positions = layout(cached, u, tree, side)
     rows = [u - 1, *(u + r for r in side.rows)] if side is not None else [u - 1]
-    return Feed(uncached + side_tokens + tree.tokens[1:], cached, u, s, mask, positions, rows + list(range(u + s, u + s + n - 1)))
+    return Feed(uncached + side_tokens + tree.tokens[1:], cached, u, s, mask, positions,
+                rows + list(range(u + s, u + s + n - 1)))
 
 
 def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, uncached: int) -> Scores:
@@ -199,7 +200,8 @@ def propose(proposer: Proposer, sequence: Sequence[int], room: int, prefill: boo
     """This step's proposal. At the prefill a proposer that waits for it is not asked: the root
     alone is scored, with the hidden state or features its later proposals read."""
     if prefill and proposer.waits_for_prefill:
-        return Proposal(TokenTree.chain(sequence[-1], []), hidden=proposer.hidden, feature_layers=proposer.feature_layers)
+        return Proposal(TokenTree.chain(sequence[-1], []), hidden=proposer.hidden,
+                        feature_layers=proposer.feature_layers)
     return proposer.propose(sequence, room)
 
 
@@ -210,7 +212,8 @@ def verify_and_commit(proposer: Proposer, proposal: Proposal, fed: Feed, scores:
     token and max_new_tokens) to `tokens` and `sequence`, let the proposer commit (its time counted
     by `timed`, as drafting); return the step's Step fields and the accepted path."""
     tree, prefill = proposal.tree, not tokens
-    path, bonus = accept(tree, scores.logits, sampler) if accept is not None else verify(proposal, scores.logits, sampler)
+    path, bonus = (accept(tree, scores.logits, sampler) if accept is not None
+                   else verify(proposal, scores.logits, sampler))
     new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
     tokens += new
     sequence += new
@@ -235,7 +238,8 @@ def speculative_decode(lm: LM, proposer: Proposer, prompt_ids: Sequence[int], ma
     while True:
         with tracer.draft():
             proposal = propose(proposer, sequence, max_new_tokens - len(tokens) - 1, prefill=not tokens)
-        fed = feed(len(cache), sequence, proposal)  # the prompt at the first step, then the last bonus token, and the drafts
+        # the prompt at the first step, then the last bonus token, and the drafts
+        fed = feed(len(cache), sequence, proposal)
         with tracer.target():
             scores = score(lm, cache, fed, proposal)
         step, path = verify_and_commit(proposer, proposal, fed, scores, sampler, accept, sequence, tokens,

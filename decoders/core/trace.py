@@ -15,7 +15,8 @@ from typing import Callable
 class Step:
     """One target forward pass and what it committed."""
 
-    committed: int  # tokens committed by this pass, the bonus included (>= 1, except a final pass cut by max_new_tokens/EOS)
+    # tokens committed by this pass, the bonus included (>= 1, except a final pass cut by max_new_tokens/EOS)
+    committed: int
     forward_tokens: int  # tokens fed to the target in this pass
     context_tokens: int  # KV-cache length before the pass (for attention FLOPs)
     draft_tokens: int = 0  # tokens proposed for verification in this pass

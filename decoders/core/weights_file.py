@@ -86,7 +86,8 @@ def checkpoint_dir(name: str | Path, key: str, files: list[str]) -> Path:
         return Path(snapshot_download(repo_id=str(name), allow_patterns=files))
     except Exception as e:  # not a hub id, no such repository, or no network
         reason = " ".join(str(e).split())[:200] or type(e).__name__
-        raise ValueError(f"{key}: {name} is neither a local directory nor a hub id that could be fetched ({reason})") from None
+        raise ValueError(f"{key}: {name} is neither a local directory nor a hub id "
+                         f"that could be fetched ({reason})") from None
 
 
 def read_config(directory: Path, key: str) -> dict:

@@ -68,7 +68,8 @@ class NeuralScorer:
         self.committed = len(sequence)
         self.root_pos = len(sequence) - 1
         self.slots: dict[tuple[int, ...], int] = {}  # beam prefix -> its newest token's cache index
-        return torch.log_softmax(logits[-1].float(), -1), forward_flops(self.draft.flops_spec(), len(sequence) - context, context)
+        return (torch.log_softmax(logits[-1].float(), -1),
+                forward_flops(self.draft.flops_spec(), len(sequence) - context, context))
 
     def step(self, beams: list[tuple[int, ...]]) -> tuple[torch.Tensor, float]:
         base = len(self.cache)
@@ -115,7 +116,8 @@ class BPD:
         if self.rescore == "ngram" and not self.ngram:
             raise ValueError("decoder.rescore=ngram needs decoder.ngram=FILE (scripts/train_ngram.py)")
         if self.rescore == "ngram" and not addon_path(self.ngram).is_file():
-            raise ValueError(f"decoder.ngram: no n-gram LM at {addon_path(self.ngram)}; train one with scripts/train_ngram.py")
+            raise ValueError(f"decoder.ngram: no n-gram LM at {addon_path(self.ngram)}; "
+                             "train one with scripts/train_ngram.py")
         if self.rescore == "neural":
             check("draft", self.draft, required=f"rescore=neural rescores with it: {DRAFT_REQUIRED}")
         self._ngram: NgramLM | None = None
@@ -136,7 +138,8 @@ class BPD:
         heads = self.load_addons(lm)
         block = self.block or heads.k
         ngram = self._ngram
-        neural = NeuralScorer(self._drafts.get(lm, lambda: build_draft(self.draft, lm))) if self.rescore == "neural" else None
+        neural = (NeuralScorer(self._drafts.get(lm, lambda: build_draft(self.draft, lm)))
+                  if self.rescore == "neural" else None)
 
         def build(sequence, head_logits):
             head_logp = torch.log_softmax(head_logits[:block], dim=-1)

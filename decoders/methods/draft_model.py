@@ -50,7 +50,8 @@ def _decoder_parts(model):
 def check_layers(target, layers: int) -> None:
     total = len(_decoder_parts(target)[1])
     if not (isinstance(layers, int) and 1 <= layers < total):
-        raise ValueError(f"draft.layers must be an integer in [1, {total - 1}] for a {total}-layer target, got {layers!r}")
+        raise ValueError(f"draft.layers must be an integer in [1, {total - 1}] for a {total}-layer target, "
+                         f"got {layers!r}")
 
 
 def self_draft_model(target, layers: int, adapter: nn.Module | None = None):
@@ -88,17 +89,19 @@ def new_exit_adapter(target, layers: int | None = None) -> ExitAdapter:
 
 
 def save_adapter(adapter: ExitAdapter, path: str | Path, layers: int, info: dict) -> None:
-    save_weights(adapter, path, ADAPTER_FORMAT, {"layers": str(layers), "hidden_size": str(adapter.proj.weight.shape[0]),
-                                                 "info": json.dumps(info)})
+    save_weights(adapter, path, ADAPTER_FORMAT,
+                 {"layers": str(layers), "hidden_size": str(adapter.proj.weight.shape[0]), "info": json.dumps(info)})
 
 
 def load_adapter(target, path: str | Path, layers: int) -> ExitAdapter:
     meta, state = load_weights(Path(path).expanduser(), ADAPTER_FORMAT, "draft.adapter", "exit adapter",
-                               "train one with scripts/train_exit_adapter.py or set draft.adapter=null for the plain truncation")
+                               "train one with scripts/train_exit_adapter.py "
+                               "or set draft.adapter=null for the plain truncation")
     adapter = new_exit_adapter(target, layers)
     if int(meta["layers"]) != layers or int(meta["hidden_size"]) != adapter.proj.weight.shape[0]:
         raise ValueError(f"draft.adapter: {path} was trained for {meta['layers']} layers and hidden size "
-                         f"{meta['hidden_size']}; this draft has {layers} layers and hidden size {adapter.proj.weight.shape[0]}")
+                         f"{meta['hidden_size']}; "
+                         f"this draft has {layers} layers and hidden size {adapter.proj.weight.shape[0]}")
     adapter.load_state_dict(state)
     return adapter
 
@@ -136,13 +139,15 @@ def check_same_vocabulary(target: LM, draft: LM) -> None:
     t, d = target.tokenizer, draft.tokenizer
     if t is None or d is None:
         if target.vocab_size != draft.vocab_size:
-            raise ValueError(f"draft {draft.name} has {draft.vocab_size} output tokens, target {target.name} {target.vocab_size}")
+            raise ValueError(f"draft {draft.name} has {draft.vocab_size} output tokens, "
+                             f"target {target.name} {target.vocab_size}")
         return
     if t.get_vocab() != d.get_vocab():
         raise ValueError(f"draft {draft.name} does not share the target's tokenizer ({len(d)} vs {len(t)} tokens, "
                          f"different ids): speculative decoding needs the same vocabulary")
     if draft.vocab_size < len(t):
-        raise ValueError(f"draft {draft.name}'s head covers {draft.vocab_size} ids, fewer than the tokenizer's {len(t)}")
+        raise ValueError(f"draft {draft.name}'s head covers {draft.vocab_size} ids, "
+                         f"fewer than the tokenizer's {len(t)}")
 
 
 @runtime_checkable

@@ -108,8 +108,8 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
     keep = [i for i in range(len(parents)) if kept[i]]
     new = {old: j for j, old in enumerate(keep)}
     return DraftTree(tokens=[tokens[i] for i in keep], parents=[-1] + [new[parents[i]] for i in keep[1:]],
-                     dists=[dists[i] for i in keep], cache_index={new[i]: c for i, c in cache_index.items() if i in new},
-                     fed=fed, flops=flops)
+                     dists=[dists[i] for i in keep],
+                     cache_index={new[i]: c for i, c in cache_index.items() if i in new}, fed=fed, flops=flops)
 
 
 def rollback(cache: KVCache, committed_len: int, tree: DraftTree, path_nodes: Sequence[int]) -> None:
@@ -125,7 +125,8 @@ def rollback(cache: KVCache, committed_len: int, tree: DraftTree, path_nodes: Se
 
 # grow(draft, draft cache, committed sequence) -> (the tree the target verifies, draft_probs rows per
 # tree node or None, tree node -> draft node, the DraftTree, draws for verify_sampling or None)
-Grow = Callable[[LM, KVCache, Sequence[int]], tuple[TokenTree, "torch.Tensor | None", list[int], DraftTree, "list | None"]]
+Grow = Callable[[LM, KVCache, Sequence[int]],
+                tuple[TokenTree, "torch.Tensor | None", list[int], DraftTree, "list | None"]]
 
 
 class DraftTreeProposer:

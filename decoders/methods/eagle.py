@@ -92,7 +92,8 @@ class FeatureDraft(nn.Module):
         # Lists: the target's modules and the readout (a slice of the target's head) are neither trained nor saved.
         self.target = [lm, readout, type(base.rotary_emb)(config=cfg)]
         self.info: dict = {}
-        self.dense_params = sum(m.weight.numel() for m in (self.fuse, *self.layer.modules()) if isinstance(m, nn.Linear))
+        self.dense_params = sum(m.weight.numel() for m in (self.fuse, *self.layer.modules())
+                                if isinstance(m, nn.Linear))
 
     # What the proposer asks of a draft (the published layouts in published.py answer the same):
     reads = True  # the target's features it reads (LM.forward's `features`): the last layer's output, pre-norm
@@ -122,8 +123,8 @@ class FeatureDraft(nn.Module):
         x = self.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens.to(lm.device)).to(features)], -1))
         pos = positions.reshape(1, -1).to(x.device)
         out = self.layer(x, attention_mask=lm.mask_4d(mask).to(x.device), position_ids=pos,
-                         **{cache_kwarg(self.layer): cache.hf if cache is not None else None}, use_cache=cache is not None,
-                         position_embeddings=rotary(x, pos))
+                         **{cache_kwarg(self.layer): cache.hf if cache is not None else None},
+                         use_cache=cache is not None, position_embeddings=rotary(x, pos))
         out = out[0] if isinstance(out, tuple) else out
         return out if batched else out[0]
 
@@ -158,7 +159,8 @@ def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = Non
 
 def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:
     full = draft.target[0].vocab_size
-    vocab = None if len(draft.vocab) == full and bool((draft.vocab == torch.arange(full)).all()) else draft.vocab.tolist()
+    vocab = (None if len(draft.vocab) == full and bool((draft.vocab == torch.arange(full)).all())
+             else draft.vocab.tolist())
     save_weights(draft, path, EAGLE_FORMAT, {"hidden_size": str(draft.fuse.weight.shape[0]), "vocab_size": str(full),
                                              "vocab": json.dumps(vocab), "info": json.dumps(info)})
 
@@ -172,7 +174,8 @@ def load_draft(lm: LM, path: str | Path, check_base: bool = True):
     else:
         meta, state, info = load_checked(
             lm, path, EAGLE_FORMAT, "decoder.draft_weights", "EAGLE draft file",
-            "train one with scripts/train_eagle.py or set decoder.draft_weights=null for an untrained draft", check_base)
+            "train one with scripts/train_eagle.py or set decoder.draft_weights=null for an untrained draft",
+            check_base)
         draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
         draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
         draft.info = info
@@ -331,7 +334,8 @@ class FeatureDraftProposer:
 
 @dataclass
 class Eagle:
-    draft_weights: str | None = "adapters/smollm2-135m-eagle.safetensors"  # ours, or an EAGLE-1/2/3 dir or hub id; null = untrained
+    # ours, or an EAGLE-1/2/3 dir or hub id; null = untrained
+    draft_weights: str | None = "adapters/smollm2-135m-eagle.safetensors"
     draft_seed: int | None = None  # draft_weights=null: a random draft from this seed (exactness tests)
     tree: str = "dynamic"  # dynamic (EAGLE-2) | static (EAGLE-1)
     tree_size: int = 24  # draft nodes verified (verification width - 1)

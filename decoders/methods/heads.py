@@ -47,7 +47,8 @@ class Heads(nn.Module):
         self.blocks = nn.ModuleList(ResBlock(hidden_size) if layers == 1 else
                                     nn.Sequential(*(ResBlock(hidden_size) for _ in range(layers))) for _ in range(k))
         vocab = lm_head.weight.shape[0]
-        self.outputs = nn.ModuleList(nn.Linear(hidden_size, vocab, bias=False) for _ in range(k)) if own_outputs else None
+        self.outputs = (nn.ModuleList(nn.Linear(hidden_size, vocab, bias=False) for _ in range(k)) if own_outputs
+                        else None)
         self.lm_head = [lm_head]  # a list: not a submodule, so neither trained nor saved
         self.layers = layers
         self.info: dict = {}
@@ -91,9 +92,9 @@ def new_heads(lm: LM, k: int, seed: int | None = None) -> Heads:
 def save_heads(heads: Heads, path: str | Path, info: dict) -> None:
     if heads.layers != 1 or heads.outputs is not None:
         raise ValueError("our heads format holds one residual block per head on the target's output layer")
-    save_weights(heads, path, HEADS_FORMAT, {"k": str(heads.k), "hidden_size": str(heads.blocks[0].linear.weight.shape[0]),
-                                             "vocab_size": str(heads.lm_head[0].weight.shape[0]),
-                                             "info": json.dumps(info)})
+    save_weights(heads, path, HEADS_FORMAT,
+                 {"k": str(heads.k), "hidden_size": str(heads.blocks[0].linear.weight.shape[0]),
+                  "vocab_size": str(heads.lm_head[0].weight.shape[0]), "info": json.dumps(info)})
 
 
 def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
@@ -140,7 +141,8 @@ class HeadsProposer:
         with torch.inference_mode():
             head_logits = self.heads(self.state).float()
             tree, self.rescore_flops, self.info = self.build(sequence, head_logits)
-        return Proposal(tree, hidden=self.hidden, draft_forward_tokens=1, draft_flops=self.head_flops + self.rescore_flops)
+        return Proposal(tree, hidden=self.hidden, draft_forward_tokens=1,
+                        draft_flops=self.head_flops + self.rescore_flops)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
         self.state = scores.hidden[path[-1]]

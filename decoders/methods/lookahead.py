@@ -38,10 +38,10 @@ def window_mask(levels: int, width: int) -> torch.Tensor:
     n = levels * width
     mask = torch.zeros(n, n, dtype=torch.bool)
     level0 = torch.tril(torch.ones(width, width, dtype=torch.bool))
-    for l in range(levels):
-        rows = slice(l * width, (l + 1) * width)
+    for level in range(levels):
+        rows = slice(level * width, (level + 1) * width)
         mask[rows, :width] = level0
-        for k in range(1, l + 1):
+        for k in range(1, level + 1):
             mask[rows, k * width:(k + 1) * width] |= torch.eye(width, dtype=torch.bool)
     return mask
 
@@ -135,7 +135,8 @@ class Lookahead:
             return
 
         def decode(ids, max_new_tokens, sampling, window, ngram, guess_set_size):
-            fixed = Lookahead(window=window, ngram=ngram, guess_set_size=guess_set_size, pool_from_prompt=self.pool_from_prompt,
+            fixed = Lookahead(window=window, ngram=ngram, guess_set_size=guess_set_size,
+                              pool_from_prompt=self.pool_from_prompt,
                               pool_from_output=self.pool_from_output, init=self.init)
             return fixed.generate(lm, ids, max_new_tokens, sampling, stop_ids)
         self.tuning = tune(lm, [list(p) for p in prompts[:self.auto_prompts]], stop_ids, self.window, self.ngram,

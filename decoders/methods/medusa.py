@@ -75,11 +75,13 @@ class Medusa:
                              f"{self.posterior_threshold} and {self.posterior_alpha}")
         if isinstance(self.choices, str):
             if self.choices not in ("auto", "chain", "prior"):
-                raise ValueError(f"decoder.choices must be auto, chain, prior or a list of rank paths, got {self.choices!r}")
+                raise ValueError("decoder.choices must be auto, chain, prior or a list of rank paths, "
+                                 f"got {self.choices!r}")
         else:
             paths = [tuple(int(r) for r in p) for p in self.choices]
             if not paths or any(not p or min(p) < 0 for p in paths):
-                raise ValueError("decoder.choices: a list of non-empty rank paths of integers >= 0, e.g. [[0], [1], [0, 0]]")
+                raise ValueError("decoder.choices: a list of non-empty rank paths of integers >= 0, "
+                                 "e.g. [[0], [1], [0, 0]]")
             tree_shape(paths)  # prefix-closed, or a clear error now
         self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}

@@ -67,7 +67,8 @@ class NgramLM:
         return sum(len(nexts) for table in self.counts for nexts in table.values())
 
     def save(self, path: str | Path, info: dict) -> None:
-        grams = [[list(ctx) + [tok, c] for ctx, nexts in table.items() for tok, c in nexts.items()] for table in self.counts]
+        grams = [[list(ctx) + [tok, c] for ctx, nexts in table.items() for tok, c in nexts.items()]
+                 for table in self.counts]
         payload = {"format": NGRAM_FORMAT, "order": self.order, "vocab_size": self.vocab_size, "info": info,
                    "grams": grams}
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,8 @@ def _load(module: nn.Module, state: dict, key: str, where) -> None:
         module.load_state_dict(state)
     except RuntimeError as e:  # missing, unexpected or misshapen tensors: the first of them
         detail = " ".join(str(e).split("\n\t")[1:2]).strip() or str(e).splitlines()[0]
-        raise ValueError(f"{key}: {where} does not hold the layout its config.json describes ({detail[:200]})") from None
+        raise ValueError(f"{key}: {where} does not hold the layout its config.json describes "
+                         f"({detail[:200]})") from None
 
 
 def _embedding(module: nn.Module, lm: LM, state: dict, key: str, where) -> None:
@@ -104,8 +105,8 @@ class Eagle1Draft(nn.Module):
         pos = positions.reshape(1, -1).to(x.device)
         rope, mask4 = self.rotary(x, pos), self.target[0].mask_4d(mask)
         for layer in self.layers:
-            out = layer(x, attention_mask=mask4, position_ids=pos, position_embeddings=rope, use_cache=cache is not None,
-                        **{cache_kwarg(layer): cache.hf if cache is not None else None})
+            out = layer(x, attention_mask=mask4, position_ids=pos, position_embeddings=rope,
+                        use_cache=cache is not None, **{cache_kwarg(layer): cache.hf if cache is not None else None})
             x = out[0] if isinstance(out, tuple) else out
         return x if batched else x[0]
 
@@ -135,7 +136,8 @@ class _WideAttention(nn.Module):
 
     def forward(self, x, rope, mask, cache: KVCache | None):
         b, q, _ = x.shape
-        qs, ks, vs = (p(x).view(b, q, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        qs, ks, vs = (p(x).view(b, q, -1, self.head_dim).transpose(1, 2)
+                      for p in (self.q_proj, self.k_proj, self.v_proj))
         qs, ks = apply_rotary_pos_emb(qs, ks, *rope)
         if cache is not None:
             ks, vs = cache.hf.update(ks, vs, 0)
@@ -152,7 +154,8 @@ class Eagle3Draft(nn.Module):
         d, layers = cfg.hidden_size, lm.config.get_text_config().num_hidden_layers
         self.reads = (2, layers // 2, layers - 3)  # the target layers whose inputs ea_model.py fuses
         if len(set(self.reads)) < 3 or layers - 3 < 0:
-            raise ValueError(f"decoder.draft_weights: {where} is an EAGLE-3 draft, which reads the inputs of the target's "
+            raise ValueError(f"decoder.draft_weights: {where} is an EAGLE-3 draft, "
+                             "which reads the inputs of the target's "
                              f"layers 2, L/2 and L-3; {lm.name} has {layers} layers (at least 7 are needed)")
         self.target = [lm]
         _embedding(self, lm, state, "decoder.draft_weights", where)
@@ -171,8 +174,8 @@ class Eagle3Draft(nn.Module):
         _load(self, state, "decoder.draft_weights", where)
         self.vocab = torch.arange(draft_vocab) + d2t.long().cpu()
         if len(d2t) != draft_vocab or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= lm.vocab_size:
-            raise ValueError(f"decoder.draft_weights: {where}: its d2t maps {draft_vocab} draft ids outside the target's "
-                             f"vocabulary of {lm.vocab_size}")
+            raise ValueError(f"decoder.draft_weights: {where}: its d2t maps {draft_vocab} draft ids "
+                             f"outside the target's vocabulary of {lm.vocab_size}")
         self.rotary = LlamaRotaryEmbedding(config=cfg)
         self.info: dict = {}
         self.dense_params = sum(m.weight.numel() for m in self.midlayer.modules() if isinstance(m, nn.Linear))

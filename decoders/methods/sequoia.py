@@ -54,7 +54,8 @@ class Sequoia:
                 check(f"{key}[]", value, at_least=1)
         check("draft", self.draft, required=DRAFT_REQUIRED)
         if self.acceptance_file is not None and not Path(self.acceptance_file).expanduser().is_file():
-            raise ValueError(f"decoder.acceptance_file: no acceptance vector at {self.acceptance_file}; measure one with "
+            raise ValueError(f"decoder.acceptance_file: no acceptance vector at {self.acceptance_file}; "
+                             "measure one with "
                              f"scripts/measure_acceptance.py or leave it null to measure on calibration prompts")
         if self.acceptance_file is not None:  # a damaged file fails here, before any model loads
             try:

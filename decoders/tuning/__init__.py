@@ -1,1 +1,2 @@
-"""Tuning and profiling: latency profiles, the fast-path choice, lookahead's W/N/G search, Sequoia's tree dynamic program."""
+"""Tuning and profiling: latency profiles, the fast-path choice, lookahead's W/N/G search,
+Sequoia's tree dynamic program."""

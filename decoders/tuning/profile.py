@@ -40,13 +40,15 @@ def profile_key(lm: LM, fast_path: bool = True) -> str:
     threads = f"-{torch.get_num_threads()}threads" if lm.device.type == "cpu" else ""
     config = json.dumps(lm.config.to_dict(), sort_keys=True, default=str)
     model = hashlib.sha1(config.encode()).hexdigest()[:10]
-    raw = f"{device_name(lm.device)}{threads}_{lm.name}-{model}_{str(lm.dtype).replace('torch.', '')}_{lm.attn_implementation}"
+    raw = (f"{device_name(lm.device)}{threads}_{lm.name}-{model}_"
+           f"{str(lm.dtype).replace('torch.', '')}_{lm.attn_implementation}")
     if fast_path:
         raw += f"_{lm.fast_path}" + (f"{lm.packed_min_rows}" if lm.fast_path == "prepacked" else "")
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 
-def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256, repeats: int = 5) -> tuple[list[float], float]:
+def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256,
+                            repeats: int = 5) -> tuple[list[float], float]:
     """Seconds of one target forward of k = 1..max_tokens new tokens after `context`
     cached ones, fed as tree/window decoders feed them (explicit positions and a bool mask,
     logits for every row), and of one autoregressive step (1 token, causal, no mask): the
@@ -157,7 +159,8 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
     if lm.device.type != "cpu":
         lm.set_fast_path("none")
         return {"chosen": "none", "min_rows": None, "why": f"auto changes nothing on {lm.device.type}"}
-    path = Path(cache_dir).expanduser() / "fast_path" / f"{profile_key(lm, fast_path=False)}.json" if cache_dir else None
+    path = (Path(cache_dir).expanduser() / "fast_path" / f"{profile_key(lm, fast_path=False)}.json" if cache_dir
+            else None)
     if path is not None and path.exists() and not refresh:
         try:
             choice = json.loads(path.read_text())

@@ -85,13 +85,15 @@ def check_acceptance(acceptance: Sequence[float]) -> list[float]:
     try:
         p = [float(x) for x in acceptance]
     except (TypeError, ValueError):
-        raise ValueError(f"the acceptance vector must be a list of numbers p_1..p_K, got {acceptance!r}"[:300]) from None
+        raise ValueError(("the acceptance vector must be a list of numbers p_1..p_K, "
+                          f"got {acceptance!r}")[:300]) from None
     if not p:
         raise ValueError("the acceptance vector is empty: it needs p_1..p_K, K >= 1")
     if any(not (0.0 <= x <= 1.0) for x in p):
         raise ValueError(f"acceptance probabilities must lie in [0, 1], got {p}")
     if sum(p) > 1 + 1e-6:
-        raise ValueError(f"acceptance probabilities must sum to <= 1 (one child at most is accepted), got sum {sum(p):.6f}")
+        raise ValueError("acceptance probabilities must sum to <= 1 (one child at most is accepted), "
+                         f"got sum {sum(p):.6f}")
     return p
 
 
