@@ -142,9 +142,10 @@ def show(run_dir: str | Path, prompt_id: str, turn: int = 0, out: str | Path | N
         use_colour = sys.stdout.isatty()
     print(render_terminal(steps, use_colour))
     n = record["new_tokens"]
+    legend = ("plain = 1 token per pass, coloured/bracketed = several" if use_colour
+              else "[...] = one pass that committed several tokens")
     print(f"\n{record['decoder']}: {n} tokens in {record['steps']} steps ({n / record['steps']:.2f} per step); "
-          f"{'plain = 1 token per pass, coloured/bracketed = several' if use_colour else '[...] = one pass that committed several tokens'}; "  # noqa: E501
-          f"wrote {path}")
+          f"{legend}; wrote {path}")
     return path
 
 
