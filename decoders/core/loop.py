@@ -83,10 +83,11 @@ class Proposer(Protocol):
     it and sets `waits_for_prefill`: the loop then does not call propose() at the prefill but
     scores the root alone, asking for what that proposer's proposals ask for (its `hidden` and
     `feature_layers`); commit() follows as at every step, and the prefill's info is {} (nothing
-    was drafted). State that propose() leaves for commit() is declared in __init__.
+    was drafted). A proposer that does not say is asked at the prefill like at any step. State
+    that propose() leaves for commit() is declared in __init__.
     """
 
-    waits_for_prefill: bool
+    waits_for_prefill: bool  # optional: False when absent
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         """A tree rooted at sequence[-1] (the committed tokens so far). `room`: drafts beyond this
@@ -196,10 +197,14 @@ def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:
     return split(proposal, logits, extra, fed.uncached)
 
 
+def waits_for_prefill(proposer: Proposer) -> bool:
+    return getattr(proposer, "waits_for_prefill", False)
+
+
 def propose(proposer: Proposer, sequence: Sequence[int], room: int, prefill: bool) -> Proposal:
     """This step's proposal. At the prefill a proposer that waits for it is not asked: the root
     alone is scored, with the hidden state or features its later proposals read."""
-    if prefill and proposer.waits_for_prefill:
+    if prefill and waits_for_prefill(proposer):
         return Proposal(TokenTree.chain(sequence[-1], []), hidden=proposer.hidden,
                         feature_layers=proposer.feature_layers)
     return proposer.propose(sequence, room)
@@ -219,7 +224,7 @@ def verify_and_commit(proposer: Proposer, proposal: Proposal, fed: Feed, scores:
     sequence += new
     with timed():
         info = proposer.commit(proposal, scores, path, sequence)
-    if prefill and proposer.waits_for_prefill:
+    if prefill and waits_for_prefill(proposer):
         info = {}  # nothing was drafted
     return dict(committed=len(new), forward_tokens=len(fed.tokens), context_tokens=fed.cached,
                 draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
