@@ -16,9 +16,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # against each other. Tests that set threads themselves still do.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
-if WORKERS > 1:
+if WORKERS > 1:  # one process (-n 0) keeps torch's default
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
-torch.set_num_threads(THREADS)
+    torch.set_num_threads(THREADS)
 
 # Test files run whole on one xdist worker: SLURM's single-node cluster (one per machine: ports,
 # daemons), and files whose module fixture is a costly run every worker would otherwise repeat.
