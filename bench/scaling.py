@@ -7,6 +7,10 @@ is steps = a - b * ln(FLOPs per step): exponentially more compute per step buys 
 fewer steps, and b is how many. Both per-step figures leave the prefill step out (its
 prompt-sized forward would dominate short generations); summaries written before
 bench.metrics had decode_* columns fall back to the figures with the prefill included.
+A sweep over several datasets (or models) gives one law per (model, dataset): `analyse_each`.
+Beside the fit: each point's residual from its N's line, the local slope between neighbouring
+W (where the line bends), whether each output equals an autoregressive run's in the same paths,
+and tokens/s, from the sweep or from a quieter throughput run given apart.
 Used by scripts/scaling_law.py and notebooks/scaling_law.ipynb.
 """
 from __future__ import annotations
@@ -20,6 +24,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
+
+from .records import read_records
 
 # Columns taken from each run's config.yaml.
 CONFIG_KEYS = {"W": "decoder.window", "N": "decoder.ngram", "G": "decoder.guess_set_size",
@@ -82,6 +88,50 @@ def scaling_points(runs: pd.DataFrame, tokens: int | None = None) -> tuple[pd.Da
     points = points.sort_values(["N", "W"]).reset_index(drop=True)
     return points[["W", "N", "G", "flops_per_step", "tokens_per_step", "steps", "tokens_per_s", "model",
                    "dataset", "run"]], tokens
+
+
+def with_residuals(points: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
+    """`residual`: each point's steps minus its own N's line (the per-N fits of `fit_table`)."""
+    per_n = fits.set_index("N")
+    law = [per_n.loc[str(n), "a"] - per_n.loc[str(n), "b"] * math.log(f)
+           for n, f in zip(points["N"], points["flops_per_step"])]
+    return points.assign(residual=points["steps"] - np.array(law, dtype=float))
+
+
+def local_slopes(points: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
+    """Per N, between neighbouring W: steps saved per unit of ln(FLOPs per step), and the same as a
+    share of that N's fitted b. A straight line keeps the share near 1; where it falls (well below
+    1, say under 0.5) the line bends: more compute per step stops buying steps."""
+    rows = []
+    per_n = fits.set_index("N")
+    for n, group in points.sort_values("W").groupby("N"):
+        g = group.reset_index(drop=True)
+        for i in range(1, len(g)):
+            dx = math.log(g.loc[i, "flops_per_step"]) - math.log(g.loc[i - 1, "flops_per_step"])
+            b = -(g.loc[i, "steps"] - g.loc[i - 1, "steps"]) / dx if dx else math.nan
+            rows.append({"N": int(n), "W_from": int(g.loc[i - 1, "W"]), "W_to": int(g.loc[i, "W"]),
+                         "b_local": b, "share_of_fit": _ratio(b, per_n.loc[str(n), "b"])})
+    return pd.DataFrame(rows, columns=["N", "W_from", "W_to", "b_local", "share_of_fit"])
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else math.nan
+
+
+def same_as_reference(points: pd.DataFrame, reference_run: str | None) -> pd.Series:
+    """Per point, the share of its records whose tokens equal the reference (autoregressive) run's
+    for the same prompt and turn; NaN without a reference or without records (summaries only)."""
+    if reference_run is None or not (Path(reference_run) / "records.jsonl").exists():
+        return pd.Series(math.nan, index=points.index)
+    ref = {r["key"]: r["tokens"] for r in read_records(Path(reference_run) / "records.jsonl")
+           if r.get("status") == "ok"}
+    shares = []
+    for run in points["run"]:
+        path = Path(run) / "records.jsonl"
+        pairs = [(r["tokens"], ref[r["key"]]) for r in (read_records(path) if path.exists() else [])
+                 if r.get("status") == "ok" and r["key"] in ref]
+        shares.append(float(np.mean([a == b for a, b in pairs])) if pairs else math.nan)
+    return pd.Series(shares, index=points.index)
 
 
 def fit_law(flops, steps) -> dict:
@@ -148,27 +198,86 @@ def plot_tokens_per_s_vs_window(points: pd.DataFrame, baseline: float | None = N
 @dataclass
 class Analysis:
     runs: pd.DataFrame    # every finished run found
-    points: pd.DataFrame  # the lookahead grid points
+    points: pd.DataFrame  # the lookahead grid points (+ residual, same_as_autoregressive)
     fits: pd.DataFrame    # fit over all points, then per N
     tokens: int           # T
     baseline: float | None  # autoregressive tokens/s on the same model and dataset, if in the paths
+    slopes: pd.DataFrame | None = None  # local_slopes: where the line bends
+    throughput: pd.DataFrame | None = None  # points whose tokens/s are plotted (default: points)
+    throughput_baseline: float | None = None
 
     @property
     def b(self) -> float:
         return float(self.fits.iloc[0]["b"])
 
+    @property
+    def setup(self) -> str:
+        return _setup(self.points)
+
     def figures(self) -> dict[str, Figure]:
+        speed = self.points if self.throughput is None else self.throughput
+        base = self.baseline if self.throughput is None else self.throughput_baseline
         return {"steps_vs_flops": plot_steps_vs_flops(self.points, self.fits, self.tokens),
-                "tokens_per_s_vs_window": plot_tokens_per_s_vs_window(self.points, self.baseline)}
+                "residuals": plot_residuals(self.points),
+                "tokens_per_s_vs_window": plot_tokens_per_s_vs_window(speed, base)}
 
 
-def analyse(paths, tokens: int | None = None) -> Analysis:
-    runs = load_runs(paths)
+def plot_residuals(points: pd.DataFrame) -> Figure:
+    """Each point's distance from its own N's line: a law that holds leaves no pattern here."""
+    fig = Figure(figsize=(6.4, 3.4), layout="constrained")
+    ax = fig.subplots()
+    fitted = points[points["residual"].notna()]  # an N with one W has no line
+    for n, group in fitted.groupby("N"):
+        ax.plot(group["flops_per_step"], group["residual"], marker="o", label=f"N={n}")
+    ax.axhline(0, color="k", linewidth=0.8)
+    if not fitted.empty:
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("FLOPs per step (log scale)")
+    ax.set_ylabel("steps - fit of its N")
+    ax.set_title(f"Residuals from each N's line; {_setup(points)}", fontsize=9)
+    return fig
+
+
+def _baseline(runs: pd.DataFrame, model: str, dataset: str) -> tuple[float | None, str | None]:
+    same = (runs["decoder"] == "autoregressive") & (runs["model"] == model) & (runs["dataset"] == dataset)
+    if not same.any():
+        return None, None
+    return float(runs.loc[same, "tokens_per_s"].mean()), runs.loc[same, "run"].iloc[0]
+
+
+def _analysis(runs: pd.DataFrame, tokens: int | None, throughput: pd.DataFrame | None = None) -> Analysis:
     points, tokens = scaling_points(runs, tokens)
-    same = (runs["decoder"] == "autoregressive") & (runs["model"] == points["model"].iloc[0]) \
-        & (runs["dataset"] == points["dataset"].iloc[0])
-    baseline = float(runs.loc[same, "tokens_per_s"].mean()) if same.any() else None
-    return Analysis(runs, points, fit_table(points), tokens, baseline)
+    model, dataset = points["model"].iloc[0], points["dataset"].iloc[0]
+    baseline, reference = _baseline(runs, model, dataset)
+    fits = fit_table(points)
+    points = with_residuals(points, fits).assign(same_as_autoregressive=lambda p: same_as_reference(p, reference))
+    speed = speed_base = None
+    if throughput is not None:
+        mine = throughput[(throughput["model"] == model) & (throughput["dataset"] == dataset)]
+        if (mine["decoder"] == "lookahead").any():
+            speed = scaling_points(mine, tokens)[0]
+            speed_base = _baseline(mine, model, dataset)[0]
+    return Analysis(runs, points, fits, tokens, baseline, local_slopes(points, fits), speed, speed_base)
+
+
+def analyse(paths, tokens: int | None = None, throughput_paths=None) -> Analysis:
+    """One law: the paths must hold one model and dataset (else `analyse_each`)."""
+    throughput = load_runs(throughput_paths) if throughput_paths else None
+    return _analysis(load_runs(paths), tokens, throughput)
+
+
+def analyse_each(paths, tokens: int | None = None, throughput_paths=None) -> dict[str, Analysis]:
+    """One law per (model, dataset) among the runs, keyed "model_dataset"."""
+    runs = load_runs(paths)
+    throughput = load_runs(throughput_paths) if throughput_paths else None
+    out = {}
+    for (model, dataset), group in runs.groupby(["model", "dataset"], sort=True):
+        if (group["decoder"] == "lookahead").any():
+            out[f"{model}_{dataset}"] = _analysis(group, tokens, throughput)
+    if not out:
+        scaling_points(runs, tokens)  # raises the one-line reason
+    return out
 
 
 def write(analysis: Analysis, out) -> list[Path]:
@@ -181,6 +290,9 @@ def write(analysis: Analysis, out) -> list[Path]:
         written.append(out / f"{name}.png")
     analysis.points.to_csv(out / "scaling_points.csv", index=False)
     analysis.fits.to_csv(out / "scaling_fit.csv", index=False)
+    if analysis.slopes is not None:
+        analysis.slopes.to_csv(out / "local_slopes.csv", index=False)
+        written.append(out / "local_slopes.csv")
     (out / "scaling_fit.md").write_text(
         f"steps for T = {analysis.tokens} tokens = a - b ln(FLOPs per step); {_setup(analysis.points)}\n\n"
         + analysis.fits.to_markdown(index=False, floatfmt=".4g") + "\n")

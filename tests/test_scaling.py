@@ -38,6 +38,43 @@ def test_fit_table_fits_all_points_then_each_n():
     assert table.loc["all", "b"] == pytest.approx(7.5)
 
 
+def test_residuals_and_local_slopes_show_where_the_line_bends():
+    """A straight law up to W=4, flat after: the residuals leave the line and share_of_fit says
+    where more FLOPs stopped buying steps."""
+    rows = [{"W": w, "N": 5, "flops_per_step": 1e9 * w, "steps": 100 - 10 * math.log(min(w, 4))}
+            for w in (1, 2, 4, 8, 16)]
+    points = pd.DataFrame(rows)
+    fits = scaling.fit_table(points)
+    with_res = scaling.with_residuals(points, fits)
+    line = fits.set_index("N").loc["5"]
+    assert with_res["residual"].tolist() == pytest.approx(
+        [s - (line["a"] - line["b"] * math.log(f)) for s, f in zip(points["steps"], points["flops_per_step"])])
+    slopes = scaling.local_slopes(points, fits).set_index("W_to")
+    assert slopes.loc[2, "b_local"] == pytest.approx(10) and slopes.loc[4, "b_local"] == pytest.approx(10)
+    assert slopes.loc[8, "b_local"] == pytest.approx(0) and slopes.loc[16, "share_of_fit"] == pytest.approx(0)
+    assert slopes.loc[2, "share_of_fit"] > 1  # steeper than the line that the flat tail pulls down
+
+
+def test_a_sweep_over_datasets_gives_one_law_each_and_checks_outputs(tmp_path):
+    """Two datasets in one sweep: one Analysis each; an autoregressive run beside a lookahead run
+    of the same prompts makes same_as_autoregressive 1 (lookahead is lossless)."""
+    out = run_cli("-m", "model=tiny-random", "decoder=autoregressive,lookahead", "dataset=gsm8k,humaneval",
+                  "dataset.limit=1", "gen.max_new_tokens=8", "quality=false", "warmup=false", "progress=false",
+                  f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    analyses = scaling.analyse_each([tmp_path])
+    assert sorted(analyses) == ["tiny-random_gsm8k", "tiny-random_humaneval"]
+    for a in analyses.values():
+        assert a.points["same_as_autoregressive"].tolist() == [1.0] and a.baseline > 0
+    with pytest.raises(ValueError, match="one scaling law per model and dataset"):
+        scaling.analyse([tmp_path])
+    script = subprocess.run([sys.executable, "scripts/scaling_law.py", str(tmp_path), "--out", str(tmp_path / "law")],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert script.returncode == 0, script.stderr
+    assert (tmp_path / "law" / "tiny-random_gsm8k" / "scaling_fit.md").exists()
+    assert "## tiny-random on humaneval" in script.stdout
+
+
 def test_fixture_loads_as_the_grid():
     runs = scaling.load_runs([FIXTURE])
     assert len(runs) == len(GRID_W) * len(GRID_N)
@@ -75,7 +112,7 @@ def test_script_writes_plots_and_reports_b(tmp_path):
     out = subprocess.run([sys.executable, "scripts/scaling_law.py", str(FIXTURE), "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
-    for name in ["steps_vs_flops.png", "tokens_per_s_vs_window.png"]:
+    for name in ["steps_vs_flops.png", "residuals.png", "tokens_per_s_vs_window.png"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fits = pd.read_csv(tmp_path / "scaling_fit.csv")
     assert fits["N"].astype(str).tolist() == ["all"] + [str(n) for n in GRID_N]
@@ -103,7 +140,7 @@ def test_notebook_runs_on_the_fixture(monkeypatch):
                             resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # the two plots
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # law, residuals, throughput
     text = "".join(o.get("text", "") for o in outputs)
     assert f"b = {scaling.analyse([FIXTURE]).b:.4g}" in text and "24 lookahead runs" in text
 
