@@ -196,6 +196,22 @@ def test_launcher_presets_compose():
         assert joblib.hydra.launcher._target_.endswith("JoblibLauncher") and joblib.hydra.launcher.n_jobs == 2
         large = compose("config", overrides=["+sweep=lookahead_grid_large"], return_hydra_config=True)
         assert large.hydra.sweeper.params["decoder.window"] == "1,2,4,8,16,32,64"
+        law = compose("config", overrides=["+sweep=scaling_law", "hydra/launcher=slurm_cpu"], return_hydra_config=True)
+        assert law.hydra.launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+        assert (law.gen.max_new_tokens, law.quality, law.decoder.name) == (256, False, "lookahead")
+
+
+def test_scaling_law_sweep_is_issue_33s_grid_on_two_datasets(monkeypatch):
+    """W doubling 1..32 x N 3..11 (G = W) on 10 MT-Bench and 10 HumanEval prompts: 60 jobs, the
+    same with the SLURM launcher (only the launcher changes)."""
+    for launcher in ([], ["hydra/launcher=slurm_cpu"]):
+        jobs = checked_jobs(monkeypatch, "+sweep=scaling_law", *launcher)
+        assert len(jobs) == 60
+        grid = {tuple(sorted(o for o in job if o.split("=")[0] in ("decoder.window", "decoder.ngram", "dataset")))
+                for job in jobs}
+        assert grid == {tuple(sorted((f"decoder.window={w}", f"decoder.ngram={n}", f"dataset={d}")))
+                        for w in (1, 2, 4, 8, 16, 32) for n in (3, 5, 7, 9, 11) for d in ("mt_bench", "humaneval")}
+        assert all("dataset.limit=10" in job for job in jobs)
 
 
 @pytest.mark.slow
