@@ -4,11 +4,16 @@
 - tokens_vs_flops.png: mean accepted tokens (decode tokens per step) vs decode FLOPs per step (target + draft, log x),
   one marker per decoder and dataset, plus the points of any sweeps given (the lookahead paper's
   compute-for-latency trade-off).
-- acceptance_by_position.png: for draft and head methods, the share of steps whose draft reached
-  position d that accepted it (for Medusa / BPD, position d is head d-1's token).
+- acceptance_by_depth.png: for draft and head methods, the share of steps whose draft reached
+  depth d that accepted it (for Medusa / BPD, depth d is head d-1's token); the summaries'
+  acceptance_by_depth, pooled over datasets.
+- accepted_by_output_position.png: every method's mean accepted tokens per decoding step against
+  the step's position in the output, in bins (metrics.accepted_by_output_position), pooled over
+  datasets: does acceptance hold up as answers grow long?
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -106,22 +111,48 @@ def acceptance_plot(records: dict, datasets: list[str], labels: list[str], out: 
         proposed, accepted = metrics.depth_totals(r for ds in datasets for r in records[ds, label])
         for d, (p, a) in enumerate(zip(proposed, accepted), start=1):
             if p:
-                rows.append({"decoder": label, "position": d, "proposed_steps": int(p), "accepted_steps": int(a),
+                rows.append({"decoder": label, "depth": d, "proposed_steps": int(p), "accepted_steps": int(a),
                              "acceptance": a / p})
-    data = pd.DataFrame(rows, columns=["decoder", "position", "proposed_steps", "accepted_steps", "acceptance"])
-    data.to_csv(out / "acceptance_by_position.csv", index=False)
+    data = pd.DataFrame(rows, columns=["decoder", "depth", "proposed_steps", "accepted_steps", "acceptance"])
+    data.to_csv(out / "acceptance_by_depth.csv", index=False)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for label, group in data.groupby("decoder", sort=False):
-        ax.plot(group["position"], group["acceptance"], marker="o", label=label)
-    ax.set_xlabel("draft position (Medusa/BPD: head index + 1)")
+        ax.plot(group["depth"], group["acceptance"], marker="o", label=label)
+    ax.set_xlabel("draft depth (Medusa/BPD: head index + 1)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("accepted | drafted")
     ax.set_ylim(0, 1)
     if len(data):
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=110)
+    fig.savefig(out / "acceptance_by_depth.png", dpi=110)
+    plt.close(fig)
+
+
+def position_bin(records) -> int:
+    """A power-of-two bin of output positions giving at most 16 bins over the longest output (>= 8)."""
+    longest = max((r.get("new_tokens") or 0 for r in records), default=0)
+    return max(8, 2 ** math.ceil(math.log2(max(1, longest) / 16)))
+
+
+def output_position_plot(records: dict, datasets: list[str], labels: list[str], out: Path) -> None:
+    everything = [r for ds in datasets for label in labels for r in records[ds, label]]
+    bin_tokens = position_bin(everything)
+    parts = [metrics.accepted_by_output_position([r for ds in datasets for r in records[ds, label]], bin_tokens)
+             .assign(decoder=label) for label in labels]
+    data = pd.concat(parts, ignore_index=True)[["decoder", "position", "steps", "outputs", "mean_accepted_tokens"]]
+    data.to_csv(out / "accepted_by_output_position.csv", index=False)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label, group in data.groupby("decoder", sort=False):
+        ax.plot(group["position"] + bin_tokens / 2, group["mean_accepted_tokens"], marker=".", label=label)
+    ax.set_xlabel(f"position in the output (new tokens before the step; bins of {bin_tokens})")
+    ax.set_ylabel("mean accepted tokens per decoding step")
+    if len(data):
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "accepted_by_output_position.png", dpi=110)
     plt.close(fig)
 
 
@@ -133,4 +164,5 @@ def plot_all(out_dir: Path, datasets: list[str], labels: list[str], df: pd.DataF
     speedup_plot(df, datasets, labels, out)
     tokens_vs_flops_plot(df, datasets, labels, sweeps, out)
     acceptance_plot(records, datasets, labels, out)
+    output_position_plot(records, datasets, labels, out)
     return out

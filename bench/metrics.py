@@ -12,6 +12,10 @@
   bonus token a verification step emits counts. decode_flops_per_step: target + draft FLOPs
   per such step, leaving out the target's prefill and the draft's pass over the prompt
   (Step.draft_prefill_flops). The scaling law uses these two.
+- accepted tokens by output position (`accepted_by_output_position`): mean_accepted_tokens over
+  the decoding steps whose position in the output (trace.position: new tokens committed before
+  the step) falls in each bin of positions; it shows whether a method's acceptance holds up as
+  an answer grows long.
 - acceptance_rate: accepted draft tokens / draft tokens proposed (`acceptance_rate`).
 - pool hit rate (n-gram pool methods, whose steps record info["hit"]): share of steps in
   which at least one candidate token was accepted.
@@ -331,6 +335,27 @@ def mean_accepted_tokens(records) -> float:
     """Spec-Bench's mean accepted tokens per decoding step (prefill excluded, bonus included)."""
     return _ratio(sum(r.get("decode_tokens", math.nan) for r in records),
                   sum(r.get("decode_steps", math.nan) for r in records))
+
+
+def accepted_by_output_position(records, bin_tokens: int) -> pd.DataFrame:
+    """Per bin of `bin_tokens` output positions [start, start + bin_tokens): the decoding steps
+    (prefill left out, as in mean_accepted_tokens) that began there, the outputs they came from,
+    and their mean accepted tokens. Records of status ok only."""
+    if bin_tokens < 1:
+        raise ValueError(f"bin_tokens must be >= 1, got {bin_tokens}")
+    steps, tokens, outputs = {}, {}, {}
+    for i, r in enumerate(records):
+        if r.get("status", "ok") != "ok":
+            continue
+        trace = r["trace"]
+        for position, committed in zip(trace["position"][1:], trace["committed"][1:]):
+            start = position // bin_tokens * bin_tokens
+            steps[start] = steps.get(start, 0) + 1
+            tokens[start] = tokens.get(start, 0) + committed
+            outputs.setdefault(start, set()).add(i)
+    return pd.DataFrame([{"position": start, "steps": steps[start], "outputs": len(outputs[start]),
+                          "mean_accepted_tokens": tokens[start] / steps[start]} for start in sorted(steps)],
+                        columns=["position", "steps", "outputs", "mean_accepted_tokens"])
 
 
 def _pool_hit_rate(ok: pd.DataFrame) -> float:

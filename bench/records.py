@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from decoders.core.trace import output_positions
+
 from .errors import BenchError
 
 
@@ -93,15 +95,21 @@ def invalid(record) -> str | None:
             return f"trace.{name} is not a list of integers >= 0"
     if sum(trace["committed"]) != record["new_tokens"]:
         return f"the trace commits {sum(trace['committed'])} tokens, not new_tokens {record['new_tokens']}"
+    if trace.get("position", []) != output_positions(trace["committed"]):
+        return "trace.position is not the tokens committed before each step"
     return None
 
 
 def upgrade(record):
     """A record as this version writes it: older runs named the trace's tokens committed per step
-    "accepted" (Step.accepted); every reader gets "committed"."""
+    "accepted" (Step.accepted); every reader gets "committed". Runs before the trace kept each
+    step's output position get it, derived from "committed" as trace_columns does."""
     trace = record.get("trace") if isinstance(record, dict) else None
     if isinstance(trace, dict) and "accepted" in trace and "committed" not in trace:
-        record["trace"] = {("committed" if k == "accepted" else k): v for k, v in trace.items()}
+        record["trace"] = trace = {("committed" if k == "accepted" else k): v for k, v in trace.items()}
+    if isinstance(trace, dict) and "position" not in trace and isinstance(trace.get("committed"), list) \
+            and all(map(_COUNT[1], trace["committed"])):
+        trace["position"] = output_positions(trace["committed"])
     return record
 
 

@@ -1,5 +1,5 @@
 """The leaderboard end to end on tiny-random (two prompts per dataset, every decoder), its
-resume, its presets (+preset=speculative / lookahead / heads / baselines), repeats, and the
+resume, its presets (+preset=speculative / lookahead / heads / baselines / leaders / long_outputs), repeats, and the
 step-by-step view."""
 from __future__ import annotations
 
@@ -112,14 +112,19 @@ def test_sampling_leaderboard_says_so_and_does_not_call_equality_lossless(tmp_pa
 
 def test_plots_and_their_data_are_written(board):
     out, _ = board
-    for name in ("speedup", "tokens_vs_flops", "acceptance_by_position"):
+    for name in ("speedup", "tokens_vs_flops", "acceptance_by_depth", "accepted_by_output_position"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
         assert len(pd.read_csv(out / "plots" / f"{name}.csv")) > 0
     points = pd.read_csv(out / "plots" / "tokens_vs_flops.csv")
     assert (points["source"] == "leaderboard").sum() == len(LABELS) * 3
     assert (points["source"] != "leaderboard").sum() == 24  # the fixture sweep's 24 lookahead (W, N) points
-    acceptance = pd.read_csv(out / "plots" / "acceptance_by_position.csv")
+    acceptance = pd.read_csv(out / "plots" / "acceptance_by_depth.csv")
     assert {"spec_chain", "sequoia", "medusa", "bpd"} <= set(acceptance["decoder"])
+    # every entry, by output position: autoregressive commits one token a step wherever it is
+    by_position = pd.read_csv(out / "plots" / "accepted_by_output_position.csv")
+    assert set(by_position["decoder"]) == set(LABELS)
+    assert (by_position[by_position["decoder"] == "autoregressive"]["mean_accepted_tokens"] == 1.0).all()
+    assert (by_position["mean_accepted_tokens"] >= 1.0).all() and (by_position["position"] % 8 == 0).all()
     cost = pd.read_csv(out / "verification_cost.csv")
     assert list(cost["tokens"]) == [1, 2, 4] and (cost["vs_one_token"] > 0).all()
 
@@ -222,8 +227,11 @@ PRESETS = {
     "baselines": (["autoregressive", "hf_generate"], 3),
     "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-static", "recycling", "medusa", "lookahead-auto",
                  "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
+    "long_outputs": (["autoregressive", "prompt_lookup", "lookahead", "recycling", "eagle", "medusa", "spec_chain",
+                      "sequoia"], 1),
 }
-LIMITS = {"leaders": 5}  # prompts per dataset, where a preset's differs from 4
+LIMITS = {"leaders": 5, "long_outputs": 6}  # prompts per dataset, where a preset's differs from 4
+DATASETS = {"long_outputs": ["mt_bench"]}  # where a preset's differ from the three
 
 
 def preset_overrides(name: str) -> list[str]:
@@ -252,7 +260,7 @@ def test_presets_write_to_their_own_directory_not_the_reference():
         assert composed == labels and base.leaderboard.repeats == repeats
         assert base.leaderboard.out_dir == f"results/{name}"  # results/reference/<topic> only when asked for
         assert (base.leaderboard.limit == LIMITS.get(name, 4)
-                and list(base.leaderboard.datasets) == ["humaneval", "mt_bench", "gsm8k"])
+                and list(base.leaderboard.datasets) == DATASETS.get(name, ["humaneval", "mt_bench", "gsm8k"]))
     # the speculative preset's fixed-size methods get the same draft-node budget
     _, _, runs = compose_all(["+preset=speculative", "model=tiny-random"])
     chain, tree, seq = (runs["gsm8k", x].decoder for x in ("spec_chain-8", "specinfer-2x4", "sequoia-8"))

@@ -154,3 +154,20 @@ def test_streamed_columns_summarize_as_the_records_do():
     for name in ("lossless", "lossless_up_to_ties", "real_divergences", "tokens_per_step", "speedup",
                  "mean_accepted_tokens", "quality"):
         assert streamed[name] == pytest.approx(direct[name], nan_ok=True), name
+
+
+def test_accepted_by_output_position_bins_decoding_steps_by_where_they_start():
+    """The prefill step is left out (as in mean_accepted_tokens); a step counts in the bin of the
+    position it starts at; skipped records add nothing."""
+    a = {"status": "ok", "trace": {"committed": [1, 3, 4, 1, 2], "position": [0, 1, 4, 8, 9]}}
+    b = {"status": "ok", "trace": {"committed": [1, 1, 5, 2], "position": [0, 1, 2, 7]}}
+    table = metrics.accepted_by_output_position([a, b, {"status": "skipped"}], bin_tokens=4)
+    assert table.to_dict("records") == [
+        {"position": 0, "steps": 3, "outputs": 2, "mean_accepted_tokens": 3.0},   # a: 3; b: 1, 5
+        {"position": 4, "steps": 2, "outputs": 2, "mean_accepted_tokens": 3.0},   # a: 4; b: 2
+        {"position": 8, "steps": 2, "outputs": 1, "mean_accepted_tokens": 1.5}]   # a: 1, 2
+    # the same steps, pooled: the bins' weighted mean is mean_accepted_tokens over both records
+    pooled = (table["mean_accepted_tokens"] * table["steps"]).sum() / table["steps"].sum()
+    assert pooled == (3 + 4 + 1 + 2 + 1 + 5 + 2) / 7
+    with pytest.raises(ValueError, match="bin_tokens"):
+        metrics.accepted_by_output_position([a], bin_tokens=0)

@@ -179,9 +179,39 @@ def test_records_from_before_the_rename_read_as_committed(tmp_path):
     assert len(read) == sum(r["status"] == "ok" for r in raw)
     for new, before in zip(read, (r for r in raw if r["status"] == "ok")):
         assert "accepted" not in new["trace"] and new["trace"]["committed"] == before["trace"]["accepted"]
-        assert list(new["trace"]) == ["committed" if k == "accepted" else k for k in before["trace"]]
+        assert list(new["trace"]) == ["committed" if k == "accepted" else k for k in before["trace"]] + ["position"]
+        assert new["trace"]["position"] == [sum(before["trace"]["accepted"][:i]) for i in range(new["steps"])]
     copy = tmp_path / "records.jsonl"
     copy.write_bytes(old.read_bytes())
     log = RecordLog(copy, resume=True)  # every old line valid: none moved aside
     assert all(key in log for key in (r["key"] for r in raw)) and not (tmp_path / "records.rejected.jsonl").exists()
     log.close()
+
+
+def ok_record(key: str, committed: list[int], **trace) -> dict:
+    """A valid record of status ok whose trace commits `committed` (and holds `trace`'s columns)."""
+    n = sum(committed)
+    amounts = dict.fromkeys(("tokens_per_step", "latency_s", "ttft_s", "tokens_per_s", "target_time_s", "draft_time_s",
+                             "overhead_time_s", "target_flops", "draft_flops"), 1.0)
+    counts = dict.fromkeys(("forward_tokens", "draft_tokens", "accepted_draft_tokens", "draft_forward_tokens"), 0)
+    return rec(key, status="ok", tokens=list(range(n)), new_tokens=n, steps=len(committed), text="",
+               trace={"committed": committed, "forward_tokens": [1] * len(committed), **trace}, **amounts, **counts)
+
+
+def test_each_step_keeps_its_position_in_the_output(tmp_path):
+    """trace.position: the new tokens committed before each step. A run writes it; a record without
+    it (written before it was kept) reads with it derived; a record whose positions disagree with its
+    committed tokens is damaged, and skipped like any invalid line."""
+    from decoders.core.trace import Generation, Step
+
+    gen = Generation(tokens=list(range(7)), steps=[Step(committed=c, forward_tokens=1, context_tokens=0)
+                                                   for c in (1, 3, 1, 2)], ttft=0.0, stop_reason="length")
+    assert gen.trace_columns()["position"] == [0, 1, 4, 5]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (
+        ok_record("a#0", [1, 3, 1, 2], position=[0, 1, 4, 5]),
+        ok_record("b#0", [1, 2, 2]),  # before positions were kept
+        ok_record("c#0", [1, 2, 2], position=[0, 1, 2]))))
+    read = read_records(path)
+    assert [r["key"] for r in read] == ["a#0", "b#0"]
+    assert read[1]["trace"]["position"] == [0, 1, 3]

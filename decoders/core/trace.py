@@ -38,12 +38,24 @@ class Generation:
     stop_reason: str  # "eos" or "length"
 
     def trace_columns(self) -> dict[str, list]:
-        """The per-step trace as columns (compact in JSON records)."""
+        """The per-step trace as columns (compact in JSON records), with each step's `position`."""
         cols: dict[str, list] = {}
         for step in self.steps:
             for key, value in asdict(step).items():
                 cols.setdefault(key, []).append(value)
+        if self.steps:
+            cols["position"] = output_positions(cols["committed"])
         return cols
+
+
+def output_positions(committed: list[int]) -> list[int]:
+    """Each step's position in the output: the new tokens committed before it (the prefill step is at 0).
+    Records keep it so that acceptance can be read against how far into a long answer a step is."""
+    positions, total = [], 0
+    for n in committed:
+        positions.append(total)
+        total += n
+    return positions
 
 
 class Tracer:
