@@ -312,6 +312,7 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
     per_run = run_pairs(pairs)
     flops_vs_ar = (metrics.total_flops_per_token(ok) / metrics.total_flops_per_token([b for _, b in pairs])
                    if pairs else math.nan)
+    split = metrics.decode_step_ms(ok)
     return {
         "prompts": len(ok),
         "runs": sum(len(timed_runs(r)) for r in ok),
@@ -323,6 +324,8 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
         **metrics.speedups(per_run),
         **metrics.speedup_per_run(per_run),
         "decode_overhead_frac": metrics.decode_overhead_frac(ok),
+        **split,
+        **metrics.in_reference_steps(split, metrics.decode_step_ms([b for _, b in pairs])),
         "acceptance_rate": metrics.acceptance_rate(ok),
         "flops_per_token_vs_ar": flops_vs_ar,
         "same_as_autoregressive": metrics.same_output_share(pairs),
@@ -463,6 +466,9 @@ COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_acc
            "speedup", "speedup_per_run_p25", "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
            "flops_per_token_vs_ar", "decode_overhead_frac", "same_as_autoregressive", "lossless", "lossless_up_to_ties",
            "real_divergences", "quality_metric", "quality"]
+# Where a decoding step's time goes (bench/metrics.py, decode_step_ms and in_reference_steps).
+TIME_COLUMNS = ["decoder", "dataset", "mean_accepted_tokens", "step_ms", "target_ms", "draft_ms", "other_ms",
+                "step_in_ar_steps", "target_in_ar_steps", "draft_in_ar_steps", "other_in_ar_steps", "speedup"]
 LOSSLESS_COLUMNS = ["lossless", "lossless_up_to_ties", "real_divergences"]  # bench/metrics.py, lossless_columns
 CATEGORY_COLUMNS = COLUMNS[:2] + ["category"] + COLUMNS[2:]
 
@@ -499,7 +505,12 @@ def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
                "same_as_autoregressive: share of prompts identical to autoregressive's sampled output (with the same "
                "seeds; not a test of losslessness under sampling); ")
             + "flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive; decode_overhead_frac: share "
-              "of decoding-step time (prefill left out) outside the target and draft forwards.\n")
+              "of decoding-step time (prefill left out) outside the target and draft forwards.\n"
+            + "\nWhere a decoding step's time goes (prefill step left out): milliseconds per step in the target's "
+              "forward, drafting and the rest (sampling, verification, bookkeeping), and the same in autoregressive "
+              "decoding steps on the same prompts (*_in_ar_steps); speedup is about mean_accepted_tokens / "
+              "step_in_ar_steps.\n\n"
+            + df[[c for c in TIME_COLUMNS if c in df]].to_markdown(index=False, floatfmt=".3g") + "\n")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@
 - decode_overhead_frac: the share of decoding-step time (the prefill step left out) spent
   outside the target and draft forwards: sampling, verification, bookkeeping, the loop itself
   (`decode_overhead_frac`; summaries' overhead_frac keeps the prefill in).
+- where the time of a decoding step goes (prefill step left out; `decode_step_ms`): step_ms, and
+  its parts target_ms (the target's forward), draft_ms (drafting) and other_ms (the rest); the
+  leaderboard also gives each in autoregressive decoding steps on the same prompts
+  (`in_reference_steps`: step_in_ar_steps, target_in_ar_steps, ...), so mean_accepted_tokens /
+  step_in_ar_steps is about the speedup, and the parts say what holds it back.
 - batched runs (gen.batch_size > 1; decoders/core/batch.py): a record's latency_s and ttft_s are
   its row's, from the batch's start (so tokens/s is per row); throughput_tokens_per_s is new tokens
   / the summed wall time of the batches (unbatched: of the prompts), padding_waste the share of
@@ -309,6 +314,29 @@ def speedup_per_run(pairs: list[tuple[dict, dict]]) -> dict:
     p25, median, p75 = np.percentile(ratios, [25, 50, 75])
     return {"speedup_per_run_median": float(median), "speedup_per_run_p25": float(p25),
             "speedup_per_run_p75": float(p75)}
+
+
+def decode_step_ms(records) -> dict:
+    """Per decoding step (prefill step left out), pooled over the records' traces: the wall time in
+    milliseconds of the whole step (`step_ms`) and of its parts, the target forward (`target_ms`),
+    drafting (`draft_ms`) and the rest (`other_ms`: sampling, verification, bookkeeping)."""
+    parts = {"target_ms": 0.0, "draft_ms": 0.0, "other_ms": 0.0}
+    steps = 0
+    for r in records:
+        trace = r.get("trace") or {}
+        if "overhead_time" not in trace:
+            continue
+        steps += len(trace["target_time"]) - 1
+        for name, column in (("target_ms", "target_time"), ("draft_ms", "draft_time"), ("other_ms", "overhead_time")):
+            parts[name] += 1e3 * sum(trace[column][1:])
+    per_step = {name: _ratio(total, steps) for name, total in parts.items()}
+    return {"step_ms": sum(per_step.values()), **per_step}
+
+
+def in_reference_steps(split: dict, reference: dict) -> dict:
+    """decode_step_ms's figures in units of the reference's (autoregressive) whole decoding step: how
+    many one-token steps each part costs. speedup ~ mean_accepted_tokens / step_in_ar_steps."""
+    return {name.replace("_ms", "_in_ar_steps"): _ratio(value, reference["step_ms"]) for name, value in split.items()}
 
 
 def decode_overhead_frac(records) -> float:

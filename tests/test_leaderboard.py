@@ -65,6 +65,13 @@ def test_table_has_every_decoder_dataset_and_column(board):
     assert set(df[df["dataset"] == "humaneval"]["quality_metric"]) == {"pass@1"}
     md = (out / "leaderboard.md").read_text()
     assert "verification cost on this device" in md and "Spec-Bench" in md and "bpd-ngram" in md
+    assert "Where a decoding step's time goes" in md and "draft_in_ar_steps" in md
+    assert (df["step_ms"] > 0).all() and (df["draft_ms"] >= 0).all()
+    assert (ar["step_in_ar_steps"] == 1.0).all() and (ar["draft_in_ar_steps"] == 0.0).all()
+    drafted = df[df["decoder"].isin(["eagle", "medusa", "spec_chain"])]
+    assert (drafted["draft_ms"] > 0).all()
+    parts = df["target_ms"] + df["draft_ms"] + df["other_ms"]
+    assert ((parts - df["step_ms"]).abs() < 1e-9 * df["step_ms"]).all()
     assert "| greedy |" in md and "same_as_autoregressive" in md and "lossless_up_to_ties" in md
     assert "leaderboard | gsm8k" in result.stderr  # the progress bar
 
@@ -314,6 +321,9 @@ def test_repeats_pair_each_run_with_the_references_same_run():
     assert row["speedup_per_run_median"] == pytest.approx(2.0)
     assert (row["speedup_per_run_p25"], row["speedup_per_run_p75"]) == (pytest.approx(1.75), pytest.approx(2.5))
     assert row["decode_overhead_frac"] == pytest.approx(0.25)  # the prefill step (no overhead) left out
+    # where a step's time goes, in ms and in the reference's steps (the same traces here: one step each)
+    assert (row["step_ms"], row["target_ms"], row["draft_ms"], row["other_ms"]) == (4000.0, 3000.0, 0.0, 1000.0)
+    assert (row["step_in_ar_steps"], row["target_in_ar_steps"], row["other_in_ar_steps"]) == (1.0, 0.75, 0.25)
     # records written before repeats existed: one run each, the same figures as before
     old = [{k: v for k, v in r.items() if k != "repeat_latency_s"} for r in mine]
     assert board_row(old, reference)["runs"] == 2

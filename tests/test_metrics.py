@@ -171,3 +171,20 @@ def test_accepted_by_output_position_bins_decoding_steps_by_where_they_start():
     assert pooled == (3 + 4 + 1 + 2 + 1 + 5 + 2) / 7
     with pytest.raises(ValueError, match="bin_tokens"):
         metrics.accepted_by_output_position([a], bin_tokens=0)
+
+
+def test_decode_step_time_split_and_in_reference_steps():
+    """Per decoding step (the prefill left out): target, draft and the rest in ms, summing to the
+    step; in the reference's steps, the whole step is the ratio that divides mean accepted tokens."""
+    mine = [{"trace": {"target_time": [0.5, 0.012, 0.012], "draft_time": [0.0, 0.004, 0.004],
+                       "overhead_time": [0.1, 0.002, 0.002]}},
+            {"trace": {"target_time": [0.3, 0.012], "draft_time": [0.0, 0.004], "overhead_time": [0.0, 0.002]}},
+            {"status": "skipped"}]
+    split = metrics.decode_step_ms(mine)
+    assert split == pytest.approx({"step_ms": 18.0, "target_ms": 12.0, "draft_ms": 4.0, "other_ms": 2.0})
+    reference = metrics.decode_step_ms([{"trace": {"target_time": [0.4, 0.01, 0.01], "draft_time": [0.0] * 3,
+                                                   "overhead_time": [0.0, 0.002, 0.002]}}])
+    assert reference == pytest.approx({"step_ms": 12.0, "target_ms": 10.0, "draft_ms": 0.0, "other_ms": 2.0})
+    assert metrics.in_reference_steps(split, reference) == pytest.approx(
+        {"step_in_ar_steps": 1.5, "target_in_ar_steps": 1.0, "draft_in_ar_steps": 1 / 3, "other_in_ar_steps": 1 / 6})
+    assert math.isnan(metrics.decode_step_ms([])["step_ms"])
