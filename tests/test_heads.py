@@ -20,7 +20,7 @@ from decoders.methods.draft_model import SelfDraft
 from bench.prompts import render
 from decoders.methods.heads import Heads, load_heads, new_heads, save_heads
 from decoders.core.tree import best_paths, prior_accuracy, tree_shape
-from decoders.methods.medusa import Medusa, typical_accept
+from decoders.methods.medusa import Medusa, choose_size, expected_tokens, typical_accept
 from decoders.methods.ngram_lm import NgramLM
 from decoders.core.sampling import Sampler, Sampling
 from decoders.core.tree import TokenTree
@@ -216,6 +216,48 @@ def test_choices_validation():
         Medusa(num_heads=2, choices=[[0], [0, 0], [0, 0, 0]]).generate(lm, [1, 2], 5, GREEDY, set())
     assert Medusa(choices="prior").paths(new_heads(lm, 2))[1] == "prior"
     assert best_paths(prior_accuracy(2, 3), 4, 3) == [(0,), (1,), (2,), (0, 0)]  # by depth, then rank
+
+
+ACCURACY = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.1, 0.05]]  # head i's rank-r accuracy
+
+
+@pytest.mark.parametrize("slope, heads_cost, expected_size", [
+    (0.0, 0.0, 32),   # verification free: the biggest tree buys the most
+    (1.0, 0.0, 1),    # every token fed costs a whole step: one candidate
+    (0.1, 0.0, 4),    # a steep curve: a small tree
+    (0.1, 3.0, 8),    # dear heads are paid once a step: a bigger tree amortises them
+    (0.05, 0.0, 8),
+    (0.05, 5.0, 16),
+])
+def test_medusa_auto_size_is_the_most_tokens_per_unit_of_time(slope, heads_cost, expected_size):
+    """tree_size=auto: of auto_sizes, the size whose forecast tokens per step over its cost (a
+    forward of size + 1 tokens plus the heads, in autoregressive steps) is largest."""
+    def cost(k):
+        return 1.0 + slope * (k - 1)
+
+    sizes = [1, 2, 4, 8, 16, 32]
+    size, info, table = choose_size(ACCURACY, 3, sizes, cost, heads_cost)
+    assert size == expected_size and [row["tree_size"] for row in table] == sizes
+    for row in table:  # each forecast is the tree's own: the root (+1) and the heads in the cost
+        paths = best_paths(ACCURACY, row["tree_size"], 3)
+        assert row["expected_tokens"] == expected_tokens(ACCURACY, paths)
+        assert row["step_cost"] == cost(row["tree_size"] + 1) + heads_cost
+    assert info["predicted_speedup"] == max(row["predicted_speedup"] for row in table)
+    assert info["heads_cost"] == heads_cost
+
+
+def test_medusa_auto_size_on_a_model_reports_its_choice(tmp_path):
+    lm = tiny_lm(seed=0)
+    medusa = Medusa(num_heads=3, heads_seed=1, choices="prior", tree_size="auto", auto_sizes=[1, 4, 16],
+                    cache_dir=str(tmp_path))
+    gen = medusa.generate(lm, [1, 2, 3], 12, GREEDY, set())
+    assert gen.tokens == autoregressive_decode(lm, [1, 2, 3], 12, GREEDY, set()).tokens
+    assert medusa.tuning["tree_size"] in (1, 4, 16) and medusa.tuning["predicted_speedup"] > 0
+    assert medusa.tuning["heads_cost"] > 0 and list((tmp_path / "latency").glob("*.json"))  # the profile, cached
+    with pytest.raises(ValueError, match="tree_size must be an integer >= 1 or auto"):
+        Medusa(tree_size="big")
+    with pytest.raises(ValueError, match="auto_sizes"):
+        Medusa(auto_sizes=[])
 
 
 def test_typical_acceptance_is_lossy_and_follows_its_threshold():

@@ -4,7 +4,11 @@ A `choice` is a path of ranks: (r0, r1, ...) is the candidate whose first token 
 rank-r0 token, whose second is head 1's rank-r1 token, and so on; the tree holds a set of such
 paths closed under prefixes. `choices`:
 - auto: the `tree_size` paths with the highest product of measured head accuracies (the
-  accuracy table train_heads.py stores with the heads; the generic prior if it has none),
+  accuracy table train_heads.py stores with the heads; the generic prior if it has none).
+  `tree_size=auto` sizes that tree for this device, as Sequoia's tree=auto does: of
+  `auto_sizes`, the size with the most forecast tokens per unit of time, a step costing a
+  forward of size + 1 tokens (the cached latency profile, decoders/tuning/profile.py) plus the
+  heads (timed here), both in autoregressive steps,
 - chain: the top-1 of every head (one candidate),
 - prior: as auto, from a fixed prior (head i's rank-r accuracy 0.6^(i+1) 0.5^r), for heads never measured,
 - or an explicit list of paths, e.g. [[0], [1], [0, 0]].
@@ -17,8 +21,9 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -28,6 +33,7 @@ from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
+from ..tuning.profile import forward_latency, step_cost
 
 
 def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, threshold: float, alpha: float):
@@ -51,14 +57,54 @@ def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, thre
     return path, sampler.next_token(logits[path[-1]])
 
 
+def expected_tokens(accuracy: list[list[float]], paths) -> float:
+    """The forecast to set beside the measured mean_accepted_tokens: 1 (the bonus) + each path's
+    chance of acceptance (ranks of one head are exclusive events, heads taken as independent)."""
+    return 1.0 + sum(math.prod(accuracy[i][r] for i, r in enumerate(p)) for p in paths)
+
+
+def choose_size(accuracy, ranks: int, sizes, verify_cost: Callable[[int], float],
+                heads_cost: float) -> tuple[int, dict, list[dict]]:
+    """Of `sizes`, the tree size with the most forecast tokens per unit of time: a step costs
+    verify_cost(size + 1) (a forward of the tree and its root) + heads_cost, in autoregressive
+    steps, so predicted_speedup = expected tokens / that cost. Returns the size, what auto reports
+    (its forecast and the heads' cost) and the table it chose from."""
+    table = []
+    for size in sorted(set(sizes)):
+        expected = expected_tokens(accuracy, best_paths(accuracy, size, ranks))
+        cost = verify_cost(size + 1) + heads_cost
+        table.append({"tree_size": size, "expected_tokens": expected, "step_cost": cost,
+                      "predicted_speedup": expected / cost})
+    best = max(table, key=lambda row: row["predicted_speedup"])
+    return best["tree_size"], {"predicted_speedup": best["predicted_speedup"], "heads_cost": heads_cost}, table
+
+
+def heads_seconds(lm: LM, heads, repeats: int = 5) -> float:
+    """Seconds of one application of the heads to one hidden state, as each step applies them
+    (the fastest of `repeats`, after a warm-up)."""
+    weight = heads.blocks[0].linear.weight
+    hidden = torch.zeros(weight.shape[1], dtype=weight.dtype, device=weight.device)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            lm.sync()
+            start = time.perf_counter()
+            heads(hidden).float()
+            lm.sync()
+            times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
 @dataclass
 class Medusa:
     heads: str | None = None  # a heads file (scripts/train_heads.py), a Medusa-1 directory or hub id; null = untrained
     num_heads: int = 4  # heads to build when heads=null
     heads_seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
     choices: Any = "auto"  # auto | chain | prior | a list of rank paths
-    tree_size: int = 32  # candidate nodes for auto / prior
+    tree_size: Any = 32  # candidate nodes for auto / prior; auto: the size of auto_sizes best on this device
     ranks_per_head: int = 10  # ranks per head that auto / prior may use
+    auto_sizes: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    cache_dir: str | None = None  # where tree_size=auto finds (or keeps) this device's latency profile
     accept_rule: str = "exact"  # exact | typical (lossy)
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
@@ -67,8 +113,13 @@ class Medusa:
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
-        for key in ("num_heads", "tree_size", "ranks_per_head"):
+        for key in ("num_heads", "ranks_per_head"):
             check(key, getattr(self, key), at_least=1)
+        check("tree_size", self.tree_size, at_least=1, also=("auto",))
+        if not self.auto_sizes:
+            raise ValueError(f"decoder.auto_sizes must be a non-empty list of integers >= 1, got {self.auto_sizes!r}")
+        for value in self.auto_sizes:
+            check("auto_sizes[]", value, at_least=1)
         check("accept_rule", self.accept_rule, one_of=("exact", "typical"))
         if not (0 < self.posterior_threshold <= 1 and 0 < self.posterior_alpha <= 1):
             raise ValueError(f"decoder.posterior_threshold and posterior_alpha must be in (0, 1], got "
@@ -91,32 +142,40 @@ class Medusa:
         """The heads, built before any timing (a bad heads file fails in one line)."""
         return self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed, self.check_base))
 
-    def paths(self, heads) -> tuple[list[tuple[int, ...]], str, float | None]:
+    def paths(self, heads, lm: LM | None = None) -> tuple[list[tuple[int, ...]], str, float | None]:
         """The tree's rank paths, where they came from, and (auto / prior) the mean accepted tokens
-        they forecast."""
+        they forecast. tree_size=auto needs `lm` (its latency) and sets self.tuning's choice."""
         if self.choices == "chain":
             return [(0,) * d for d in range(1, heads.k + 1)], "chain", None
         if self.choices in ("auto", "prior"):
             measured = heads.accuracy() if self.choices == "auto" else None
             accuracy = measured or prior_accuracy(heads.k, self.ranks_per_head)
-            paths = best_paths(accuracy, self.tree_size, self.ranks_per_head)
-            # The forecast to set beside the measured mean_accepted_tokens: 1 (the bonus) + each path's
-            # chance of acceptance (ranks of one head are exclusive events, heads taken as independent).
-            expected = 1.0 + sum(math.prod(accuracy[i][r] for i, r in enumerate(p)) for p in paths)
-            return paths, "measured" if measured else "prior", expected
+            size = self.tree_size
+            if size == "auto":
+                size, self.tuning, _ = choose_size(accuracy, self.ranks_per_head, self.auto_sizes,
+                                                   *self.costs(lm, heads))
+            paths = best_paths(accuracy, size, self.ranks_per_head)
+            return paths, "measured" if measured else "prior", expected_tokens(accuracy, paths)
         paths = [tuple(int(r) for r in p) for p in self.choices]
         if max(map(len, paths)) > heads.k:
             raise ValueError(f"decoder.choices: a path of depth {max(map(len, paths))} needs that many heads; "
                              f"these heads have {heads.k}")
         return paths, "given", None
 
+    def costs(self, lm: LM, heads) -> tuple[Callable[[int], float], float]:
+        """This device's cost, in autoregressive steps, of verifying k tokens (k -> cost), and of one
+        application of the heads."""
+        profile = forward_latency(lm, self.cache_dir, max_tokens=max(self.auto_sizes) + 1)
+        return functools.partial(step_cost, profile), heads_seconds(lm, heads) / profile["autoregressive_s"]
+
     def shape(self, lm: LM):
         heads = self.load_addons(lm)
         if self._shape is None or self._shape[0] is not heads:
-            paths, source, expected = self.paths(heads)
+            self.tuning = {}
+            paths, source, expected = self.paths(heads, lm)
             parents, slots = tree_shape(paths)
             self._shape = (heads, parents, slots)
-            self.tuning = {"tree_size": len(slots), "depth": max((len(p) for p in paths), default=0),
+            self.tuning = {**self.tuning, "tree_size": len(slots), "depth": max((len(p) for p in paths), default=0),
                            "choices": self.choices if isinstance(self.choices, str) else "list", "source": source}
             if expected is not None:
                 self.tuning["expected_tokens"] = expected
