@@ -232,3 +232,20 @@ def test_batch_speedup_prediction_reads_the_cost_curve():
                           "draft_s_per_row_step": [0.0, 0.25, 0.0, float("nan")]})
     got = predicted_speedup(table, curve).tolist()
     assert got[:3] == [1.0, 2 * 1.0 / (2.5 + 2 * 0.25), 3 * 1.0 / (3.0 + 4 * 0.5)] and pd.isna(got[3])
+
+
+def test_repetition_by_position_counts_ngrams_seen_earlier_in_the_output(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    from repetition_by_position import repeated
+
+    # 1 2 3 1 2 3 1: the 2-grams (3, 1) and (1, 2) ... recur from the fifth token on
+    assert repeated([1, 2, 3, 1, 2, 3, 1], 2) == [False, False, False, False, True, True, True]
+    assert repeated([5, 5, 5], 1) == [False, True, True] and repeated([1, 2], 3) == [False, False]
+    from repetition_by_position import repetition_table
+
+    ok = {"status": "ok", "tokens": [1, 2, 3, 1, 2, 3, 1, 2]}
+    table = repetition_table([ok, {"status": "skipped"}], 2, 4)
+    assert table.to_dict("records") == [{"position": 0, "tokens": 4, "repeated_share": 0.0},
+                                        {"position": 4, "tokens": 4, "repeated_share": 1.0}]
+    out = run_script("repetition_by_position.py", str(tmp_path / "nowhere"))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: no records.jsonl in {tmp_path / 'nowhere'}"
