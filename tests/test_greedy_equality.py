@@ -33,6 +33,9 @@ METHODS = decoder_configs(EXTRA_CONF_DIRS)
 # layer (tiny targets have 2), nothing is cached, and a key naming a file (SmolLM2's heads, EAGLE
 # draft, exit adapter, n-gram LM) is null, the method's untrained add-on.
 TINY = ["model=tiny-random", "draft=self", "draft.layers=1", "cache_dir=null"]
+# Defaults that measure this device uncached (nothing is cached) are narrowed to stay cheap: Medusa's
+# tree_size=auto would time forwards of 1..65 tokens for every new target; it chooses among 1 and 2 here.
+NARROWED = {"medusa": ["decoder.auto_sizes=[1,2]"]}
 
 # Variants beside each method's defaults: method -> {label suffix: keys set on its YAML's}.
 VARIANTS = {
@@ -84,7 +87,7 @@ def without_files(node):
 def tiny_decoders(name: str) -> dict:
     """A method's decoders on tiny-random: its YAML's defaults (labelled by its name) and its variants."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"decoder={name}", *TINY, *searchpath()])
+        cfg = compose("config", overrides=[f"decoder={name}", *TINY, *NARROWED.get(name, []), *searchpath()])
     defaults = without_files(OmegaConf.to_container(cfg.decoder, resolve=True))
     built = {name: build(OmegaConf.create(defaults), "decoder")}
     for suffix, keys in VARIANTS.get(name, {}).items():
