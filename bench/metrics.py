@@ -341,16 +341,10 @@ def in_reference_steps(split: dict, reference: dict) -> dict:
 
 def decode_overhead_frac(records) -> float:
     """Share of decoding-step time (prefill step excluded) outside the target and draft forwards,
-    pooled over the records' traces (records without a trace are left out)."""
-    outside = busy = 0.0
-    for r in records:
-        trace = r.get("trace") or {}
-        if "overhead_time" not in trace:
-            continue
-        for o, t, d in zip(trace["overhead_time"][1:], trace["target_time"][1:], trace["draft_time"][1:]):
-            outside += o
-            busy += o + t + d
-    return _ratio(outside, busy)
+    pooled over the records' traces (records without a trace are left out): decode_step_ms's
+    other_ms over its step_ms."""
+    split = decode_step_ms(records)
+    return _ratio(split["other_ms"], split["step_ms"])
 
 
 def decode_flops_per_step(records) -> float:
