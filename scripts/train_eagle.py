@@ -25,7 +25,6 @@ the file (decoder.tree=static builds EAGLE-1's tree from it) and printed, with a
 from __future__ import annotations
 
 import argparse
-import collections
 import random
 import sys
 import time
@@ -43,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loss_curve import save_loss_curve  # noqa: E402
 from decoders.core.kv_cache import KVCache  # noqa: E402
 from decoders.methods.eagle import new_draft, save_draft  # noqa: E402
-from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  # noqa: E402
+from training_corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
 from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 
 RANKS = 10
@@ -179,13 +178,9 @@ def main() -> None:
     other = fixed_chunks(data["stdlib"], args.seq_len) + fixed_chunks(data["gsm8k"], args.seq_len)
     rng.shuffle(other)
     other = other[:args.chunks]
-    counts = collections.Counter(t for c in other for t in c)
-    for c in own:
-        for t in c:
-            counts[t] += 10
     vocab = None
     if args.draft_vocab and args.draft_vocab < lm.vocab_size:
-        vocab = sorted(t for t, _ in counts.most_common(args.draft_vocab))
+        vocab = draft_vocabulary(own, other, args.draft_vocab)
     print(f"train chunks of {args.seq_len} tokens: self-distilled {len(own)} (x{args.generated_repeats}), "
           f"stdlib + GSM8K {len(other)}; held out: {len(heldout)} self-distilled answers; draft vocabulary "
           f"{len(vocab) if vocab else lm.vocab_size}", flush=True)

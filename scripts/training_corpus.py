@@ -12,6 +12,7 @@ held-out split of the self-distilled answers (`split_answers`).
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 from pathlib import Path
@@ -133,3 +134,16 @@ def fixed_chunks(sequences: list[list[int]], seq_len: int) -> list[list[int]]:
     for seq in sequences:
         out += chunks(seq, seq_len)
     return out
+
+
+OWN_WEIGHT = 10  # the target's own answers count this many times in a draft vocabulary's token counts
+
+
+def draft_vocabulary(own: list[list[int]], other: list[list[int]], size: int) -> list[int]:
+    """The `size` most frequent tokens of `own` (the target's answers, counted OWN_WEIGHT times) and
+    `other` text, ascending: what a draft's reduced readout reads."""
+    counts = collections.Counter(t for c in other for t in c)
+    for c in own:
+        for t in c:
+            counts[t] += OWN_WEIGHT
+    return sorted(t for t, _ in counts.most_common(size))

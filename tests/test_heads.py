@@ -8,6 +8,7 @@ accepted block), and the sampling path is tested against the exact distribution.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 
@@ -18,7 +19,7 @@ from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.bpd import BPD, NeuralScorer, lattice_beam_search
 from decoders.methods.draft_model import SelfDraft
 from bench.prompts import render
-from decoders.methods.heads import Heads, load_heads, new_heads, save_heads
+from decoders.methods.heads import Heads, heads_for, load_heads, new_heads, restrict_readout, save_heads
 from decoders.core.tree import best_paths, prior_accuracy, tree_shape
 from decoders.methods.medusa import Medusa, choose_size, expected_tokens, typical_accept
 from decoders.methods.ngram_lm import NgramLM
@@ -71,7 +72,7 @@ class OracleHeads(Heads):
 
 def with_oracle(decoder, lm, prompt, reference):
     oracle = OracleHeads(lm, prompt + reference)
-    decoder._heads.get(lm, lambda: oracle)  # a fresh decoder: the oracle is its heads for lm
+    decoder._heads.get(lm, lambda: (oracle, {}))  # a fresh decoder: the oracle is its heads for lm
     return decoder
 
 
@@ -184,6 +185,75 @@ def test_untrained_heads_repeat_the_models_next_token_prediction():
     logits, hidden = lm.forward([1, 2, 3], lm.new_cache(), hidden=True)
     heads = new_heads(lm, 3)
     assert torch.allclose(heads(hidden), logits.expand(3, -1, -1), atol=1e-5)
+
+
+# ---- a reduced readout vocabulary ----------------------------------------------------------------
+def vocab_file(path, tokens, model="model", vocab_size=64, **extra):
+    from decoders.core.weights_file import VOCAB_FORMAT
+
+    path.write_text(json.dumps({"format": VOCAB_FORMAT, "model": model, "vocab_size": vocab_size,
+                                "tokens": tokens, "heldout_coverage": 0.9, **extra}))
+    return str(path)
+
+
+SUBSET = list(range(0, 64, 3)) + [1, 5]  # 24 of tiny_lm's 64 tokens
+
+
+@pytest.mark.parametrize("own_outputs", [False, True])
+def test_a_restricted_readout_scores_its_vocabulary_as_the_full_one_and_nothing_else(own_outputs):
+    lm = tiny_lm(seed=0)
+    heads = (new_heads(lm, 3, seed=2) if not own_outputs else
+             Heads(lm.model.get_output_embeddings(), 64, 3, layers=2, own_outputs=True).requires_grad_(False))
+    h = torch.randn(2, 64)
+    full, flops = heads(h), heads.flops()
+    restrict_readout(lm, heads, SUBSET)
+    small = heads(h)
+    inside = torch.zeros(64, dtype=torch.bool)
+    inside[SUBSET] = True
+    assert small.shape == full.shape and torch.allclose(small[..., inside], full[..., inside], atol=1e-5)
+    assert bool(torch.isneginf(small[..., ~inside]).all())
+    d = 64 * 64 * 2.0 * heads.layers * heads.k
+    assert (heads.flops() - d) * 64 == pytest.approx((flops - d) * len(SUBSET))  # readout rows: 24 of 64
+
+
+@pytest.mark.parametrize("name", ["medusa-auto-16", "medusa-chain", "bpd", "bpd-ngram-p4"])
+@pytest.mark.parametrize("seed", range(3))
+def test_heads_with_a_restricted_readout_stay_exact(tiny_ngram, tmp_path, name, seed):
+    """Random heads over 24 of 64 tokens: candidates outside can never be drafted, the output is
+    still autoregressive greedy's, and tuning reports the readout."""
+    lm = tiny_lm(seed=3)
+    decoder = make(name, tiny_ngram)
+    decoder.heads_seed, decoder.readout_vocab = seed, vocab_file(tmp_path / "v.json", SUBSET)
+    prompt = own_text(lm, 1, 0, seed + 70)[0]
+    reference = autoregressive_decode(lm, prompt, 40, GREEDY, set()).tokens
+    out = decoder.generate(lm, prompt, 40, GREEDY, set())
+    assert out.tokens == reference
+    check_trace(out, 40, set())
+    assert decoder.tuning["readout_vocab"] == len(SUBSET) and decoder.tuning["readout_coverage"] == 0.9
+
+
+def test_readout_vocab_choices_and_errors(tmp_path):
+    from decoders.core.weights_file import load_vocab
+
+    lm = tiny_lm(seed=0)
+    assert load_vocab(lm, "auto") == (None, {"readout_vocab": 64})  # no adapters/model-vocab.json: all of it
+    assert load_vocab(lm, "full") == load_vocab(lm, None) == (None, {"readout_vocab": 64})
+    tokens, info = load_vocab(lm, vocab_file(tmp_path / "v.json", [9, 3, 4]))
+    assert tokens == [3, 4, 9] and info == {"readout_vocab": 3, "readout_coverage": 0.9}
+    assert heads_for(lm, None, 2, 0, readout_vocab=str(tmp_path / "v.json"))[0].readout_ids.tolist() == [3, 4, 9]
+    (tmp_path / "x.json").write_text("{")
+    (tmp_path / "f.json").write_text("[1, 2]")
+    bad = {"missing": (str(tmp_path / "none.json"), "no vocabulary file at"),
+           "not json": (str(tmp_path / "x.json"), "could not be read"),
+           "format": (str(tmp_path / "f.json"), "is not a draft-vocab-v1"),
+           "range": (vocab_file(tmp_path / "r.json", [1, 64]), r"distinct token ids in \[0, 64\)"),
+           "repeated": (vocab_file(tmp_path / "d.json", [1, 1]), "distinct token ids"),
+           "other model": (vocab_file(tmp_path / "o.json", [1], model="llama"), "made for base model llama"),
+           "other vocab": (vocab_file(tmp_path / "w.json", [1], vocab_size=99), "vocabulary of 99 tokens")}
+    for what, (spec, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            load_vocab(lm, spec)
+    assert load_vocab(lm, str(tmp_path / "o.json"), check_base=False)[0] == [1]
 
 
 # ---- Medusa's tree -----------------------------------------------------------------------------

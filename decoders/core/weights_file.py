@@ -150,3 +150,31 @@ def load_checked(lm, path: str | Path, fmt: str, key: str, kind: str, hint: str,
     check_target(lm, key, p, vocab=meta.get("vocab_size"), hidden=meta["hidden_size"], base=info.get("model"),
                  check_base=check_base)
     return meta, state, info
+
+
+VOCAB_FORMAT = "draft-vocab-v1"
+
+
+def load_vocab(lm, spec: str | None, key: str = "decoder.readout_vocab",
+               check_base: bool = True) -> tuple[list[int] | None, dict]:
+    """The token ids a draft's readout is limited to, and what tuning reports about them. `spec`:
+    auto, adapters/<model>-vocab.json when it exists (scripts/draft_vocab.py), else the whole
+    vocabulary; full (or null), the whole vocabulary; or the path of such a file."""
+    if spec in (None, "full") or (spec == "auto" and not addon_path(f"adapters/{lm.name}-vocab.json").is_file()):
+        return None, {"readout_vocab": lm.vocab_size}
+    path = addon_path(f"adapters/{lm.name}-vocab.json" if spec == "auto" else spec)
+    hint = "make one with scripts/draft_vocab.py, or use auto or full"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{key}: no vocabulary file at {path}; {hint}") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{key}: {path} could not be read ({' '.join(str(e).split())[:120]}); {hint}") from None
+    if not isinstance(data, dict) or data.get("format") != VOCAB_FORMAT:
+        raise ValueError(f"{key}: {path} is not a {VOCAB_FORMAT} file; {hint}")
+    check_target(lm, key, path, vocab=data.get("vocab_size"), base=data.get("model"), check_base=check_base)
+    tokens = data.get("tokens")
+    if (not isinstance(tokens, list) or not tokens or len(set(tokens)) != len(tokens)
+            or any(type(t) is not int or not 0 <= t < lm.vocab_size for t in tokens)):
+        raise ValueError(f"{key}: {path} must list distinct token ids in [0, {lm.vocab_size}); {hint}")
+    return sorted(tokens), {"readout_vocab": len(tokens), "readout_coverage": data.get("heldout_coverage")}

@@ -101,6 +101,7 @@ class BPD:
     weight: float = 1.0  # LM log-score weight against the heads'
     ngram: str | None = None  # n-gram LM file (scripts/train_ngram.py), for rescore=ngram
     draft: Any = None  # the neural rescorer, for rescore=neural (draft=self or a model config)
+    readout_vocab: str | None = "auto"  # auto | full | a vocabulary file: the tokens the heads may draft
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
@@ -121,10 +122,12 @@ class BPD:
         if self.rescore == "neural":
             check("draft", self.draft, required=f"rescore=neural rescores with it: {DRAFT_REQUIRED}")
         self._ngram: NgramLM | None = None
+        self.tuning: dict = {}  # the heads' readout vocabulary, once loaded
 
     def load_addons(self, lm: LM):
         """Heads (and the rescoring LM) are built before timing; bad files fail in one line."""
-        heads = self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed))
+        heads, self.tuning = self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed,
+                                                                   readout_vocab=self.readout_vocab))
         if self.block is not None and self.block > heads.k:
             raise ValueError(f"decoder.block={self.block} needs as many heads; these heads have {heads.k}")
         if self.rescore == "ngram" and self._ngram is None:

@@ -8,6 +8,10 @@ trained nor stored): an untrained head repeats the model's next-token prediction
 blocks' outputs go through the shared projection as one (K, d) x (d, V) matmul, so the
 vocabulary matrix is read once per step whatever K is. Published Medusa-1 heads (published.py)
 may have several blocks per head and an output layer each.
+
+The readout may be limited to a draft vocabulary (`readout_vocab`: a file of token ids, as the
+EAGLE draft's readout is): those rows of the output layer are read instead of all of them
+(SmolLM2: 8192 of 49152 rows), and every other token scores -inf, so it is never drafted.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from torch import nn
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.tree import TokenTree
-from ..core.weights_file import is_checkpoint_dir, load_checked, save_weights
+from ..core.weights_file import is_checkpoint_dir, load_checked, load_vocab, save_weights
 
 HEADS_FORMAT = "medusa-heads-v1"
 
@@ -52,14 +56,23 @@ class Heads(nn.Module):
         self.lm_head = [lm_head]  # a list: not a submodule, so neither trained nor saved
         self.layers = layers
         self.info: dict = {}
+        self.readout: list[nn.Linear] = []  # set by restrict_readout: a list, so never saved
+        self.readout_ids: torch.Tensor | None = None  # the readout's token ids (column j is token readout_ids[j])
 
     @property
     def k(self) -> int:
         return len(self.blocks)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (..., d) -> logits (K, ..., V)."""
+        """hidden (..., d) -> logits (K, ..., V); with a restricted readout, -inf outside its vocabulary."""
         stacked = [block(hidden) for block in self.blocks]
+        if self.readout:
+            if len(self.readout) == 1:  # the shared output layer's rows: one (K, d) x (d, V') matmul
+                small = self.readout[0](torch.stack(stacked))
+            else:  # a published checkpoint's own output layers, each sliced
+                small = torch.stack([out(x) for out, x in zip(self.readout, stacked)])
+            full = small.new_full((*small.shape[:-1], self.lm_head[0].weight.shape[0]), float("-inf"))
+            return full.index_copy_(-1, self.readout_ids, small)  # one scatter: the builders keep token ids
         if self.outputs is not None:
             return torch.stack([out(x) for out, x in zip(self.outputs, stacked)])
         return self.lm_head[0](torch.stack(stacked))
@@ -67,7 +80,7 @@ class Heads(nn.Module):
     def flops(self) -> float:
         """FLOPs of one application (one hidden state): K heads' blocks and vocabulary projections."""
         d = self.lm_head[0].weight.shape[1]
-        vocab = self.lm_head[0].weight.shape[0]
+        vocab = len(self.readout_ids) if self.readout_ids is not None else self.lm_head[0].weight.shape[0]
         return self.k * (self.layers * 2.0 * d * d + 2.0 * d * vocab)
 
     def accuracy(self) -> list[list[float]] | None:
@@ -112,9 +125,30 @@ def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
     return lm.accelerate(heads)
 
 
-def heads_for(lm: LM, path: str | None, k: int, seed: int | None, check_base: bool = True) -> Heads:
-    """The heads at `path` (our file or a published checkpoint), or untrained (seed: random) heads without one."""
-    return load_heads(lm, path, check_base) if path else new_heads(lm, k, seed)
+def restrict_readout(lm: LM, heads: Heads, tokens: Sequence[int]) -> Heads:
+    """Read only the rows `tokens` of the heads' output layer(s) (copies, on the fast path as the
+    heads are); every other token scores -inf."""
+    outs = list(heads.outputs) if heads.outputs is not None else [heads.lm_head[0]]
+    vocab = torch.as_tensor(list(tokens), dtype=torch.long, device=outs[0].weight.device)
+    heads.readout = []
+    for out in outs:
+        rows = nn.Linear(out.weight.shape[1], len(vocab), bias=out.bias is not None,
+                         device=out.weight.device, dtype=out.weight.dtype)
+        rows.weight = nn.Parameter(out.weight.detach()[vocab].clone(), requires_grad=False)
+        if out.bias is not None:
+            rows.bias = nn.Parameter(out.bias.detach()[vocab].clone(), requires_grad=False)
+        heads.readout.append(lm.accelerate(rows.eval()))
+    heads.readout_ids = vocab
+    return heads
+
+
+def heads_for(lm: LM, path: str | None, k: int, seed: int | None, check_base: bool = True,
+              readout_vocab: str | None = None) -> tuple[Heads, dict]:
+    """The heads at `path` (our file or a published checkpoint), or untrained (seed: random) heads
+    without one, their readout limited to `readout_vocab` (load_vocab); and what tuning reports of it."""
+    heads = load_heads(lm, path, check_base) if path else new_heads(lm, k, seed)
+    tokens, info = load_vocab(lm, readout_vocab, check_base=check_base)
+    return (restrict_readout(lm, heads, tokens) if tokens is not None else heads), info
 
 
 # build(committed sequence, heads' logits (K, V)) -> (the tree to verify, drafting FLOPs beyond the

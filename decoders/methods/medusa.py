@@ -109,6 +109,7 @@ class Medusa:
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     check_base: bool = True  # refuse heads made for another base model (by the name their file records)
+    readout_vocab: str | None = "auto"  # auto | full | a vocabulary file: the tokens the heads may draft
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
@@ -137,10 +138,13 @@ class Medusa:
         self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}
         self._shape = None
+        self._readout: dict = {}  # the heads' readout vocabulary, as tuning reports it
 
     def load_addons(self, lm: LM):
         """The heads, built before any timing (a bad heads file fails in one line)."""
-        return self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed, self.check_base))
+        heads, self._readout = self._heads.get(lm, lambda: heads_for(lm, self.heads, self.num_heads, self.heads_seed,
+                                                                     self.check_base, self.readout_vocab))
+        return heads
 
     def paths(self, heads, lm: LM | None = None) -> tuple[list[tuple[int, ...]], str, float | None]:
         """The tree's rank paths, where they came from, and (auto / prior) the mean accepted tokens
@@ -175,7 +179,8 @@ class Medusa:
             paths, source, expected = self.paths(heads, lm)
             parents, slots = tree_shape(paths)
             self._shape = (heads, parents, slots)
-            self.tuning = {**self.tuning, "tree_size": len(slots), "depth": max((len(p) for p in paths), default=0),
+            self.tuning = {**self.tuning, **self._readout, "tree_size": len(slots),
+                           "depth": max((len(p) for p in paths), default=0),
                            "choices": self.choices if isinstance(self.choices, str) else "list", "source": source}
             if expected is not None:
                 self.tuning["expected_tokens"] = expected
