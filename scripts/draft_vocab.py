@@ -45,6 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=8192, help="tokens kept (the EAGLE draft's is 8192)")
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--gsm8k-questions", type=int, default=48, help="GSM8K train questions answered by the model")
+    parser.add_argument("--answer-tokens", type=int, default=192)
     parser.add_argument("--out", default=None,
                         help="default: adapters/<model>-vocab.json (what readout_vocab=auto reads)")
     add_target_args(parser)
@@ -53,7 +55,7 @@ def main() -> None:
         raise SystemExit(f"error: --size must be >= 1, got {args.size}")
     cfg, lm = frozen_target(target_overrides(args, overrides), seed=0)
     start = time.perf_counter()
-    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir)
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
     generated, heldout = split_answers(data)
     own = fixed_chunks([[t for s in generated for t in s]], args.seq_len)
     other = fixed_chunks(data["stdlib"], args.seq_len) + fixed_chunks(data["gsm8k"], args.seq_len)

@@ -232,6 +232,19 @@ def test_heads_with_a_restricted_readout_stay_exact(tiny_ngram, tmp_path, name, 
     assert decoder.tuning["readout_vocab"] == len(SUBSET) and decoder.tuning["readout_coverage"] == 0.9
 
 
+def test_draft_vocab_coverage_counts_the_targets_greedy_tokens():
+    from draft_vocab import greedy_coverage
+
+    lm = tiny_lm(seed=0)
+    seqs = own_text(lm, 2, 10, seed=1)
+    greedy = {int(t) for s in seqs for t in lm.forward(s, lm.new_cache()).argmax(-1)}
+    assert greedy_coverage(lm, sorted(greedy), seqs) == 1.0
+    assert greedy_coverage(lm, sorted(set(range(64)) - greedy), seqs) == 0.0
+    one = min(greedy)
+    hits = sum(int(t) == one for s in seqs for t in lm.forward(s, lm.new_cache()).argmax(-1))
+    assert greedy_coverage(lm, [one], seqs) == pytest.approx(hits / sum(map(len, seqs)))
+
+
 def test_readout_vocab_choices_and_errors(tmp_path):
     from decoders.core.weights_file import load_vocab
 

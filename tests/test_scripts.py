@@ -68,6 +68,10 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     assert "head 1 (token t+3)" in out.stdout and (tmp_path / "heads.png").is_file()
     out = run_script("train_ngram.py", "--order", "3", "--out", str(tmp_path / "ngram.json.gz"), *common, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
+    out = run_script("draft_vocab.py", "--size", "300", "--out", str(tmp_path / "vocab.json"), *common, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    vocab = json.loads((tmp_path / "vocab.json").read_text())
+    assert len(vocab["tokens"]) == 300 and 0 <= vocab["heldout_coverage"] <= 1 and vocab["model"] == "tiny-random"
     from decoders.methods.autoregressive import autoregressive_decode
     from decoders.methods.bpd import BPD
     from decoders.methods.heads import load_heads
@@ -79,10 +83,12 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     heads = load_heads(lm, tmp_path / "heads.safetensors")
     assert heads.k == 2 and len(heads.info["accuracy"]) == 2 and heads.info["steps"] == 2
     assert NgramLM.load(tmp_path / "ngram.json.gz").info["order"] == 3
-    dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"),
-              paths=2)
     reference = autoregressive_decode(lm, [5, 6, 7], 6, Sampling(), set()).tokens
-    assert dec.generate(lm, [5, 6, 7], 6, Sampling(), set()).tokens == reference
+    for readout in ("full", str(tmp_path / "vocab.json")):
+        dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"),
+                  paths=2, readout_vocab=readout)
+        assert dec.generate(lm, [5, 6, 7], 6, Sampling(), set()).tokens == reference
+        assert dec.tuning["readout_vocab"] == (49152 if readout == "full" else 300)
 
 
 def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_tokenizer):
