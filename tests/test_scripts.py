@@ -117,12 +117,14 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     labels = ["none", "prepacked>=1", "prepacked>=2", "prepacked>=4"]  # what auto chooses among
     assert all(f"{p}: one autoregressive step" in out.stdout for p in labels)
-    assert "of memory-copy bandwidth" in out.stdout
+    assert "of memory-copy bandwidth" in out.stdout and "the step's floor" in out.stdout and "x the floor" in out.stdout
     rows = list(csv.DictReader(open(tmp_path / "out" / "profile.csv")))
     assert [r["tokens"] for r in rows] == ["1", "2", "3", "4"]
     assert {"none_vs_own_step", "prepacked>=1_vs_own_step", "prepacked>=4_vs_native_step"} <= set(rows[0])
     info = json.loads((tmp_path / "out" / "provenance.json").read_text())
     assert set(info["profiles"]) == set(labels) and info["copy_bandwidth_bytes_per_s"] > 0
+    assert info["step_vs_floor"]["none"] == pytest.approx(info["autoregressive_s"]["none"] / info["floor_s"])
+    assert float(rows[0]["none_vs_floor"]) == pytest.approx(float(rows[0]["none_ms"]) / 1e3 / info["floor_s"], rel=1e-6)
     assert len(set(info["profiles"].values())) == 4  # each threshold its own cached profile
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
     bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu",
