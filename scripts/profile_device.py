@@ -35,28 +35,29 @@ from decoders.tuning.profile import candidate_labels, forward_latency, parse_can
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
+def fastest(op, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls of op(), after one warm-up call."""
+    best = float("inf")
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        op()
+        if i:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def copy_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     """Bytes moved per second (read + written) by copying a buffer much larger than the caches."""
     src = torch.ones(megabytes * 2**20 // 4)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * 4 / best
+    return 2 * src.numel() * 4 / fastest(lambda: dst.copy_(src), repeats)
 
 
 def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     """Bytes read per second by a read-only stream (a sum over a buffer much larger than the caches,
     on the run's threads): what a step that reads each weight once can at best go at."""
     src = torch.ones(megabytes * 2**20 // 4)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        src.sum()
-        best = min(best, time.perf_counter() - start)
-    return src.numel() * 4 / best
+    return src.numel() * 4 / fastest(src.sum, repeats)
 
 
 STEP_GOAL = 1.3  # issue 32: the 1-token step within 1.3x of its weight-read floor
