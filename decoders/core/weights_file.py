@@ -160,9 +160,12 @@ def load_vocab(lm, spec: str | None, key: str = "decoder.readout_vocab",
     """The token ids a draft's readout is limited to, and what tuning reports about them. `spec`:
     auto, adapters/<model>-vocab.json when it exists (scripts/draft_vocab.py), else the whole
     vocabulary; full (or null), the whole vocabulary; or the path of such a file."""
-    if spec in (None, "full") or (spec == "auto" and not addon_path(f"adapters/{lm.name}-vocab.json").is_file()):
-        return None, {"readout_vocab": lm.vocab_size}
+    whole = None, {"readout_vocab": lm.vocab_size}
+    if spec in (None, "full"):
+        return whole
     path = addon_path(f"adapters/{lm.name}-vocab.json" if spec == "auto" else spec)
+    if spec == "auto" and not path.is_file():
+        return whole
     hint = "make one with scripts/draft_vocab.py, or use auto or full"
     try:
         data = json.loads(path.read_text())
