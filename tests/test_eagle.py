@@ -1,7 +1,7 @@
 """EAGLE's feature draft: drafting in feature space is the computation it claims to be (every
 tree node's features equal a fresh causal run along its own path; training's unrolled levels
-equal drafting), its trees are what EAGLE-1 / EAGLE-2 build, its file round-trips, and sampling
-keeps the target's distribution (with negative controls).
+equal drafting), its trees are what EAGLE-1 / EAGLE-2 build (skipping hopeless nodes leaves them as they are), its
+file round-trips, and sampling keeps the target's distribution (with negative controls).
 
 Greedy equality over trees and hyper-parameters lives in test_greedy_equality.py.
 """
@@ -105,6 +105,31 @@ def test_dynamic_tree_is_eagle2_selection():
             g = fresh(draft, feats, tokens, chain)
             chain.append(int(draft.vocab[draft.logits(g).argmax()]))
     assert tree.tokens[1:] == chain
+
+
+@pytest.mark.parametrize("tree_size,depth,top_k", [(7, 4, 3), (8, 4, 8), (24, 6, 8), (3, 5, 2), (12, 3, 12)])
+def test_skipping_hopeless_nodes_keeps_the_tree(tree_size, depth, top_k, monkeypatch):
+    """Expanding only the frontier nodes that can still reach the tree (_worth_expanding) builds the
+    same tree as expanding every top_k node at every depth, EAGLE-2 as written, with fewer rows fed."""
+    saved = 0
+    for seed in range(4):
+        lm = tiny_lm(seed=seed)
+        draft = new_draft(lm, seed=seed + 7)
+        settings = dict(tree="dynamic", tree_size=tree_size, depth=depth, top_k=top_k)
+        trees = []
+        for prune in (True, False):
+            with monkeypatch.context() as m:
+                if not prune:
+                    m.setattr(FeatureDraftProposer, "_worth_expanding", lambda self, frontier, candidates: frontier)
+                proposer, sequence, _, _ = prefilled(lm, draft, [3, 9, 4, 1][:2 + seed % 3], **settings)
+                proposal = proposer.propose(sequence, 10)
+                trees.append((proposal.tree.tokens, proposal.tree.parents, proposal.draft_forward_tokens))
+        (tokens, parents, fed), (full_tokens, full_parents, full_fed) = trees
+        assert (tokens, parents) == (full_tokens, full_parents)
+        assert fed <= full_fed
+        saved += full_fed - fed
+    if tree_size < top_k * top_k:  # the second depth's candidates outnumber the tree: some node is hopeless
+        assert saved > 0
 
 
 def test_room_limits_the_depth():
