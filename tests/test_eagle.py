@@ -1,7 +1,8 @@
 """EAGLE's feature draft: drafting in feature space is the computation it claims to be (every
 tree node's features equal a fresh causal run along its own path; training's unrolled levels
 equal drafting), its trees are what EAGLE-1 / EAGLE-2 build (skipping hopeless nodes leaves them as they are), its
-file round-trips, and sampling keeps the target's distribution (with negative controls).
+file round-trips, draft_dtype converts the draft's own weights only, and sampling keeps the target's
+distribution (with negative controls).
 
 Greedy equality over trees and hyper-parameters lives in test_greedy_equality.py.
 """
@@ -130,6 +131,27 @@ def test_skipping_hopeless_nodes_keeps_the_tree(tree_size, depth, top_k, monkeyp
         saved += full_fed - fed
     if tree_size < top_k * top_k:  # the second depth's candidates outnumber the tree: some node is hopeless
         assert saved > 0
+
+
+@pytest.mark.parametrize("vocab", [None, [5, 9, 2, 40]])
+def test_draft_dtype_converts_the_drafts_own_weights_only(vocab, tmp_path):
+    """decoder.draft_dtype=bfloat16 beside a float32 target: the draft's layers and its own reduced
+    readout go to bfloat16 (packed from 1 row, bfloat16's default); the target's head, shared by a
+    whole-vocabulary draft, stays float32."""
+    lm = tiny_lm(seed=0)
+    head = lm.model.get_output_embeddings().weight
+    save_draft(new_draft(lm, vocab, seed=3), tmp_path / "d.safetensors", {})
+    draft = Eagle(draft_weights=str(tmp_path / "d.safetensors"), draft_dtype="bfloat16").load_addons(lm)
+    assert draft.dtype == torch.bfloat16 and draft.layer.mlp.down_proj.weight.dtype == torch.bfloat16
+    assert head.dtype == torch.float32 and lm.model.get_output_embeddings().weight.dtype == torch.float32
+    assert draft.readout.weight.dtype == (torch.float32 if vocab is None else torch.bfloat16)
+    if lm.fast_path == "prepacked":
+        assert draft.fuse._min_rows == 1 and lm.model.get_output_embeddings()._min_rows == lm.packed_min_rows
+    with torch.inference_mode():
+        g = torch.randn(3, draft.fuse.weight.shape[0], dtype=torch.bfloat16)
+        assert draft.logits(g).shape == (3, len(draft.vocab))
+    with pytest.raises(ValueError, match="decoder.draft_dtype must be one of float32, bfloat16, float16, got 'fp8'"):
+        Eagle(draft_dtype="fp8")
 
 
 def test_room_limits_the_depth():

@@ -50,7 +50,8 @@ VARIANTS = {
               "dynamic-1-1-1-seed2": dict(draft_seed=2, tree_size=1, depth=1, top_k=1),
               "dynamic-40-8-3-seed3": dict(draft_seed=3, tree_size=40, depth=8, top_k=3),
               "static-16-4-4-seed4": dict(draft_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
-              "static-5-5-1": dict(tree="static", tree_size=5, depth=5, top_k=1)},
+              "static-5-5-1": dict(tree="static", tree_size=5, depth=5, top_k=1),
+              "dynamic-8-4-8-seed5-bf16": dict(draft_seed=5, tree_size=8, depth=4, top_k=8, draft_dtype="bfloat16")},
     "jacobi": {"1": dict(block_size=1), "4": dict(block_size=4), "16-vocab": dict(block_size=16, init="vocab"),
                "3-repeat": dict(block_size=3, init="repeat")},
     # lookahead-W-N-G
@@ -108,6 +109,7 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4), d
                     "medusa-auto-32": Medusa(heads=HEADS, tree_size=32),
                     "eagle-dynamic-24": Eagle(draft_weights=EAGLE, tree_size=24),
                     "eagle-static-16": Eagle(draft_weights=EAGLE, tree="static", tree_size=16),
+                    "eagle-8-bf16-draft": Eagle(draft_weights=EAGLE, tree_size=8, depth=4, draft_dtype="bfloat16"),
                     "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
                     "bpd-neural-p2-self4": BPD(
                         heads=HEADS, rescore="neural", paths=2,

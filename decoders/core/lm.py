@@ -82,9 +82,12 @@ class LM:
         return self.fast_path
 
     def accelerate(self, module: nn.Module) -> nn.Module:
-        """Put an add-on that runs beside the model (Medusa heads, a feature draft) on the same path."""
+        """Put an add-on that runs beside the model (Medusa heads, a feature draft) on the same path; one
+        in another dtype (a bfloat16 draft beside a float32 target) packs from that dtype's default rows."""
         if self.fast_path == "prepacked":
-            self.fast_path_bytes += prepack(module, self.packed_min_rows)
+            dtype = next(module.parameters(), self.model.get_input_embeddings().weight).dtype
+            rows = self.packed_min_rows if dtype == self.dtype else PACKED_MIN_ROWS.get(dtype, 1)
+            self.fast_path_bytes += prepack(module, rows)
         return module
 
     # ---- what metrics need -------------------------------------------------------------

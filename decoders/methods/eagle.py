@@ -131,7 +131,8 @@ class FeatureDraft(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Over the draft vocabulary (column j is token self.vocab[j])."""
-        return self.readout(self.target[0].final_norm(features))
+        readout = self.readout  # the target's norm (its dtype) before it: a draft_dtype draft casts here
+        return readout(self.target[0].final_norm(features).to(readout.weight.dtype))
 
     def flops(self, rows: int, context: int, logit_rows: int) -> float:
         """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
@@ -166,8 +167,9 @@ def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:
                                              "vocab": json.dumps(vocab), "info": json.dumps(info)})
 
 
-def load_draft(lm: LM, path: str | Path, check_base: bool = True):
-    """Our draft file, or a published EAGLE-1/2 or EAGLE-3 checkpoint (a directory or a hub id)."""
+def load_draft(lm: LM, path: str | Path, check_base: bool = True, dtype: str | None = None):
+    """Our draft file, or a published EAGLE-1/2 or EAGLE-3 checkpoint (a directory or a hub id); its
+    own weights in `dtype` (decoder.draft_dtype; None: the target's)."""
     if is_checkpoint_dir(path):
         from .published import load_eagle
 
@@ -180,13 +182,36 @@ def load_draft(lm: LM, path: str | Path, check_base: bool = True):
         draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
         draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
         draft.info = info
+    return _ready(lm, draft, dtype)
+
+
+def draft_for(lm: LM, path: str | None, seed: int | None, check_base: bool = True, dtype: str | None = None):
+    """The draft at `path` (our file or a published checkpoint), or an untrained (seed: random) draft
+    without one; its own weights in `dtype` (decoder.draft_dtype; None: the target's)."""
+    return load_draft(lm, path, check_base, dtype) if path else _ready(lm, new_draft(lm, seed=seed), dtype)
+
+
+def _ready(lm: LM, draft: nn.Module, dtype: str | None) -> nn.Module:
+    """In its dtype, then on the target's fast path."""
+    if dtype is not None and DRAFT_DTYPES[dtype] != draft.dtype:
+        draft_in_dtype(draft, DRAFT_DTYPES[dtype])
     lm.accelerate(draft.readout)
     return lm.accelerate(draft)
 
 
-def draft_for(lm: LM, path: str | None, seed: int | None, check_base: bool = True):
-    """The draft at `path` (our file or a published checkpoint), or an untrained (seed: random) draft without one."""
-    return load_draft(lm, path, check_base) if path else lm.accelerate(new_draft(lm, seed=seed))
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def draft_in_dtype(draft: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """The draft's own weights in `dtype`, its reduced readout (a copy of the head's rows) included;
+    what it reads from the target (the embedding, the final norm, a whole-vocabulary head it shares)
+    stays in the target's dtype, and the draft casts at those seams. Every layer it runs reads half
+    the bytes in bfloat16: on a CPU the draft's cost is the time to read its weights."""
+    draft.to(dtype=dtype)
+    readout, head = draft.readout, draft.target[0].model.get_output_embeddings()
+    if readout is not head and readout.weight is not head.weight:
+        readout.to(dtype=dtype)
+    return draft
 
 
 class FeatureDraftProposer:
@@ -241,7 +266,8 @@ class FeatureDraftProposer:
         n = len(tokens)
         # The committed rows, causally; the last one (the root's input) predicts the root's features.
         mask = torch.ones(n, base + n, dtype=torch.bool).tril(base)
-        root_g = self._feed(self.draft.from_target(feats.to(self.draft.dtype)), tokens, range(base, base + n), mask)[-1]
+        dtype = self.draft.dtype  # from_target may apply the target's norm, in the target's dtype
+        root_g = self._feed(self.draft.from_target(feats.to(dtype)).to(dtype), tokens, range(base, base + n), mask)[-1]
         base += n
         if base != len(sequence) - 1:
             raise RuntimeError(f"EAGLE draft cache holds {base} positions, expected {len(sequence) - 1}")
@@ -357,6 +383,7 @@ class Eagle:
     depth: int = 6  # deepest draft node
     top_k: int = 8  # dynamic: nodes expanded per depth and children per node; static: ranks per depth
     check_base: bool = True  # refuse a draft made for another base model (by the name its file records)
+    draft_dtype: str | None = None  # the draft's own weights: None = the target's dtype, or one of DRAFT_DTYPES
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     _draft: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
@@ -364,13 +391,16 @@ class Eagle:
         for key in ("tree_size", "depth", "top_k"):
             check(key, getattr(self, key), at_least=1)
         check("tree", self.tree, one_of=("dynamic", "static"))
+        if self.draft_dtype is not None:
+            check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES))
         self.lossless = True
         self.tuning: dict = {}
         self._shape = None
 
     def load_addons(self, lm: LM) -> FeatureDraft:
         """The draft, built before any timing (a bad file fails in one line)."""
-        return self._draft.get(lm, lambda: draft_for(lm, self.draft_weights, self.draft_seed, self.check_base))
+        return self._draft.get(lm, lambda: draft_for(lm, self.draft_weights, self.draft_seed, self.check_base,
+                                                      self.draft_dtype))
 
     def shape(self, draft: FeatureDraft):
         """Static tree: (parents, slots) from the draft's measured accuracy, or the prior."""
@@ -386,7 +416,7 @@ class Eagle:
         draft = self.load_addons(lm)
         shape = None
         self.tuning = {"tree": self.tree, "tree_size": self.tree_size, "depth": self.depth, "top_k": self.top_k,
-                       "draft_vocab": len(draft.vocab)}
+                       "draft_vocab": len(draft.vocab), "draft_dtype": str(draft.dtype).replace("torch.", "")}
         if self.tree == "static":
             _, shape, source = self.shape(draft)
             self.tuning.update(source=source, tree_size=len(shape[0]) - 1,

@@ -111,7 +111,8 @@ class Eagle1Draft(nn.Module):
         return x if batched else x[0]
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.readout(features)  # no norm: the draft predicts the normed state
+        # no norm: the draft predicts the normed state; the head is the target's (its dtype)
+        return self.readout(features.to(self.readout.weight.dtype))
 
     def flops(self, rows: int, context: int, logit_rows: int) -> float:
         attn = self.layers[0].self_attn.o_proj.weight.shape[1] * len(self.layers)
