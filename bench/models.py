@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from decoders.core.compiled import COMPILE_MODES
 from decoders.core.fast_path import FAST_PATHS
 from decoders.core.lm import LM
 from decoders.tuning.profile import choose_fast_path
@@ -135,7 +136,12 @@ def check_fast_path(name: str, fast_path: str) -> None:
                          f"use auto, {', '.join(FAST_PATHS)}")
 
 
-def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None) -> LM:
+def check_compile(name: str, compile: str) -> None:
+    if compile not in COMPILE_MODES:
+        raise BenchError(f"model {name}: model.compile={compile!r} is not allowed; use {', '.join(COMPILE_MODES)}")
+
+
+def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str = "none") -> LM:
     """model.fast_path: auto = measured choice on CPU (cached under cache_dir), nothing on CUDA;
     none / prepacked as asked (a path this machine cannot run falls back to none, with the reason noted)."""
     if fast_path == "auto":
@@ -145,6 +151,7 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None) -> LM:
         lm.fast_path_note = f"auto chose {choice['chosen']}{rows}: {choice['why']}"
     else:
         lm.set_fast_path(fast_path)
+    lm.set_compile(compile)  # after the fast path: the graph is traced over its kernels
     return lm
 
 
@@ -169,6 +176,7 @@ class PretrainedModel:
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     max_context: int | None = None  # default: config.max_position_embeddings
     fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
+    compile: str = "none"  # the decode step's forward: none (eager) or inductor (torch.compile, compiled at load)
     cache_dir: str | None = None  # where auto's measured choice is cached
     drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)
 
@@ -185,6 +193,7 @@ class PretrainedModel:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         check_fast_path(self.name, self.fast_path)
+        check_compile(self.name, self.compile)
         check_attention(self.name, self.attn_implementation)
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
@@ -232,7 +241,7 @@ class PretrainedModel:
         lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision,
                      "commit": getattr(model.config, "_commit_hash", None)}
         lm.memory_estimate = memory  # provenance records what the check assumed
-        return put_on_fast_path(lm, self.fast_path, self.cache_dir)
+        return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)
 
 
 @dataclass
@@ -250,6 +259,7 @@ class GGUFPackageModel:
     chat_template: str | None = None
     max_context: int | None = None
     fast_path: str = "auto"
+    compile: str = "none"
     drafts: dict | None = None  # the drafts trained for it (adapters/)
 
     def gguf_path(self) -> Path:
@@ -309,9 +319,11 @@ class GGUFPackageModel:
 
     def load(self, batch: int = 1, add_ons: int = 0) -> LM:
         check_fast_path(self.name, self.fast_path)
+        check_compile(self.name, self.compile)
         spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
-                               max_context=self.max_context, fast_path=self.fast_path, cache_dir=self.cache_dir)
+                               max_context=self.max_context, fast_path=self.fast_path, compile=self.compile,
+                               cache_dir=self.cache_dir)
         lm = spec.load(batch, add_ons)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
                      "gguf_file": self.gguf_file}
@@ -340,6 +352,7 @@ class TinyRandomModel:
     tokenizer: Any = field(default=None)  # a model spec whose tokenizer to borrow (default: the embedded one)
     max_context: int | None = None
     fast_path: str = "auto"
+    compile: str = "none"
     cache_dir: str | None = None
     drafts: dict | None = None  # null entries: untrained drafts (tests)
 
@@ -365,9 +378,10 @@ class TinyRandomModel:
 
     def load(self, batch: int = 1, add_ons: int = 0) -> LM:
         check_fast_path(self.name, self.fast_path)
+        check_compile(self.name, self.compile)
         check_attention(self.name, self.attn_implementation)
         tokenizer = self.load_tokenizer()
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}
-        return put_on_fast_path(lm, self.fast_path, self.cache_dir)
+        return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)

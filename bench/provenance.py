@@ -79,6 +79,9 @@ def collect(lm) -> dict:
         "packed_min_rows": lm.packed_min_rows,  # prepacked: the fewest rows a linear layer packs
         "fast_path_note": lm.fast_path_note,
         "fast_path_extra_bytes": lm.fast_path_bytes,
+        "compile": lm.compile,  # model.compile that ran; compile time is never inside a timed run
+        "compile_note": lm.compile_note,
+        "compile_seconds": round(lm.compile_seconds, 1),
         "model_flops_spec": lm.flops_spec(),
         "model_source": getattr(lm, "source", None),  # path, revision asked for, hub commit loaded (bench/models.py)
     }

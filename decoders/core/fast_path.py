@@ -4,6 +4,8 @@ The kernels are private torch ops: prepacked_supported probes them before use.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,6 +20,33 @@ from torch import nn
 # `min_rows` the native kernel is kept; these are the defaults, and model.fast_path=auto measures it.
 FAST_PATHS = ("none", "prepacked")
 PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
+
+
+# Packed weights by (address, dtype), for the custom op below: inductor cannot lower the packed
+# kernel, nor hold an opaque packed tensor, so a compiled graph calls an opaque op that finds the
+# packed copy by its weight (model.compile; weights are fixed while compiled).
+_PACKED: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def _register(weight: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    key = (weight.data_ptr(), weight.dtype)
+    _PACKED[key] = packed
+    # Forgotten with its weight: a later tensor at the same address must not find this copy.
+    weakref.finalize(weight, _PACKED.pop, key, None)
+    return packed
+
+
+@torch.library.custom_op("decoding_bench::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    packed = _PACKED.get((weight.data_ptr(), weight.dtype))
+    if packed is None:
+        packed = _register(weight, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 class PrepackedLinear(nn.Linear):
@@ -38,6 +67,7 @@ class PrepackedLinear(nn.Linear):
         if self.__dict__.get("_packed_key") != key:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self._packed_key = key
+            _register(weight, self._packed)
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,6 +75,8 @@ class PrepackedLinear(nn.Linear):
         if (rows < self._min_rows or x.dtype != self.weight.dtype
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._pack(), self.bias, "none", [], "")
 
 
@@ -66,6 +98,7 @@ def unpack(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is PrepackedLinear:
             module.__class__ = nn.Linear
+            _PACKED.pop((module.weight.data_ptr(), module.weight.dtype), None)
             for attr in ("_packed", "_packed_key", "_min_rows"):
                 module.__dict__.pop(attr, None)
 

@@ -33,8 +33,11 @@ def passed_cache(kwargs: dict):
 class KVCache:
     """A DynamicCache plus the two edits decoders need: crop (chain rollback) and keep (tree path)."""
 
-    def __init__(self, hf_cache: DynamicCache):
+    def __init__(self, hf_cache: DynamicCache, contiguous: bool = False):
         self.hf = hf_cache
+        # A compiled forward (model.compile) guards on the cache tensors' strides: a cropped view would
+        # recompile it, so edits leave the tensors contiguous (one copy of the kept positions).
+        self.contiguous = contiguous
 
     def __len__(self) -> int:
         return self.hf.get_seq_length()
@@ -50,6 +53,13 @@ class KVCache:
             raise ValueError(f"cannot crop a cache of {len(self)} positions to {length}")
         if remove:
             self.hf.crop(-remove)  # transformers 5: a negative count removes that many
+            self._make_contiguous()
+
+    def _make_contiguous(self) -> None:
+        if self.contiguous:
+            for layer in self.hf.layers:
+                if getattr(layer, "is_initialized", False):
+                    layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
 
     @torch.inference_mode()
     def keep(self, indices: Sequence[int] | torch.Tensor) -> None:
@@ -74,6 +84,7 @@ class KVCache:
                 layer.values[..., start:n, :] = layer.values[..., src, :]
             layer.keys = layer.keys[..., :n, :]
             layer.values = layer.values[..., :n, :]
+        self._make_contiguous()
 
 
 class BatchKVCache:

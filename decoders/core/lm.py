@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from .compiled import COMPILE_MODES, CompiledForward, compile_supported
 from .fast_path import FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, prepack, prepacked_supported, unpack
 from .kv_cache import BatchKVCache, KVCache, cache_kwarg
 
@@ -26,7 +27,7 @@ class LM:
     """A HF causal LM, its tokenizer, and what metrics need to know about it."""
 
     def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None,
-                 fast_path: str = "none"):
+                 fast_path: str = "none", compile: str = "none"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -56,6 +57,35 @@ class LM:
         self.fast_path_bytes = 0  # memory the fast path holds beyond the model's own weights
         if fast_path != self.fast_path or fast_path == "prepacked":  # packs what is not packed yet
             self.set_fast_path(fast_path, self.packed_min_rows)
+        self.compiled: CompiledForward | None = None
+        self.compile, self.compile_note = "none", ""
+        self.set_compile(compile)
+
+    def set_compile(self, mode: str) -> str:
+        """model.compile: "none" (eager) or "inductor" (the decode-step forward compiled, compiled here
+        and now so that no timed run pays for it: compile_seconds). A model it cannot run stays eager,
+        with the reason in compile_note. Set it after the fast path: the graph is traced over it."""
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+        if self.compiled is not None:
+            self.compiled.remove()
+            self.compiled = None
+        self.compile, self.compile_note = "none", ""
+        if mode == "inductor":
+            why_not = compile_supported(self.model) or (
+                "the model is spread over several devices" if len(self.cuda_devices) > 1 else None)
+            if why_not:
+                self.compile_note = f"inductor unavailable: {why_not}"
+            else:
+                self.compiled = CompiledForward(self.model, self.cache_kw)
+                self.compiled.warm(self.device, self.vocab_size, lambda: DynamicCache(config=self.config))
+                self.compile = "inductor"
+        return self.compile
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling (tracing included), at load and in any later re-trace."""
+        return self.compiled.compile_seconds if self.compiled is not None else 0.0
 
     # ---- fast forward path ------------------------------------------------------------------
     def set_fast_path(self, path: str, min_rows: int | None = None) -> str:
@@ -141,7 +171,7 @@ class LM:
 
     # ---- forward ------------------------------------------------------------------------
     def new_cache(self) -> KVCache:
-        return KVCache(DynamicCache(config=self.config))
+        return KVCache(DynamicCache(config=self.config), contiguous=self.compiled is not None)
 
     def _capture_hidden(self, module, args, output):
         if self._want_hidden:
@@ -219,6 +249,9 @@ class LM:
                 raise ValueError("a custom mask needs explicit position_ids")
         if last_only:
             logits_last = 1
+        if self.compiled is not None:
+            return self._forward_compiled(ids, cache, kwargs.get("position_ids"), mask, logits_last, logits_rows,
+                                          hidden, features)
         if logits_last is not None:
             kwargs["logits_to_keep"] = int(logits_last)
         if logits_rows is not None:
@@ -245,6 +278,26 @@ class LM:
                 return logits, h[kwargs["logits_to_keep"]]
             return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
+
+    def _forward_compiled(self, ids, cache: KVCache, positions, mask, logits_last, logits_rows, hidden, features):
+        """LM.forward through the compiled base model: the same outputs, the head applied here to the rows wanted."""
+        q, cached = ids.shape[1], len(cache)
+        if positions is None:
+            positions = torch.arange(cached, cached + q, device=self.device).reshape(1, -1)
+        if mask is None:
+            mask = torch.ones(q, cached + q, dtype=torch.bool).tril(cached)
+        h, final, layers = self.compiled(ids, positions, mask.to(self.device)[None, None], cache.hf, cached)
+        h = h[0].to(self.output_device)
+        if logits_rows is not None:
+            h = h[torch.as_tensor(logits_rows, dtype=torch.long, device=self.output_device)]
+        elif logits_last is not None:
+            h = h[-int(logits_last):]
+        logits = self.model.get_output_embeddings()(h)
+        if features is True:
+            return logits, final[0].to(self.output_device)
+        if features:
+            return logits, torch.cat([layers[i][0] for i in features], -1).to(self.output_device)
+        return (logits, h) if hidden else logits
 
     def new_batch_cache(self, rows: int) -> BatchKVCache:
         return BatchKVCache(DynamicCache(config=self.config), rows)
@@ -301,6 +354,8 @@ class LM:
             self._want_hidden, self._hidden, self._features = False, None, None
             for handle in handles:
                 handle.remove()
+            if self.compiled is not None:
+                self.compiled.taps = {}  # its hooks saw this eager forward too
         cache.valid = torch.cat([cache.valid, real], 1)
         results = []
         for r, (want, o) in enumerate(zip(rows, offsets)):

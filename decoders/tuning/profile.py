@@ -44,6 +44,7 @@ def profile_key(lm: LM, fast_path: bool = True) -> str:
            f"{str(lm.dtype).replace('torch.', '')}_{lm.attn_implementation}")
     if fast_path:
         raw += f"_{lm.fast_path}" + (f"{lm.packed_min_rows}" if lm.fast_path == "prepacked" else "")
+        raw += "_compiled" if lm.compile != "none" else ""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 

@@ -1,0 +1,99 @@
+"""model.compile: the target's decode-step forward compiled by torch.compile (inductor).
+
+One graph with dynamic shapes serves every feed width and cache length (dynamo specializes the
+one-token step into a second graph), over the same DynamicCache the eager path uses, so crop and
+keep are unchanged. Prepacked linears stay packed inside the graph (fast_path.packed_linear).
+The vocabulary projection runs outside it on the rows asked for, and the features EAGLE reads
+are taken by hooks that live as long as the model, so the graph never changes with what a call
+asks for. Prefill (an empty cache) and feeds wider than MAX_WIDTH run the same body eagerly.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+COMPILE_MODES = ("none", "inductor")
+MAX_WIDTH = 64  # wider feeds (a prompt, lookahead's widest windows) run eagerly: the graph is for decode steps
+
+
+def compile_supported(model: nn.Module) -> str | None:
+    """None if model.compile=inductor can run this model, else why not."""
+    if model.config._attn_implementation != "sdpa":
+        return f"compiled forwards need attn_implementation sdpa, not {model.config._attn_implementation!r}"
+    if getattr(model.config.get_text_config(), "final_logit_softcapping", None):
+        return "the model soft-caps its logits; the compiled path applies the output head alone"
+    if not hasattr(torch, "compile"):
+        return "this torch has no torch.compile"
+    return None
+
+
+class CompiledForward:
+    """The base model's forward (ids, positions, bool mask, cache) -> (last hidden state, the final
+    norm's input, every layer's input), compiled once for all shapes."""
+
+    def __init__(self, model: nn.Module, cache_kw: str):
+        self.base, self.cache_kw = model.base_model, cache_kw
+        self.taps: dict = {}
+        self.hooks = [self.base.norm.register_forward_pre_hook(lambda m, args: self._tap("final", args[0]))]
+        for i, layer in enumerate(self.base.layers):
+            self.hooks.append(layer.register_forward_pre_hook(
+                lambda m, args, kwargs, i=i: self._tap(i, args[0] if args else kwargs["hidden_states"]),
+                with_kwargs=True))
+        # Dynamic from the first call: widths and cache lengths vary every step. Dynamo keeps the graphs
+        # of every CompiledForward under one code object; past its default limit of 8 a process that
+        # compiles a few models (tests, a self-draft's target) would silently fall back to eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self.graph = torch.compile(self._body, dynamic=True)
+        self.compile_seconds = 0.0  # every call that traced a graph, warm-up included
+        self.graphs = 0
+
+    def _tap(self, key, value):
+        self.taps[key] = value
+
+    def _body(self, ids, positions, mask, cache):
+        out = self.base(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                        **{self.cache_kw: cache})
+        layers = tuple(self.taps[i] for i in range(len(self.base.layers)))
+        return out.last_hidden_state, self.taps["final"], layers
+
+    def __call__(self, ids, positions, mask, cache, cached: int):
+        compiled = cached > 0 and ids.shape[1] <= MAX_WIDTH
+        if compiled:
+            # Sizes that change every step are symbols from the start, so the graph is never re-traced:
+            # the cache length, and the width beyond one token (a single token is its own graph).
+            for layer in cache.layers:
+                torch._dynamo.mark_dynamic(layer.keys, 2)
+                torch._dynamo.mark_dynamic(layer.values, 2)
+            torch._dynamo.mark_dynamic(mask, 3)
+            if ids.shape[1] > 1:
+                for t in (ids, positions):
+                    torch._dynamo.mark_dynamic(t, 1)
+                torch._dynamo.mark_dynamic(mask, 2)
+        graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
+        try:
+            return (self.graph if compiled else self._body)(ids, positions, mask, cache)
+        finally:
+            self.taps = {}
+            if counters["stats"]["unique_graphs"] != graphs:  # traced now: its time is compile time, said apart
+                self.compile_seconds += time.perf_counter() - start
+                self.graphs += 1
+
+    def warm(self, device: torch.device, vocab: int, new_cache) -> float:
+        """Trace the graphs before anything is timed: one token, 2-3 tokens and 4 or more (dynamo's
+        guards split the widths there); returns the compile seconds so far."""
+        with torch.inference_mode():
+            for width in (1, 2, 8):
+                cache = new_cache()
+                for q, cached in ((16, 0), (width, 16)):
+                    ids = torch.arange(q, device=device).reshape(1, -1) % vocab
+                    pos = torch.arange(cached, cached + q, device=device).reshape(1, -1)
+                    mask = torch.ones(q, cached + q, dtype=torch.bool, device=device).tril(cached)[None, None]
+                    self(ids, pos, mask, cache, cached)
+        return self.compile_seconds
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
