@@ -1,8 +1,9 @@
 """model.compile: the target's decode-step forward compiled by torch.compile (inductor).
 
-One graph with dynamic shapes serves every feed width and cache length (dynamo specializes the
-one-token step into a second graph), over the same DynamicCache the eager path uses, so crop and
-keep are unchanged. Prepacked linears stay packed inside the graph (fast_path.packed_linear).
+Dynamic shapes: three graphs (one token; 2-3 tokens; 4-64, where dynamo's guards split the widths)
+serve every feed width and cache length, traced while the model loads, over the same DynamicCache
+the eager path uses, so crop and keep are unchanged. Prepacked linears stay packed inside the
+graph (fast_path.packed_linear).
 The vocabulary projection runs outside it on the rows asked for, and the features EAGLE reads
 are taken by hooks that live as long as the model, so the graph never changes with what a call
 asks for. Prefill (an empty cache) and feeds wider than MAX_WIDTH run the same body eagerly.
@@ -48,7 +49,7 @@ class CompiledForward:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.graph = torch.compile(self._body, dynamic=True)
         self.compile_seconds = 0.0  # every call that traced a graph, warm-up included
-        self.graphs = 0
+        self.graphs = 0  # calls that traced a graph
 
     def _tap(self, key, value):
         self.taps[key] = value
