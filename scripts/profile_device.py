@@ -1,7 +1,8 @@
 """This device's forward cost curves, one per fast path, side by side: the latency of a forward of
 k = 1..K new tokens (tree-style: mask and positions, after --context cached tokens) relative to
 one autoregressive step, and how close the 1-token step is to its floor: the model's weights read
-once at this machine's measured read bandwidth (a read-only stream).
+once at this machine's measured read bandwidth (a read-only stream). A path ending in +inductor
+is that path with model.compile=inductor (compiled first; its compile time is printed apart).
 
     python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--refresh] [--out DIR] [hydra overrides...]
 
@@ -70,7 +71,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--paths", default=",".join(candidate_labels()),
                         help="fast paths to profile, comma-separated: none, "
-                             "prepacked (its default threshold), prepacked>=N")
+                             "prepacked (its default threshold), prepacked>=N; +inductor: compiled too")
     parser.add_argument("--refresh", action="store_true", help="measure again even if cached")
     parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
     args, overrides = parser.parse_known_args()
@@ -81,14 +82,21 @@ def main() -> None:
     lm = instantiate(cfg.model, fast_path="none").load()
     paths = [p for p in args.paths.split(",") if p]
     try:
-        choices = {p: parse_candidate(p) for p in paths}
+        choices = {p: parse_candidate(p.removesuffix("+inductor")) for p in paths}
     except ValueError as e:
         parser.error(str(e))
-    curves, steps, keys = {}, {}, {}
+    curves, steps, keys, compile_s = {}, {}, {}, {}
     for path in paths:
+        lm.set_compile("none")  # before the kernels change: a graph is traced over them
         if lm.set_fast_path(*choices[path]) != choices[path][0]:
             print(f"{path}: skipped ({lm.fast_path_note})")
             continue
+        if path.endswith("+inductor"):
+            if lm.set_compile("inductor") != "inductor":
+                print(f"{path}: skipped ({lm.compile_note})")
+                continue
+            compile_s[path] = lm.compile_seconds
+            print(f"{path}: compiled in {compile_s[path]:.1f} s (not in any timing)")
         profile = forward_latency(lm, cfg.cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)
         curves[path] = profile["latency_s"][:args.max_tokens]  # a longer cached profile serves a shorter ask
         steps[path], keys[path] = profile["autoregressive_s"], profile["key"]
@@ -135,7 +143,8 @@ def main() -> None:
         info.update(fast_path="see columns", packed_min_rows="see columns", profiles=keys, autoregressive_s=steps,
                     weight_bytes=weight_bytes,
                     copy_bandwidth_bytes_per_s=bandwidth, read_bandwidth_bytes_per_s=reading, floor_s=floor,
-                    step_vs_floor={p: steps[p] / floor for p in steps}, context=args.context, repeats=args.repeats,
+                    step_vs_floor={p: steps[p] / floor for p in steps}, compile_seconds=compile_s,
+                    context=args.context, repeats=args.repeats,
                     command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
         (out / "provenance.json").write_text(json.dumps(info, indent=2))
     print(f"table: {out / f'{stem}.csv'}\nplot: {out / f'{stem}.png'}")

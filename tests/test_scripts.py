@@ -127,6 +127,14 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert float(rows[0]["none_vs_floor"]) == pytest.approx(float(rows[0]["none_ms"]) / 1e3 / info["floor_s"], rel=1e-6)
     assert len(set(info["profiles"].values())) == 4  # each threshold its own cached profile
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
+    compiled = run_script("profile_device.py", "--paths", "prepacked>=4,prepacked>=4+inductor", "--max-tokens", "4",
+                          "--repeats", "1", "--out", str(tmp_path / "c"), "model=tiny-random", f"cache_dir={tmp_path}",
+                          "device=cpu")
+    assert compiled.returncode == 0, compiled.stderr[-2000:]
+    assert "prepacked>=4+inductor: compiled in" in compiled.stdout
+    info = json.loads((tmp_path / "c" / "provenance.json").read_text())
+    assert info["compile_seconds"]["prepacked>=4+inductor"] > 0
+    assert len(set(info["profiles"].values())) == 2  # the compiled curve is cached apart
     bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu",
                      f"cache_dir={tmp_path}")
     assert bad.returncode == 2 and "prepacked>=N (N >= 1)" in bad.stderr
