@@ -143,7 +143,8 @@ def check_compile(name: str, compile: str) -> None:
 
 def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str = "none") -> LM:
     """model.fast_path: auto = measured choice on CPU (cached under cache_dir), nothing on CUDA;
-    none / prepacked as asked (a path this machine cannot run falls back to none, with the reason noted)."""
+    none / prepacked as asked (a path this machine cannot run falls back to none, with the reason noted).
+    Then model.compile, traced over the path chosen."""
     if fast_path == "auto":
         choice = choose_fast_path(lm, cache_dir)
         n = choice.get("min_rows")

@@ -391,8 +391,7 @@ class Eagle:
         for key in ("tree_size", "depth", "top_k"):
             check(key, getattr(self, key), at_least=1)
         check("tree", self.tree, one_of=("dynamic", "static"))
-        if self.draft_dtype is not None:
-            check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES))
+        check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES), also=(None,))
         self.lossless = True
         self.tuning: dict = {}
         self._shape = None
