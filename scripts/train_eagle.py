@@ -1,7 +1,9 @@
 """Train an EAGLE feature draft on a frozen target (self-distillation), for decoder=eagle.
 
     python scripts/train_eagle.py [--chunks 1200] [--epochs 2] [--unroll 3] [--draft-vocab 8192]
+        [--gsm8k-questions 48] [--function-requests 0] [--general-requests 0]
         [--out adapters/smollm2-135m-eagle.safetensors] [--device auto] [--dtype auto] [model=...]
+    python scripts/train_eagle.py --evaluate DRAFT [same data options]   # held-out accuracy only
 
 The draft (decoders/methods/eagle.py) reads the target's features at t and the embedding of token
 t+1 and predicts the features at t+1. The target's features are computed once per chunk
@@ -20,12 +22,23 @@ Data (scripts/training_corpus.py), disjoint from the benchmark test sets: the mo
 answers to requests written for the script (every 10th held out), stdlib source, GSM8K's train
 split. On the held-out answers the script measures acc[j][r], how often the draft's rank-r token at
 depth j + 1 (drafting along the true continuation) is the target's greedy token; it is stored in
-the file (decoder.tree=static builds EAGLE-1's tree from it) and printed, with a loss curve PNG.
+the file (decoder.tree=static builds EAGLE-1's tree from it) and printed, with a loss curve PNG, and
+top-1 by depth per request family (code, instructions, gsm8k, functions, general).
+
+A long run survives its session: every --checkpoint-minutes (and on SIGTERM, as SLURM sends before a
+time limit) the draft, optimizer, schedule, data order and losses are saved under
+cache_dir/train_eagle/; the same command resumes from there and ends with the draft an uninterrupted
+run would make, bit for bit on a CPU. --stop-after-minutes / --stop-after-steps save and exit with code 75
+(run it again); a finished run deletes its state.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loss_curve import save_loss_curve  # noqa: E402
 from decoders.core.kv_cache import KVCache  # noqa: E402
-from decoders.methods.eagle import new_draft, save_draft  # noqa: E402
+from decoders.methods.eagle import load_draft, new_draft, save_draft  # noqa: E402
 from training_corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
 from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 
@@ -112,14 +125,17 @@ def teacher(draft, feats: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def depth_accuracy(lm, draft, sequences: list[list[int]], depth: int, bf16: bool) -> tuple[list[list[float]], float]:
-    """acc[j][r] on held-out sequences, and the share of the target's greedy tokens in the draft vocabulary."""
-    hits = torch.zeros(depth, RANKS)
-    total = torch.zeros(depth)
+def depth_accuracy(lm, draft, sequences: list[list[int]], depth: int, bf16: bool,
+                   families: list[str] | None = None) -> tuple[list[list[float]], float, dict[str, list[float]]]:
+    """acc[j][r] on held-out sequences, the share of the target's greedy tokens in the draft vocabulary,
+    and top-1 by depth per family (`families[i]` names sequence i's; {} without them)."""
+    families = families or [""] * len(sequences)
+    hits = {name: torch.zeros(depth, RANKS) for name in dict.fromkeys(families)}
+    total = {name: torch.zeros(depth) for name in hits}
     covered = counted = 0
     in_vocab = torch.zeros(lm.vocab_size, dtype=torch.bool)
     in_vocab[draft.vocab] = True
-    for seq in sequences:
+    for seq, name in zip(sequences, families):
         feats = features(lm, torch.tensor([seq]), bf16).float()
         with precision(lm):
             full = lm.model.get_output_embeddings()(lm.final_norm(feats))  # (1, L, V)
@@ -135,9 +151,38 @@ def depth_accuracy(lm, draft, sequences: list[list[int]], depth: int, bf16: bool
                 break
             with precision(lm):
                 top = draft.vocab[draft.logits(g[0, :rows]).topk(RANKS, -1).indices.cpu()]
-            hits[j] += (top == greedy[1 + j:1 + j + rows, None]).float().sum(0)
-            total[j] += rows
-    return (hits / total.clamp(min=1)[:, None]).tolist(), covered / max(counted, 1)
+            hits[name][j] += (top == greedy[1 + j:1 + j + rows, None]).float().sum(0)
+            total[name][j] += rows
+    acc = (sum(hits.values()) / sum(total.values()).clamp(min=1)[:, None]).tolist()
+    by_family = {name: [round(float(h[j, 0] / max(float(total[name][j]), 1)), 4) for j in range(depth)]
+                 for name, h in hits.items() if name}
+    return acc, covered / max(counted, 1), by_family
+
+
+STOPPED = 75  # exit code of a run that stopped early with its checkpoint saved (EX_TEMPFAIL: run it again)
+RESTART_KEYS = ("restart", "checkpoint_minutes", "stop_after_minutes", "stop_after_steps", "evaluate")
+
+
+def checkpoint_path(cache_dir: str, out: Path, args: argparse.Namespace, overrides: list[str]) -> Path:
+    """Where an unfinished run keeps its state: one file per output and per set of settings, so the
+    same command resumes it and a changed one starts afresh."""
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in RESTART_KEYS}
+    key = hashlib.sha1(json.dumps([str(out), settings, overrides]).encode()).hexdigest()[:12]
+    return Path(cache_dir).expanduser() / "train_eagle" / f"{out.stem}-{key}.pt"
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Written whole to a temporary file, then renamed: a kill leaves the previous checkpoint intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def print_accuracy(label: str, by_family: dict[str, list[float]], counts: dict[str, int]) -> None:
+    print(f"{label}: held-out top-1 by depth (1..{len(next(iter(by_family.values())))})", flush=True)
+    for name, row in by_family.items():
+        print(f"  {name:<13} ({counts[name]:>3} answers) " + " ".join(f"{a:.3f}" for a in row), flush=True)
 
 
 def main() -> None:
@@ -155,25 +200,51 @@ def main() -> None:
     parser.add_argument("--draft-vocab", type=int, default=8192, help="0: the whole vocabulary")
     parser.add_argument("--depth", type=int, default=6, help="depths measured on held-out text")
     parser.add_argument("--gsm8k-questions", type=int, default=48, help="GSM8K train questions answered by the model")
+    parser.add_argument("--function-requests", type=int, default=0,
+                        help="'complete this function' requests from the standard library answered by the model")
+    parser.add_argument("--general-requests", type=int, default=0,
+                        help="general requests (templates x topics) answered by the model")
     parser.add_argument("--answer-tokens", type=int, default=192)
     parser.add_argument("--out", default=None, help="default: adapters/<model>-eagle.safetensors")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bfloat16 autocast for a float32 target's forward "
                              "(a half-precision one runs in its own dtype)")
+    parser.add_argument("--checkpoint-minutes", type=float, default=10.0,
+                        help="save the run's state this often (under cache_dir); the same command resumes it")
+    parser.add_argument("--stop-after-minutes", type=float, default=None,
+                        help="save the state and exit with code 75 after this much training in this process")
+    parser.add_argument("--stop-after-steps", type=int, default=None,
+                        help="save the state and exit with code 75 after this many steps in this process")
+    parser.add_argument("--restart", action="store_true", help="ignore a saved state of this run and start afresh")
+    parser.add_argument("--evaluate", default=None, metavar="DRAFT",
+                        help="train nothing: print DRAFT's held-out accuracy by depth and request family")
     add_target_args(parser)
     args, overrides = parser.parse_known_args()
     for key in ("chunks", "epochs", "unroll", "batch", "depth"):
         if getattr(args, key) < 1:
             raise SystemExit(f"error: --{key} must be >= 1, got {getattr(args, key)}")
+    for key in ("function_requests", "general_requests"):
+        if getattr(args, key) < 0:
+            raise SystemExit(f"error: --{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
     cfg, lm = frozen_target(target_overrides(args, overrides), args.seed)
     lm.set_fast_path("none")  # training needs autograd through the draft's linears
     rng = random.Random(args.seed)
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-eagle.safetensors")
 
     start = time.perf_counter()
-    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens,
+                  n_functions=args.function_requests, n_general=args.general_requests)
     generated, heldout = split_answers(data)
+    families = data["family"][::10]
+    counts = {name: families.count(name) for name in dict.fromkeys(families)}
+    if args.evaluate:
+        acc, coverage, by_family = depth_accuracy(lm, load_draft(lm, args.evaluate), heldout, args.depth, args.bf16,
+                                                  families)
+        print_accuracy(args.evaluate, {"all": [round(row[0], 4) for row in acc], **by_family},
+                       {"all": len(heldout), **counts})
+        print(f"held-out greedy tokens inside its draft vocabulary: {coverage:.3f}", flush=True)
+        return
     own = fixed_chunks([[t for s in generated for t in s]], args.seq_len)
     other = fixed_chunks(data["stdlib"], args.seq_len) + fixed_chunks(data["gsm8k"], args.seq_len)
     rng.shuffle(other)
@@ -189,20 +260,49 @@ def main() -> None:
     feats = target_features(lm, chunks, args.batch, args.bf16)
     tokens = torch.tensor(chunks)
     scale = float(feats[:64].float().pow(2).mean().sqrt())
+    torch.manual_seed(args.seed)  # the same draft whether the answers were generated now or read from the cache
     draft = new_draft(lm, vocab).float()  # float32 master weights; forwards run under precision()
-    before, coverage = depth_accuracy(lm, draft, heldout, args.depth, args.bf16)
-    draft.requires_grad_(True)
-    draft.train()
     order = list(range(len(own))) * args.generated_repeats + list(range(len(own), len(chunks)))
     steps = args.epochs * (len(order) // args.batch)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
     scaler = grad_scaler(lm)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=steps, pct_start=0.05)
-    losses = []
-    bar = tqdm(total=steps, desc=f"EAGLE draft, {args.unroll} levels")
-    for _ in range(args.epochs):
-        rng.shuffle(order)
-        for i in range(0, len(order) - args.batch + 1, args.batch):
+    ckpt = checkpoint_path(cfg.cache_dir, out, args, overrides)
+    if ckpt.is_file() and not args.restart:
+        state = torch.load(ckpt, weights_only=True)  # tensors and plain containers only: nothing executes
+        if state["vocab"] != (list(vocab) if vocab else None):
+            raise SystemExit(f"error: {ckpt} was made from other training text (its draft vocabulary differs); "
+                             "pass --restart to start afresh")
+        draft.load_state_dict(state["draft"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        scaler.load_state_dict(state["scaler"])
+        rng.setstate(state["rng"])
+        print(f"resuming from {ckpt}: step {state['step']} of {steps}", flush=True)
+    else:
+        before, _, before_by_family = depth_accuracy(lm, draft, heldout, args.depth, args.bf16, families)
+        state = {"step": 0, "epoch": 0, "pos": 0, "order": None, "losses": [], "before": before,
+                 "before_by_family": before_by_family, "train_seconds": 0.0, "vocab": list(vocab) if vocab else None}
+    draft.requires_grad_(True)
+    draft.train()
+    stop = {"term": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(term=True))  # a preempted job checkpoints, then exits
+
+    def checkpoint() -> None:
+        state.update(draft=draft.state_dict(), optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
+                     scaler=scaler.state_dict(), rng=rng.getstate())
+        save_checkpoint(ckpt, state)
+
+    losses = state["losses"]
+    session_start = saved_at = time.perf_counter()
+    session_steps = 0
+    bar = tqdm(total=steps, initial=state["step"], desc=f"EAGLE draft, {args.unroll} levels")
+    while state["epoch"] < args.epochs:
+        if state["order"] is None:
+            rng.shuffle(order)
+            state["order"], state["pos"] = list(order), 0
+        order = state["order"]
+        for i in range(state["pos"], len(order) - args.batch + 1, args.batch):
             idx = torch.tensor(order[i:i + args.batch])
             f, x = feats[idx].float(), tokens[idx]
             with precision(lm):
@@ -211,34 +311,57 @@ def main() -> None:
             optimizer_step(scaler, optimizer, loss, clip=1.0)
             schedule.step()
             losses.append([float(kl.detach()) for kl, _ in parts])
+            state["step"], state["pos"] = state["step"] + 1, i + args.batch
+            session_steps += 1
             recent = losses[-20:]
             bar.update()
             bar.set_postfix(kl=" ".join(f"{sum(p[j] for p in recent) / len(recent):.2f}" for j in range(len(parts))))
+            now = time.perf_counter()
+            stopping = stop["term"] or (args.stop_after_steps is not None and session_steps >= args.stop_after_steps) \
+                or (args.stop_after_minutes is not None and now - session_start >= 60 * args.stop_after_minutes)
+            if stopping or now - saved_at >= 60 * args.checkpoint_minutes:
+                state["train_seconds"] += now - saved_at
+                saved_at = now
+                checkpoint()
+            if stopping and state["step"] < steps:
+                bar.close()
+                print(f"stopped at step {state['step']} of {steps}; the state is in {ckpt}: run the same command "
+                      "to go on", flush=True)
+                sys.exit(STOPPED)
+        state["epoch"], state["order"], state["pos"] = state["epoch"] + 1, None, 0
     bar.close()
+    state["train_seconds"] += time.perf_counter() - saved_at
     draft.eval()
     draft.requires_grad_(False)
-    after, _ = depth_accuracy(lm, draft, heldout, args.depth, args.bf16)
-    seconds = time.perf_counter() - start
+    after, coverage, after_by_family = depth_accuracy(lm, draft, heldout, args.depth, args.bf16, families)
+    before = state["before"]
     for j in range(args.depth):
         print(f"depth {j + 1}: top-1 {before[j][0]:.3f} -> {after[j][0]:.3f}, "
               f"top-5 {sum(before[j][:5]):.3f} -> {sum(after[j][:5]):.3f}", flush=True)
-    print(f"held-out greedy tokens inside the draft vocabulary: {coverage:.3f}; {seconds / 60:.1f} min in all",
-          flush=True)
+    print_accuracy("untrained", state["before_by_family"], counts)
+    print_accuracy("trained", after_by_family, counts)
+    print(f"held-out greedy tokens inside the draft vocabulary: {coverage:.3f}; "
+          f"{state['train_seconds'] / 60:.1f} min of training, {(time.perf_counter() - start) / 60:.1f} min "
+          "in this process", flush=True)
 
     info = {"model": cfg.model.name, "epochs": args.epochs, "unroll": args.unroll, "batch": args.batch,
             "seq_len": args.seq_len, "lr": args.lr, "steps": steps,
             "draft_vocab": len(vocab) if vocab else lm.vocab_size, "vocab_coverage": round(coverage, 4),
             "chunks": {"self_distilled": len(own), "self_distilled_repeats": args.generated_repeats,
                        "stdlib_gsm8k": len(other)},
+            "requests": {name: data["family"].count(name) for name in dict.fromkeys(data["family"])},
             "data": "the model's own greedy answers to requests written for scripts/training_corpus.py (every 10th "
                     "held out), Python stdlib source (train split), GSM8K train split",
-            "seconds": round(seconds, 1), "accuracy": [[round(a, 4) for a in row] for row in after],
+            "seconds": round(state["train_seconds"], 1), "accuracy": [[round(a, 4) for a in row] for row in after],
             "accuracy_untrained": [[round(a, 4) for a in row] for row in before],
+            "heldout_top1_by_family": after_by_family, "heldout_answers_by_family": counts,
             "final_kl": [round(sum(p[j] for p in losses[-20:]) / len(losses[-20:]), 4) for j in range(len(losses[-1]))],
             "command": " ".join(["python", "scripts/train_eagle.py", *sys.argv[1:]])}
     save_draft(draft, out, info)
     save_loss_curve(out, {f"level {j} (depth {j + 1})": [p[j] if j < len(p) else float("nan") for p in losses]
                           for j in range(len(losses[-1]))}, "KL(target || draft)", f"{cfg.model.name}: EAGLE draft")
+    ckpt.unlink(missing_ok=True)  # finished: the same command trains afresh
+
 
 if __name__ == "__main__":
     main()

@@ -4,17 +4,27 @@
 - GSM8K's train split (question + worked answer),
 - self-distillation: the target's own greedy answers, rendered as a benchmark run renders prompts
   (its chat template, or the raw text for a tokenizer without one), to coding requests written for this script,
-  to the exit adapter script's instructions, and to GSM8K train questions.
+  to the exit adapter script's instructions, and to GSM8K train questions; on request (the EAGLE draft's
+  larger corpus) also to "complete this function" requests built from the standard library's own
+  train-split functions and to general requests composed from templates and topics written here.
+  The extra requests come after the others, so the first requests and their held-out answers stay
+  the same whatever is added.
 
-Generation is batched (left padding) and cached, so the heads and the n-gram LM scripts share it.
+Generation is batched (left padding, similar lengths together) and cached one answer per line as each
+batch finishes, so a killed run keeps what it generated and the heads, n-gram and EAGLE scripts share it.
 Also what every script training on it starts with: the frozen target (`frozen_target`) and the
 held-out split of the self-distilled answers (`split_answers`).
 """
 from __future__ import annotations
 
+import ast
 import collections
 import hashlib
+import itertools
 import json
+import os
+import random
+import textwrap
 from pathlib import Path
 
 import torch
@@ -48,10 +58,65 @@ CODE_TASKS = [
 GSM8K_TEMPLATE = "{question}\nSolve it step by step, then give the final answer on its own line as '#### <number>'."
 
 
-def requests(gsm8k_train: list[dict], n_gsm8k: int) -> list[str]:
-    code = [f"Write a Python function that {task}." for task in CODE_TASKS]
-    maths = [GSM8K_TEMPLATE.format(question=r["question"]) for r in gsm8k_train[:n_gsm8k]]
-    return code + list(INSTRUCTIONS) + maths
+# General requests (MT-Bench's kinds of task, none of its text): every template meets every topic in turn.
+GENERAL_TEMPLATES = [
+    "Write a short blog post about {topic}.", "Explain {topic} to a curious teenager.",
+    "Give five practical tips about {topic}.", "Write a persuasive paragraph arguing that {topic} matters.",
+    "Pretend you are a museum guide and introduce an exhibition about {topic}.",
+    "What are the main arguments for and against {topic}? Answer in a balanced way.",
+    "Write a haiku and then a limerick about {topic}.", "Summarise the history of {topic} in three paragraphs.",
+    "Draft a formal email inviting colleagues to a workshop on {topic}.",
+    "List common misconceptions about {topic} and correct each one.",
+    "Write a dialogue between a teacher and a student about {topic}.",
+    "Describe how {topic} might change over the next twenty years.",
+]
+GENERAL_TOPICS = [
+    "urban gardening", "renewable energy", "sleep", "volcanoes", "the printing press", "remote work",
+    "honeybees", "public libraries", "electric cars", "the Roman aqueducts", "learning a second language",
+    "plate tectonics", "jazz", "budgeting for students", "the immune system", "chess openings", "recycling plastic",
+    "black holes", "ancient Egyptian writing", "team sports", "vaccines", "coral reefs", "the stock market",
+    "baking bread", "the history of the bicycle", "social media and teenagers", "climate migration",
+    "the Silk Road", "machine translation", "mountain hiking safety", "minimalism", "the water footprint of food",
+    "classical music for beginners", "desert ecosystems", "board games", "the Moon landing", "public speaking",
+    "open-source software", "the Renaissance", "time management",
+]
+
+
+def function_tasks(n: int) -> list[str]:
+    """Up to `n` "complete this function" requests (HumanEval's form, none of its text): the standard
+    library's train-split public top-level functions with a docstring, spread evenly over them."""
+    found = []
+    for path in stdlib_files("train"):
+        try:
+            tree = ast.parse(path.read_text(errors="ignore"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            if doc and not node.name.startswith("_"):
+                doc = doc.split("\n\n")[0].strip()[:400]
+                body = textwrap.indent(f'"""{doc}\n"""', "    ")
+                found.append(f"def {node.name}({ast.unparse(node.args)}):\n{body}\n")
+    picked = found[::max(1, len(found) // n)][:n] if n > 0 else []
+    return [f"Complete the following Python function.\n\n```python\n{code}```" for code in picked]
+
+
+def general_requests(n: int) -> list[str]:
+    """Up to `n` general requests: template x topic pairs in a fixed shuffled order."""
+    pairs = list(itertools.product(GENERAL_TEMPLATES, GENERAL_TOPICS))
+    random.Random(0).shuffle(pairs)
+    return [t.format(topic=topic) for t, topic in pairs[:n]]
+
+
+def request_families(gsm8k_train: list[dict], n_gsm8k: int, n_functions: int = 0,
+                     n_general: int = 0) -> dict[str, list[str]]:
+    """The self-distillation requests by family, in order, the extras last (so the first ones, and
+    their held-out every 10th, do not move when extras are added)."""
+    return {"code": [f"Write a Python function that {task}." for task in CODE_TASKS],
+            "instructions": list(INSTRUCTIONS),
+            "gsm8k": [GSM8K_TEMPLATE.format(question=r["question"]) for r in gsm8k_train[:n_gsm8k]],
+            "functions": function_tasks(n_functions), "general": general_requests(n_general)}
+
 
 
 def gsm8k_train_rows(data_dir: str | None) -> list[dict]:
@@ -63,48 +128,86 @@ def gsm8k_train_rows(data_dir: str | None) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def request_key(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def read_answers(path: Path) -> dict[str, list[int]]:
+    """The cached answers by request key. A line a kill tore, or any line that is not an answer, is
+    skipped: its request is generated again."""
+    answers: dict[str, list[int]] = {}
+    if path.is_file():
+        for line in path.read_bytes().splitlines():
+            try:
+                row = json.loads(line)
+                key, ids = row["request"], row["ids"]
+            except (ValueError, TypeError, KeyError):
+                continue
+            if isinstance(key, str) and isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+                answers.setdefault(key, ids)
+    return answers
+
+
+def append_answers(path: Path, rows: list[tuple[str, list[int]]]) -> None:
+    """Appends one line per answer and syncs, starting a new line if a killed writer left half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        text = "".join(json.dumps({"request": k, "ids": ids}) + "\n" for k, ids in rows)
+        os.write(fd, (("\n" if torn else "") + text).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @torch.inference_mode()
-def self_distilled(lm, texts: list[str], max_new_tokens: int, batch: int) -> list[list[int]]:
-    """The target's greedy answers (prompt + answer ids), in batches with left padding."""
+def self_distilled(lm, texts: list[str], max_new_tokens: int, batch: int, cache: Path) -> list[list[int]]:
+    """The target's greedy answers (prompt + answer ids), generated in batches of similar lengths with
+    left padding, each batch appended to `cache` as it finishes; answers already there are reused."""
     tok = lm.tokenizer
-    rendered = [request_ids(tok, t) for t in texts]
+    known = read_answers(cache)
+    keys = [request_key(t) for t in texts]
+    todo = sorted({k: t for k, t in zip(keys, texts) if k not in known}.items(),
+                  key=lambda kt: len(request_ids(tok, kt[1])))
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(lm.stop_ids)
-    out: list[list[int]] = []
-    for i in tqdm(range(0, len(rendered), batch), desc="self-distillation answers", unit="batch"):
-        ids = rendered[i:i + batch]
+    for i in tqdm(range(0, len(todo), batch), desc="self-distillation answers", unit="batch"):
+        part = todo[i:i + batch]
+        ids = [request_ids(tok, t) for _, t in part]
         width = max(map(len, ids))
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=lm.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=lm.device)
         gen = lm.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                 do_sample=False, pad_token_id=pad, eos_token_id=sorted(lm.stop_ids))
-        for x, row in zip(ids, gen[:, width:].tolist()):
+        done = []
+        for (key, _), x, row in zip(part, ids, gen[:, width:].tolist()):
             answer = []
             for t in row:
                 answer.append(t)
                 if t in lm.stop_ids:
                     break
-            out.append(x + answer)
-    return out
+            done.append((key, x + answer))
+        append_answers(cache, done)
+        known.update(done)
+    return [known[k] for k in keys]
 
 
 def corpus(lm, model_name: str, data_dir: str | None, cache_dir: str, n_gsm8k: int = 48, answer_tokens: int = 192,
-           batch: int = 8) -> dict[str, list[list[int]]]:
-    """Token-id sequences: {"stdlib", "gsm8k", "generated", "heldout"} (heldout: other stdlib modules)."""
+           batch: int = 8, n_functions: int = 0, n_general: int = 0) -> dict[str, list[list[int]]]:
+    """Token-id sequences: {"stdlib", "gsm8k", "generated", "heldout"} (heldout: other stdlib modules),
+    and "family": each generated answer's request family."""
     rows = gsm8k_train_rows(data_dir)
-    texts = requests(rows, n_gsm8k)
-    key = hashlib.sha1(json.dumps([model_name, texts, answer_tokens]).encode()).hexdigest()[:12]
-    cache = Path(cache_dir).expanduser() / f"corpus-{model_name}-{key}.json"
-    if cache.is_file():
-        generated = json.loads(cache.read_text())
-    else:
-        generated = self_distilled(lm, texts, answer_tokens, batch)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(generated))
+    families = request_families(rows, n_gsm8k, n_functions, n_general)
+    texts = [t for group in families.values() for t in group]
+    cache = Path(cache_dir).expanduser() / f"answers-{model_name}-{answer_tokens}.jsonl"
+    generated = self_distilled(lm, texts, answer_tokens, batch, cache)
     tok = lm.tokenizer
     stdlib = [tok(p.read_text(errors="ignore"))["input_ids"] for p in stdlib_files("train")]
     heldout = [tok(p.read_text(errors="ignore"))["input_ids"] for p in stdlib_files("heldout")]
     gsm8k = [tok(r["question"] + "\n" + r["answer"])["input_ids"] for r in rows[n_gsm8k:]]
-    return {"stdlib": stdlib, "gsm8k": gsm8k, "generated": generated, "heldout": heldout}
+    return {"stdlib": stdlib, "gsm8k": gsm8k, "generated": generated, "heldout": heldout,
+            "family": [name for name, group in families.items() for _ in group]}
 
 
 def frozen_target(overrides: list[str], seed: int):

@@ -215,6 +215,32 @@ def test_train_eagle_on_tiny_random(tmp_path):
         assert dec.generate(lm, [5, 6, 7], 8, Sampling(), set()).tokens == reference
 
 
+def test_train_eagle_resumes_where_it_stopped(tmp_path):
+    """A run stopped after 2 steps (exit 75, state saved) and run again ends with the same draft, bit
+    for bit, as one uninterrupted run; --evaluate reads a draft's held-out accuracy by request family."""
+    from safetensors.torch import load_file
+
+    common = ["--chunks", "6", "--epochs", "2", "--generated-repeats", "1", "--unroll", "2", "--seq-len", "32",
+              "--batch", "2", "--draft-vocab", "40", "--depth", "2", "--gsm8k-questions", "2", "--answer-tokens", "8",
+              "--function-requests", "3", "--general-requests", "3", "--device", "cpu", "model=tiny-random",
+              "device=cpu", f"cache_dir={tmp_path}"]
+    whole = run_script("train_eagle.py", *common, "--out", str(tmp_path / "whole.safetensors"))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    parts = ["--out", str(tmp_path / "parts.safetensors")]
+    first = run_script("train_eagle.py", *common, *parts, "--stop-after-steps", "2")
+    assert first.returncode == 75 and "stopped at step 2 of" in first.stdout, first.stderr[-2000:]
+    assert list((tmp_path / "train_eagle").glob("parts-*.pt")) and not (tmp_path / "parts.safetensors").exists()
+    second = run_script("train_eagle.py", *common, *parts)
+    assert second.returncode == 0 and "resuming from" in second.stdout, second.stderr[-2000:]
+    assert not list((tmp_path / "train_eagle").glob("parts-*.pt"))  # a finished run leaves no state behind
+    a, b = load_file(tmp_path / "whole.safetensors"), load_file(tmp_path / "parts.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    evaluated = run_script("train_eagle.py", *common, "--evaluate", str(tmp_path / "whole.safetensors"))
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    for family in ("all", "code", "instructions", "general"):  # the families with a held-out (every 10th) answer
+        assert f"  {family} " in evaluated.stdout, evaluated.stdout
+
+
 def test_batch_speedup_on_tiny_random(tmp_path):
     """scripts/batch_speedup.py end to end: every row equals its batch-1 output, the table and plot are written."""
     import pandas as pd
