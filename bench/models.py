@@ -18,7 +18,7 @@ import torch
 from decoders.core.compiled import COMPILE_MODES
 from decoders.core.fast_path import FAST_PATHS
 from decoders.core.lm import LM
-from decoders.tuning.profile import choose_fast_path
+from decoders.tuning.profile import choose_compile, choose_fast_path
 
 from .errors import BenchError
 
@@ -137,14 +137,16 @@ def check_fast_path(name: str, fast_path: str) -> None:
 
 
 def check_compile(name: str, compile: str) -> None:
-    if compile not in COMPILE_MODES:
-        raise BenchError(f"model {name}: model.compile={compile!r} is not allowed; use {', '.join(COMPILE_MODES)}")
+    if compile not in ("auto", *COMPILE_MODES):
+        raise BenchError(f"model {name}: model.compile={compile!r} is not allowed; use auto, "
+                         f"{', '.join(COMPILE_MODES)}")
 
 
 def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str = "none") -> LM:
     """model.fast_path: auto = measured choice on CPU (cached under cache_dir), nothing on CUDA;
     none / prepacked as asked (a path this machine cannot run falls back to none, with the reason noted).
-    Then model.compile, traced over the path chosen."""
+    Then model.compile, traced over the path chosen: auto = compiled where that measures faster
+    (measured once per device, model, dtype and path, cached under cache_dir), none / inductor as asked."""
     if fast_path == "auto":
         choice = choose_fast_path(lm, cache_dir)
         n = choice.get("min_rows")
@@ -152,7 +154,11 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
         lm.fast_path_note = f"auto chose {choice['chosen']}{rows}: {choice['why']}"
     else:
         lm.set_fast_path(fast_path)
-    lm.set_compile(compile)  # after the fast path: the graph is traced over its kernels
+    if compile == "auto":  # after the fast path: the graph is traced over its kernels
+        choice = choose_compile(lm, cache_dir)
+        lm.compile_note = f"auto chose {choice['chosen']}: {choice['why']}"
+    else:
+        lm.set_compile(compile)
     return lm
 
 
@@ -177,7 +183,7 @@ class PretrainedModel:
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     max_context: int | None = None  # default: config.max_position_embeddings
     fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
-    compile: str = "none"  # the decode step's forward: none (eager) or inductor (torch.compile, compiled at load)
+    compile: str = "auto"  # the decode step's forward: auto (measured, cached), none (eager), inductor (torch.compile at load)
     cache_dir: str | None = None  # where auto's measured choice is cached
     drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)
 
@@ -260,7 +266,7 @@ class GGUFPackageModel:
     chat_template: str | None = None
     max_context: int | None = None
     fast_path: str = "auto"
-    compile: str = "none"
+    compile: str = "auto"
     drafts: dict | None = None  # the drafts trained for it (adapters/)
 
     def gguf_path(self) -> Path:
@@ -353,7 +359,7 @@ class TinyRandomModel:
     tokenizer: Any = field(default=None)  # a model spec whose tokenizer to borrow (default: the embedded one)
     max_context: int | None = None
     fast_path: str = "auto"
-    compile: str = "none"
+    compile: str = "auto"
     cache_dir: str | None = None
     drafts: dict | None = None  # null entries: untrained drafts (tests)
 

@@ -46,7 +46,7 @@ def divergences(root: Path) -> pd.DataFrame:
         key = OmegaConf.to_yaml(cfg.model) + str(cfg.dtype) + str(cfg.device)
         if key not in models:
             models.clear()  # one model in memory at a time
-            models[key] = instantiate(cfg.model).load()
+            models[key] = instantiate(cfg.model, compile="none").load()
         lm = models[key]
         prompts = {p.id: p for p in instantiate(cfg.dataset).load()}
         rendering = rendering_for(lm.tokenizer, cfg.prompt_format)

@@ -50,7 +50,7 @@ def main() -> None:
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    lm = instantiate(cfg.model).load()
+    lm = instantiate(cfg.model, compile="none").load()
     draft = build_draft(instantiate(cfg.draft), lm)
     sampling = Sampling(temperature=cfg.gen.temperature, top_p=cfg.gen.top_p, top_k=cfg.gen.top_k, seed=cfg.seed)
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)

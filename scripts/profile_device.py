@@ -79,7 +79,7 @@ def main() -> None:
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    lm = instantiate(cfg.model, fast_path="none").load()
+    lm = instantiate(cfg.model, fast_path="none", compile="none").load()
     paths = [p for p in args.paths.split(",") if p]
     try:
         choices = {p: parse_candidate(p.removesuffix("+inductor")) for p in paths}

@@ -34,7 +34,7 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    lm = instantiate(cfg.model).load()
+    lm = instantiate(cfg.model, compile="none").load()
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-ngram{args.order}.json.gz")
     start = time.perf_counter()
     data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)

@@ -36,13 +36,15 @@ def target_overrides(args: argparse.Namespace, overrides: list[str]) -> list[str
 
 def load_target(model_cfg):
     """The target LM from the run config's model group; a usage error (a device this machine lacks, a
-    model that does not fit) is one line on stderr and exit code 2, as `python -m bench` does."""
+    model that does not fit) is one line on stderr and exit code 2, as `python -m bench` does. Eager:
+    training reads features through hooks and backpropagates through add-ons, which a compiled
+    decode step would not serve (and compiling costs minutes)."""
     from hydra.utils import instantiate
 
     from bench.errors import BenchError
 
     try:
-        return instantiate(model_cfg).load()
+        return instantiate(model_cfg, compile="none").load()
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

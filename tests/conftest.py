@@ -11,6 +11,9 @@ os.environ.setdefault("BENCH_DATA_DIR", str(DATA_DIR))
 os.environ.setdefault("BENCH_CACHE_DIR", CACHE_DIR)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("WANDB_MODE", "offline")
+# The models' model.compile default (auto) would compile the target in every CLI run of a real model,
+# minutes each; the compiled path is tested in test_compile.py, its auto choice there too.
+os.environ.setdefault("BENCH_COMPILE", "none")
 # Under pytest-xdist each worker gets its share of the cores, and so do the CLI runs it starts
 # (OMP_NUM_THREADS, which torch reads): two workers at two threads each on two cores spin
 # against each other. Tests that set threads themselves still do.

@@ -103,3 +103,30 @@ def test_bad_values_fail_in_one_line():
         tiny_lm(seed=0).set_compile("max")
     lm = tiny_lm(seed=0, attn="eager")
     assert lm.set_compile("inductor") == "none" and "sdpa" in lm.compile_note
+
+
+def test_auto_measures_once_and_keeps_the_faster(tmp_path, monkeypatch):
+    """model.compile=auto: measured eager against compiled, the faster kept and cached per device and
+    model; the cached choice is applied without measuring; a damaged entry is measured again."""
+    from bench.models import put_on_fast_path
+    from decoders.tuning import profile
+
+    costs = iter([0.010, 0.008, 0.010, 0.012])  # eager, then compiled: compiled wins; then eager wins
+    monkeypatch.setattr(profile, "step_costs", lambda lm: {"autoregressive_s": next(costs),
+                                                            **{f"k{k}_s": 0.0 for k in profile.CHOICE_SIZES}})
+    lm = tiny_lm(seed=0)
+    choice = profile.choose_compile(lm, tmp_path)
+    assert choice["chosen"] == "inductor" == lm.compile and "0.80x eager" in choice["why"]
+    [entry] = (tmp_path / "compile").glob("*.json")
+    again = tiny_lm(seed=0)
+    assert profile.choose_compile(again, tmp_path) == choice and again.compile == "inductor"  # not measured
+    loaded = tiny_lm(seed=0)
+    put_on_fast_path(loaded, loaded.fast_path, str(tmp_path), "auto")  # as a model spec's load() does
+    assert loaded.compile == "inductor" and loaded.compile_note.startswith("auto chose inductor: compiled step")
+    entry.write_text("{not json")
+    assert profile.choose_compile(tiny_lm(seed=0), tmp_path)["chosen"] == "none"  # measured again: eager won
+    unsupported = tiny_lm(seed=0, attn="eager")
+    monkeypatch.setattr(profile, "step_costs", lambda lm: {"autoregressive_s": 0.01,
+                                                            **{f"k{k}_s": 0.0 for k in profile.CHOICE_SIZES}})
+    choice = profile.choose_compile(unsupported, tmp_path)
+    assert choice["chosen"] == "none" == unsupported.compile and "sdpa" in choice["why"]

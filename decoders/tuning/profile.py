@@ -133,6 +133,16 @@ def _save_json(path: Path, data: dict) -> None:
 
 
 CHOICE_SIZES = (2, 4, 8, 16)  # the verification widths the choice weighs beside the 1-token step
+
+
+def cost(m: dict) -> float:
+    """What auto choices minimise, in seconds: one 1-token step + the mean verification forward."""
+    return m["autoregressive_s"] + float(np.mean([m[f"k{k}_s"] for k in CHOICE_SIZES]))
+
+
+def step_costs(lm: LM) -> dict:
+    latency, unit = measure_forward_latency(lm, max_tokens=max(CHOICE_SIZES), repeats=3)
+    return {"autoregressive_s": unit, **{f"k{k}_s": latency[k - 1] for k in CHOICE_SIZES}}
 PACKED_MIN_ROWS_CHOICES = (1, 2, 4)  # where the packed kernel may start (1: every forward)
 
 
@@ -180,12 +190,7 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
         if lm.set_fast_path(candidate, min_rows) != candidate:
             notes[candidate] = lm.fast_path_note
             continue
-        latency, unit = measure_forward_latency(lm, max_tokens=max(CHOICE_SIZES), repeats=3)
-        measured[label] = {"path": candidate, "min_rows": min_rows, "autoregressive_s": unit,
-                           **{f"k{k}_s": latency[k - 1] for k in CHOICE_SIZES}}
-
-    def cost(m: dict) -> float:  # seconds: one 1-token step + the mean verification forward
-        return m["autoregressive_s"] + float(np.mean([m[f"k{k}_s"] for k in CHOICE_SIZES]))
+        measured[label] = {"path": candidate, "min_rows": min_rows, **step_costs(lm)}
 
     best = measured[min(measured, key=lambda c: cost(measured[c]))]
     lm.set_fast_path(best["path"], best["min_rows"])
@@ -193,6 +198,42 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
               "torch_threads": torch.get_num_threads(), "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""),
               "measured": measured, "unavailable": notes,
               "why": "lowest 1-token step + mean of k = " + ", ".join(map(str, CHOICE_SIZES))}
+    if path is not None:
+        _save_json(path, choice)
+    return choice
+
+
+def choose_compile(lm: LM, cache_dir: str | os.PathLike | None = None, refresh: bool = False) -> dict:
+    """model.compile=auto: compile the decode step (inductor) when that measures faster than eager
+    on this device, model, dtype and kernel path (the same cost as the fast-path choice), and cache
+    the choice there. Measuring compiles once (minutes on a CPU); a cached "inductor" compiles at
+    every load, its time in compile_seconds, never in a timed run. Set the fast path first.
+    Returns the choice ("chosen", "why") with its measurements."""
+    lm.set_compile("none")
+    path = Path(cache_dir).expanduser() / "compile" / f"{profile_key(lm)}.json" if cache_dir else None
+    if path is not None and path.exists() and not refresh:
+        try:
+            choice = json.loads(path.read_text())
+            if choice.get("chosen") in ("none", "inductor") and lm.set_compile(choice["chosen"]) == choice["chosen"]:
+                return choice
+        except (OSError, ValueError, TypeError):
+            pass  # a damaged cache entry is measured again
+    with tqdm(total=2, desc=f"model.compile=auto: eager against compiled for {lm.name} (once per device)",
+              unit="path", disable=None, leave=False) as bar:
+        measured = {"none": step_costs(lm)}
+        bar.update()
+        if lm.set_compile("inductor") == "inductor":
+            measured["inductor"] = {**step_costs(lm), "compile_s": round(lm.compile_seconds, 1)}
+        bar.update()
+    chosen = min(measured, key=lambda c: cost(measured[c]))
+    why = (f"{lm.compile_note}" if len(measured) == 1 else
+           f"compiled step + mean of k = {', '.join(map(str, CHOICE_SIZES))} at "
+           f"{cost(measured['inductor']) / cost(measured['none']):.2f}x eager's")
+    if chosen == "none":
+        lm.set_compile("none")
+    choice = {"chosen": chosen, "device": device_name(lm.device), "torch_threads": torch.get_num_threads(),
+              "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "fast_path": lm.fast_path,
+              "measured": measured, "why": why}
     if path is not None:
         _save_json(path, choice)
     return choice
