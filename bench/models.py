@@ -183,7 +183,7 @@ class PretrainedModel:
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     max_context: int | None = None  # default: config.max_position_embeddings
     fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
-    compile: str = "auto"  # the decode step's forward: auto (measured, cached), none (eager), inductor (torch.compile at load)
+    compile: str = "auto"  # the decode step's forward: auto (measured, cached), none (eager), inductor
     cache_dir: str | None = None  # where auto's measured choice is cached
     drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)
 

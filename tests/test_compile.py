@@ -130,3 +130,22 @@ def test_auto_measures_once_and_keeps_the_faster(tmp_path, monkeypatch):
                                                             **{f"k{k}_s": 0.0 for k in profile.CHOICE_SIZES}})
     choice = profile.choose_compile(unsupported, tmp_path)
     assert choice["chosen"] == "none" == unsupported.compile and "sdpa" in choice["why"]
+
+
+def test_auto_falls_back_to_eager_when_the_compiler_fails(tmp_path, monkeypatch):
+    from decoders.tuning import profile
+
+    monkeypatch.setattr(profile, "step_costs", lambda lm: {"autoregressive_s": 0.01,
+                                                            **{f"k{k}_s": 0.0 for k in profile.CHOICE_SIZES}})
+    lm = tiny_lm(seed=0)
+    real = lm.set_compile
+
+    def broken(mode):
+        if mode == "inductor":
+            raise RuntimeError("backend compiler failed\nmore lines")
+        return real(mode)
+
+    monkeypatch.setattr(lm, "set_compile", broken)
+    choice = profile.choose_compile(lm, tmp_path)
+    assert choice["chosen"] == "none" == lm.compile
+    assert choice["why"] == "inductor failed: RuntimeError: backend compiler failed"

@@ -220,13 +220,17 @@ def choose_compile(lm: LM, cache_dir: str | os.PathLike | None = None, refresh: 
             pass  # a damaged cache entry is measured again
     with tqdm(total=2, desc=f"model.compile=auto: eager against compiled for {lm.name} (once per device)",
               unit="path", disable=None, leave=False) as bar:
-        measured = {"none": step_costs(lm)}
+        measured, failed = {"none": step_costs(lm)}, ""
         bar.update()
-        if lm.set_compile("inductor") == "inductor":
-            measured["inductor"] = {**step_costs(lm), "compile_s": round(lm.compile_seconds, 1)}
+        try:
+            if lm.set_compile("inductor") == "inductor":
+                measured["inductor"] = {**step_costs(lm), "compile_s": round(lm.compile_seconds, 1)}
+        except Exception as e:  # noqa: BLE001 -- a compiler error on some device: auto is never worse than eager
+            lm.set_compile("none")
+            failed = f"inductor failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         bar.update()
     chosen = min(measured, key=lambda c: cost(measured[c]))
-    why = (f"{lm.compile_note}" if len(measured) == 1 else
+    why = ((failed or lm.compile_note) if len(measured) == 1 else
            f"compiled step + mean of k = {', '.join(map(str, CHOICE_SIZES))} at "
            f"{cost(measured['inductor']) / cost(measured['none']):.2f}x eager's")
     if chosen == "none":
