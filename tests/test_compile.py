@@ -111,9 +111,18 @@ def test_auto_measures_once_and_keeps_the_faster(tmp_path, monkeypatch):
     from bench.models import put_on_fast_path
     from decoders.tuning import profile
 
+    from decoders.core.lm import LM
+
     costs = iter([0.010, 0.008, 0.010, 0.012])  # eager, then compiled: compiled wins; then eager wins
     monkeypatch.setattr(profile, "step_costs", lambda lm: {"autoregressive_s": next(costs),
                                                             **{f"k{k}_s": 0.0 for k in profile.CHOICE_SIZES}})
+    real = LM.set_compile
+
+    def pretend(self, mode):  # the choice is under test here; compiling itself is tested above
+        self.compile, self.compile_note = mode, ""
+        return mode
+
+    monkeypatch.setattr(LM, "set_compile", pretend)
     lm = tiny_lm(seed=0)
     choice = profile.choose_compile(lm, tmp_path)
     assert choice["chosen"] == "inductor" == lm.compile and "0.80x eager" in choice["why"]
@@ -125,6 +134,7 @@ def test_auto_measures_once_and_keeps_the_faster(tmp_path, monkeypatch):
     assert loaded.compile == "inductor" and loaded.compile_note.startswith("auto chose inductor: compiled step")
     entry.write_text("{not json")
     assert profile.choose_compile(tiny_lm(seed=0), tmp_path)["chosen"] == "none"  # measured again: eager won
+    monkeypatch.setattr(LM, "set_compile", real)
     unsupported = tiny_lm(seed=0, attn="eager")
     monkeypatch.setattr(profile, "step_costs", lambda lm: {"autoregressive_s": 0.01,
                                                             **{f"k{k}_s": 0.0 for k in profile.CHOICE_SIZES}})
