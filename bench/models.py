@@ -183,7 +183,7 @@ class PretrainedModel:
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     max_context: int | None = None  # default: config.max_position_embeddings
     fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
-    compile: str = "auto"  # the decode step's forward: auto (measured, cached), none (eager), inductor
+    compile: str = "none"  # decode-step forward: none (eager), inductor, auto (measured, cached; 7B+ confs)
     cache_dir: str | None = None  # where auto's measured choice is cached
     drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)
 
@@ -266,7 +266,7 @@ class GGUFPackageModel:
     chat_template: str | None = None
     max_context: int | None = None
     fast_path: str = "auto"
-    compile: str = "auto"
+    compile: str = "none"
     drafts: dict | None = None  # the drafts trained for it (adapters/)
 
     def gguf_path(self) -> Path:
@@ -359,7 +359,7 @@ class TinyRandomModel:
     tokenizer: Any = field(default=None)  # a model spec whose tokenizer to borrow (default: the embedded one)
     max_context: int | None = None
     fast_path: str = "auto"
-    compile: str = "auto"
+    compile: str = "none"
     cache_dir: str | None = None
     drafts: dict | None = None  # null entries: untrained drafts (tests)
 
