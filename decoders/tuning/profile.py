@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.compiled import COMPILE_MODES
 from ..core.fast_path import FAST_PATHS
 from ..core.lm import LM
 
@@ -133,6 +134,7 @@ def _save_json(path: Path, data: dict) -> None:
 
 
 CHOICE_SIZES = (2, 4, 8, 16)  # the verification widths the choice weighs beside the 1-token step
+PACKED_MIN_ROWS_CHOICES = (1, 2, 4)  # where the packed kernel may start (1: every forward)
 
 
 def cost(m: dict) -> float:
@@ -141,9 +143,9 @@ def cost(m: dict) -> float:
 
 
 def step_costs(lm: LM) -> dict:
+    """The seconds cost() weighs, measured (each size's fastest of 3 rounds)."""
     latency, unit = measure_forward_latency(lm, max_tokens=max(CHOICE_SIZES), repeats=3)
     return {"autoregressive_s": unit, **{f"k{k}_s": latency[k - 1] for k in CHOICE_SIZES}}
-PACKED_MIN_ROWS_CHOICES = (1, 2, 4)  # where the packed kernel may start (1: every forward)
 
 
 def candidate_labels() -> list[str]:
@@ -214,7 +216,7 @@ def choose_compile(lm: LM, cache_dir: str | os.PathLike | None = None, refresh: 
     if path is not None and path.exists() and not refresh:
         try:
             choice = json.loads(path.read_text())
-            if choice.get("chosen") in ("none", "inductor") and lm.set_compile(choice["chosen"]) == choice["chosen"]:
+            if choice.get("chosen") in COMPILE_MODES and lm.set_compile(choice["chosen"]) == choice["chosen"]:
                 return choice
         except (OSError, ValueError, TypeError):
             pass  # a damaged cache entry is measured again
