@@ -169,12 +169,12 @@ def self_distilled(lm, texts: list[str], max_new_tokens: int, batch: int, cache:
     tok = lm.tokenizer
     known = read_answers(cache)
     keys = [request_key(t) for t in texts]
-    todo = sorted({k: t for k, t in zip(keys, texts) if k not in known}.items(),
-                  key=lambda kt: len(request_ids(tok, kt[1])))
+    todo = sorted(((k, request_ids(tok, t)) for k, t in dict(zip(keys, texts)).items() if k not in known),
+                  key=lambda kx: len(kx[1]))
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(lm.stop_ids)
     for i in tqdm(range(0, len(todo), batch), desc="self-distillation answers", unit="batch"):
         part = todo[i:i + batch]
-        ids = [request_ids(tok, t) for _, t in part]
+        ids = [x for _, x in part]
         width = max(map(len, ids))
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=lm.device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=lm.device)

@@ -192,40 +192,33 @@ def test_compare_leaderboards_finds_a_changed_step(tmp_path):
 
 
 def test_train_eagle_on_tiny_random(tmp_path):
-    """scripts/train_eagle.py end to end (a few steps, a draft vocabulary, a float16 target: fp32 master
-    weights under autocast with loss scaling), and its file drives decoder=eagle."""
-    out = run_script("train_eagle.py", "--chunks", "4", "--epochs", "1", "--generated-repeats", "1", "--unroll", "2",
-                     "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2",
-                     "--device", "cpu", "--dtype", "float16",
-                     "--answer-tokens", "8", "--out", str(tmp_path / "eagle.safetensors"), "model=tiny-random",
-                     "device=cpu", f"cache_dir={tmp_path}", timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "depth 3: top-1" in out.stdout and (tmp_path / "eagle.png").is_file()
+    """scripts/train_eagle.py end to end on a float16 target (fp32 master weights under autocast with
+    loss scaling) with a draft vocabulary: its file drives decoder=eagle; a run stopped after 2 steps
+    (exit 75, state saved) and run again ends with the same draft, bit for bit, as the uninterrupted
+    run; --evaluate reads a draft's held-out accuracy by request family."""
+    from safetensors.torch import load_file
+
+    from decoders.core.sampling import Sampling
     from decoders.methods.autoregressive import autoregressive_decode
     from decoders.methods.eagle import Eagle, load_draft
-    from decoders.core.sampling import Sampling
     from helpers import tiny_lm
 
+    common = ["--chunks", "6", "--epochs", "2", "--generated-repeats", "1", "--unroll", "2", "--seq-len", "32",
+              "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2", "--answer-tokens", "8",
+              "--function-requests", "3", "--general-requests", "3", "--device", "cpu", "--dtype", "float16",
+              "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}"]
+    whole = run_script("train_eagle.py", *common, "--out", str(tmp_path / "whole.safetensors"), timeout=900)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    assert "depth 3: top-1" in whole.stdout and (tmp_path / "whole.png").is_file()
+
     lm = tiny_lm(seed=0, vocab=49152, name="tiny-random")  # the files record the model they were trained for
-    draft = load_draft(lm, tmp_path / "eagle.safetensors")
+    draft = load_draft(lm, tmp_path / "whole.safetensors")
     assert len(draft.vocab) == 40 and len(draft.accuracy()) == 3 and draft.info["unroll"] == 2
     reference = autoregressive_decode(lm, [5, 6, 7], 8, Sampling(), set()).tokens
     for tree in ("dynamic", "static"):
-        dec = Eagle(draft_weights=str(tmp_path / "eagle.safetensors"), tree=tree, tree_size=6, depth=3, top_k=3)
+        dec = Eagle(draft_weights=str(tmp_path / "whole.safetensors"), tree=tree, tree_size=6, depth=3, top_k=3)
         assert dec.generate(lm, [5, 6, 7], 8, Sampling(), set()).tokens == reference
 
-
-def test_train_eagle_resumes_where_it_stopped(tmp_path):
-    """A run stopped after 2 steps (exit 75, state saved) and run again ends with the same draft, bit
-    for bit, as one uninterrupted run; --evaluate reads a draft's held-out accuracy by request family."""
-    from safetensors.torch import load_file
-
-    common = ["--chunks", "6", "--epochs", "2", "--generated-repeats", "1", "--unroll", "2", "--seq-len", "32",
-              "--batch", "2", "--draft-vocab", "40", "--depth", "2", "--gsm8k-questions", "2", "--answer-tokens", "8",
-              "--function-requests", "3", "--general-requests", "3", "--device", "cpu", "model=tiny-random",
-              "device=cpu", f"cache_dir={tmp_path}"]
-    whole = run_script("train_eagle.py", *common, "--out", str(tmp_path / "whole.safetensors"))
-    assert whole.returncode == 0, whole.stderr[-2000:]
     parts = ["--out", str(tmp_path / "parts.safetensors")]
     first = run_script("train_eagle.py", *common, *parts, "--stop-after-steps", "2")
     assert first.returncode == 75 and "stopped at step 2 of" in first.stdout, first.stderr[-2000:]

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
+from .kv_cache import causal_mask
+
 COMPILE_MODES = ("none", "inductor")
 MAX_WIDTH = 64  # wider feeds (a prompt, lookahead's widest windows) run eagerly: the graph is for decode steps
 
@@ -91,7 +93,7 @@ class CompiledForward:
                 for q, cached in ((16, 0), (width, 16)):
                     ids = torch.arange(q, device=device).reshape(1, -1) % vocab
                     pos = torch.arange(cached, cached + q, device=device).reshape(1, -1)
-                    mask = torch.ones(q, cached + q, dtype=torch.bool, device=device).tril(cached)[None, None]
+                    mask = causal_mask(q, cached, device)[None, None]
                     self(ids, pos, mask, cache, cached)
         return self.compile_seconds
 

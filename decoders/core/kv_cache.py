@@ -25,6 +25,11 @@ def _cache_kwarg(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
+def causal_mask(new: int, cached: int, device=None) -> torch.Tensor:
+    """bool (new, cached + new): every new token sees the whole cache and the new tokens up to itself."""
+    return torch.ones(new, cached + new, dtype=torch.bool, device=device).tril(cached)
+
+
 def passed_cache(kwargs: dict):
     """The cache a forward hook's kwargs carry, under either name."""
     return kwargs.get("cache", kwargs.get("past_key_values"))

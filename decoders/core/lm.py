@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from .compiled import COMPILE_MODES, CompiledForward, compile_supported
 from .fast_path import FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, prepack, prepacked_supported, unpack
-from .kv_cache import BatchKVCache, KVCache, cache_kwarg
+from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask
 
 
 def forward_flops(spec: dict, tokens: int, context: int) -> float:
@@ -285,7 +285,7 @@ class LM:
         if positions is None:
             positions = torch.arange(cached, cached + q, device=self.device).reshape(1, -1)
         if mask is None:
-            mask = torch.ones(q, cached + q, dtype=torch.bool).tril(cached)
+            mask = causal_mask(q, cached)
         h, final, layers = self.compiled(ids, positions, mask.to(self.device)[None, None], cache.hf, cached)
         h = h[0].to(self.output_device)
         if logits_rows is not None:

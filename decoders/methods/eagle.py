@@ -40,7 +40,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, decode_one
-from ..core.kv_cache import KVCache, cache_kwarg
+from ..core.kv_cache import KVCache, cache_kwarg, causal_mask
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
@@ -265,7 +265,7 @@ class FeatureDraftProposer:
         base = len(self.cache)
         n = len(tokens)
         # The committed rows, causally; the last one (the root's input) predicts the root's features.
-        mask = torch.ones(n, base + n, dtype=torch.bool).tril(base)
+        mask = causal_mask(n, base)
         dtype = self.draft.dtype  # from_target may apply the target's norm, in the target's dtype
         root_g = self._feed(self.draft.from_target(feats.to(dtype)).to(dtype), tokens, range(base, base + n), mask)[-1]
         base += n
