@@ -79,23 +79,29 @@ def test_nothing_is_traced_after_load(pair):
     assert (lm.compiled.graphs, lm.compile_seconds) == (graphs, seconds)
 
 
-# A method of each kind of forward: windows and n-gram trees, chains, features (EAGLE), hidden states (Medusa).
+# A method of each kind of forward: windows and n-gram trees, chains, features (EAGLE), hidden states
+# (Medusa), a self-draft running the target's own layers eagerly (Sequoia), and generate() (hf_pld).
 DECODERS = ["lookahead-1-5-2", "prompt_lookup-3-1", "eagle-dynamic-10-3-4-seed1", "medusa-list-seed2",
-            "recycling-12-2-6"]
+            "recycling-12-2-6", "sequoia-8-4", "hf_pld-3-1"]
 
 
 @pytest.mark.parametrize("name", DECODERS)
 @pytest.mark.parametrize("seed", range(2))
 def test_greedy_equality_compiled(pair, name, seed):
     """Decoding through the compiled forward: identical to autoregressive greedy through it, and to
-    eager autoregressive (the compiled forward sums in another order: exact here on this model)."""
+    eager autoregressive (the compiled forward sums in another order: exact here on this model); no
+    graph is traced while decoding, called outside inference mode as here or inside it as the bench does."""
     eager, lm = pair
     prompt = torch.randint(0, 64, (4 + 5 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+    graphs = lm.compiled.graphs
     reference = autoregressive_decode(lm, prompt, 24, GREEDY, stop_ids=set())
     assert reference.tokens == autoregressive_decode(eager, prompt, 24, GREEDY, stop_ids=set()).tokens
     out = tiny_decoders(name.split("-")[0])[name].generate(lm, prompt, 24, GREEDY, set())
     assert out.tokens == reference.tokens
     assert sum(s.draft_tokens for s in out.steps) > 0
+    with torch.inference_mode():
+        assert autoregressive_decode(lm, prompt, 24, GREEDY, stop_ids=set()).tokens == reference.tokens
+    assert lm.compiled.graphs == graphs
 
 
 def test_bad_values_fail_in_one_line():

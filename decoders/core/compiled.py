@@ -64,6 +64,12 @@ class CompiledForward:
 
     def __call__(self, ids, positions, mask, cache, cached: int):
         compiled = cached > 0 and ids.shape[1] <= MAX_WIDTH
+        # Dynamo guards on what the graph reads: the taps must be empty on entry (a self-draft or
+        # generate() running the same layers eagerly fills them through the hooks), and every input an
+        # inference tensor as the cache's are (a mask made outside inference mode has another dispatch
+        # key set): either would re-trace the graph inside a timed run.
+        self.taps = {}
+        ids, positions, mask = (t if t.is_inference() else t.clone() for t in (ids, positions, mask))
         if compiled:
             # Sizes that change every step are symbols from the start, so the graph is never re-traced:
             # the cache length, and the width beyond one token (a single token is its own graph).
