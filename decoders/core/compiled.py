@@ -40,6 +40,8 @@ class CompiledForward:
     def __init__(self, model: nn.Module, cache_kw: str):
         self.base, self.cache_kw = model.base_model, cache_kw
         self.taps: dict = {}
+        self.recording = False  # the hooks record only inside __call__: other forwards of these layers
+        # (forward_batch, a self-draft, generate()) leave no taps behind for the graph to guard on
         self.hooks = [self.base.norm.register_forward_pre_hook(lambda m, args: self._tap("final", args[0]))]
         for i, layer in enumerate(self.base.layers):
             self.hooks.append(layer.register_forward_pre_hook(
@@ -54,7 +56,8 @@ class CompiledForward:
         self.graphs = 0  # calls that traced a graph
 
     def _tap(self, key, value):
-        self.taps[key] = value
+        if self.recording:
+            self.taps[key] = value
 
     def _body(self, ids, positions, mask, cache):
         out = self.base(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
@@ -64,11 +67,8 @@ class CompiledForward:
 
     def __call__(self, ids, positions, mask, cache, cached: int):
         compiled = cached > 0 and ids.shape[1] <= MAX_WIDTH
-        # Dynamo guards on what the graph reads: the taps must be empty on entry (a self-draft or
-        # generate() running the same layers eagerly fills them through the hooks), and every input an
-        # inference tensor as the cache's are (a mask made outside inference mode has another dispatch
-        # key set): either would re-trace the graph inside a timed run.
-        self.taps = {}
+        # Dynamo guards on every input's dispatch keys: a mask made outside inference mode would re-trace
+        # the graph inside a timed run, so each input is an inference tensor, as the cache's are.
         ids, positions, mask = (t if t.is_inference() else t.clone() for t in (ids, positions, mask))
         if compiled:
             # Sizes that change every step are symbols from the start, so the graph is never re-traced:
@@ -82,10 +82,11 @@ class CompiledForward:
                     torch._dynamo.mark_dynamic(t, 1)
                 torch._dynamo.mark_dynamic(mask, 2)
         graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
+        self.recording = True
         try:
             return (self.graph if compiled else self._body)(ids, positions, mask, cache)
         finally:
-            self.taps = {}
+            self.recording, self.taps = False, {}
             if counters["stats"]["unique_graphs"] != graphs:  # traced now: its time is compile time, said apart
                 self.compile_seconds += time.perf_counter() - start
                 self.graphs += 1

@@ -354,8 +354,6 @@ class LM:
             self._want_hidden, self._hidden, self._features = False, None, None
             for handle in handles:
                 handle.remove()
-            if self.compiled is not None:
-                self.compiled.taps = {}  # its hooks saw this eager forward too
         cache.valid = torch.cat([cache.valid, real], 1)
         results = []
         for r, (want, o) in enumerate(zip(rows, offsets)):
