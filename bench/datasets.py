@@ -7,7 +7,6 @@ are read first (dataset.path, then $BENCH_DATA_DIR/<name>/), then the HF hub via
 """
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BenchError
+from .records import open_jsonl
 from . import quality
 
 
@@ -31,9 +31,8 @@ class Prompt:
 def iter_jsonl(path: Path):
     """(line number, object) for each non-blank line; a line that is not UTF-8 text holding one
     JSON object fails in one line naming the file and line."""
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
+        with open_jsonl(path) as f:
             yield from _rows(path, f)
     except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile, a truncated or corrupt stream, a directory
         raise BenchError(f"{path} cannot be read ({getattr(e, 'strerror', None) or str(e) or type(e).__name__}); "

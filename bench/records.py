@@ -14,21 +14,47 @@ What it guarantees (tests/test_records.py injects each fault):
   record is invalid is generated again on resume, and readers never summarize it.
 - A write that fails (a full disk) is cut back to the last complete record; the run stops in
   one line saying how to resume.
+- A run directory may hold records.jsonl.gz instead (the checked-in reference runs, compressed
+  with gzip -9 -n): every reader takes it (records_path, run_dirs, open_jsonl); it is read-only,
+  so a run or leaderboard that would write into it is refused (bench.rundir.check_owned).
 """
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import math
 import os
 import socket
 import sys
 import time
+import zlib
 from pathlib import Path
 
 from decoders.core.trace import output_positions
 
 from .errors import BenchError
+
+RECORDS = "records.jsonl"
+GZIPPED = RECORDS + ".gz"  # a read-only run (results/reference/): gzip -9 -n of records.jsonl
+
+
+def open_jsonl(path: Path):
+    """A .jsonl file, or a gzipped .jsonl.gz, opened to read bytes."""
+    return gzip.open(path, "rb") if Path(path).suffix == ".gz" else open(path, "rb")
+
+
+def records_path(run_dir: Path) -> Path:
+    """A run directory's records: records.jsonl, else records.jsonl.gz; records.jsonl if neither is
+    there (so that a reader's error names the file a run writes)."""
+    run_dir = Path(run_dir)
+    plain = run_dir / RECORDS
+    return run_dir / GZIPPED if not os.path.lexists(plain) and (run_dir / GZIPPED).is_file() else plain
+
+
+def run_dirs(root: Path, pattern: str = "**") -> list[Path]:
+    """The directories matching `pattern` under `root` that hold records (plain or gzipped), sorted."""
+    return sorted({f.parent for name in (RECORDS, GZIPPED) for f in Path(root).glob(f"{pattern}/{name}")})
 
 
 # The record schema, checked on every read (resume, bench.report, bench.show, the leaderboard) and
@@ -154,15 +180,15 @@ def _describe(path: Path, bad: list[tuple[int, bytes, str]], count: int | None =
 
 
 def iter_records(path: Path):
-    """The valid records of a records.jsonl, one at a time (a reader's memory does not grow with
-    the file); damaged lines are skipped with one warning on stderr at the end, never an error.
-    A path that is not a readable file is a BenchError."""
+    """The valid records of a records.jsonl (or .jsonl.gz), one at a time (a reader's memory does
+    not grow with the file); damaged lines are skipped with one warning on stderr at the end, never
+    an error. A path that is not a readable file (or not complete gzip) is a BenchError."""
     path = Path(path)
     bad: list[tuple[int, bytes, str]] = []
     count = 0
     seen: set[str] = set()
     try:
-        with open(path, "rb") as f:
+        with open_jsonl(path) as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -173,16 +199,16 @@ def iter_records(path: Path):
                         bad.append((n, b"", why))
                 else:
                     yield record
-    except OSError as e:
-        raise BenchError(f"cannot read {path}: {e.strerror or e}; give a run directory whose records.jsonl is a "
-                         "readable file") from None
+    except (OSError, EOFError, zlib.error) as e:  # also gzip.BadGzipFile, a truncated or corrupt stream
+        raise BenchError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}; give a run directory whose "
+                         "records.jsonl is a readable file") from None
     if count:
         print(f"warning: {_describe(path, bad, count)} skipped", file=sys.stderr)
 
 
 def read_records(path: Path) -> list[dict]:
-    """The valid records of a records.jsonl, for readers; damaged lines are skipped with a
-    warning on stderr, never an error."""
+    """The valid records of a records.jsonl (or .jsonl.gz), for readers; damaged lines are skipped
+    with a warning on stderr, never an error."""
     return list(iter_records(path))
 
 

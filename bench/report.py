@@ -1,9 +1,9 @@
 """`python -m bench.report DIR... [--out DIR]`: one table across runs.
 
-Finds every run directory (one holding records.jsonl) under the given paths, recomputes
-each summary from its records with bench.metrics, and prints one Markdown table; with
---out also writes report.csv and report.md there. Sweep parameters that differ between
-runs are added as columns (from each run's config.yaml).
+Finds every run directory (one holding records.jsonl, or a reference run's records.jsonl.gz)
+under the given paths, recomputes each summary from its records with bench.metrics, and prints
+one Markdown table; with --out also writes report.csv and report.md there. Sweep parameters
+that differ between runs are added as columns (from each run's config.yaml).
 
 Records are read one at a time (bench.records.iter_records: invalid lines skipped with a
 warning) into the columns a summary uses; tokens, text and per-step traces are never kept, so
@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from . import metrics
 from .errors import BenchError
-from .records import iter_records
+from .records import GZIPPED, RECORDS, iter_records, records_path, run_dirs
 
 # What bench.metrics.summarize reads of a record. While streaming, numbers go into float64 arrays
 # (8 bytes a record each) and the rest into lists of shared objects; tokens, text and traces, the
@@ -51,8 +51,8 @@ def find_runs(paths: list[str]) -> list[Path]:
         if not p.exists():
             raise BenchError(f"{p} does not exist; give run or sweep directories written by python -m bench")
         if p.is_file():
-            p = p.parent if p.name == "records.jsonl" else p
-        runs += sorted({f.parent for f in p.rglob("records.jsonl")}, key=_natural)
+            p = p.parent if p.name in (RECORDS, GZIPPED) else p
+        runs += sorted(run_dirs(p), key=_natural)
     return list(dict.fromkeys(runs))
 
 
@@ -86,7 +86,7 @@ def columns(records) -> pd.DataFrame:
 
 def load_run(run: Path, by_category: bool = False) -> tuple[pd.DataFrame, dict]:
     # damaged or invalid lines and second copies of a key are skipped, with a warning
-    records = columns(iter_records(run / "records.jsonl"))
+    records = columns(iter_records(records_path(run)))
     config = run / "config.yaml"
     try:
         params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.is_file() else {}

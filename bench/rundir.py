@@ -7,7 +7,8 @@
 - Every file a run writes besides records.jsonl (which records.py guards) is written whole or not
   at all: a temporary file in the same directory, fsynced, then renamed over the old one.
 A run is recognised by MARKER (written by every run once it holds the directory's lock), or, for
-runs made before the marker existed, by a records.jsonl beside a recorded config.
+runs made before the marker existed, by a records.jsonl beside a recorded config. A run whose
+records are gzipped (records.jsonl.gz: a checked-in reference run) is read-only: refused.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from .errors import BenchError
+from .records import GZIPPED, records_path
 
 MARKER = ".bench-run"
 HYDRA_LOG = "__main__.log"  # Hydra's job log for python -m bench, created before the run starts
@@ -58,7 +60,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def is_run(run_dir: Path) -> bool:
     run_dir = Path(run_dir)
     return (run_dir / MARKER).is_file() or (
-        (run_dir / "records.jsonl").is_file() and any((run_dir / name).is_file() for name in CONFIG_FILES))
+        records_path(run_dir).is_file() and any((run_dir / name).is_file() for name in CONFIG_FILES))
 
 
 def _entries(path: Path, key: str) -> list[str] | None:
@@ -94,6 +96,9 @@ def check_owned(run_dir: Path, key: str) -> bool:
     entries = _entries(path, key)
     if entries is None:
         return False
+    if GZIPPED in entries:
+        raise BenchError(f"{path / GZIPPED}: a reference run's records, compressed and read-only; nothing is "
+                         f"resumed or written there: choose a new {key}")
     records = path / "records.jsonl"
     if os.path.lexists(records) and not records.is_file():
         raise BenchError(f"{records} is not a file, so {run_dir} is not a run directory of python -m bench; "

@@ -25,7 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from .records import read_records
+from .records import read_records, records_path, run_dirs
 
 # Columns taken from each run's config.yaml.
 CONFIG_KEYS = {"W": "decoder.window", "N": "decoder.ngram", "G": "decoder.guess_set_size",
@@ -39,7 +39,7 @@ def find_runs(paths) -> list[Path]:
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
         runs += sorted({f.parent for f in p.rglob("summary.csv")})
-        unfinished = sorted({f.parent for f in p.rglob("records.jsonl")} - set(runs))
+        unfinished = sorted(set(run_dirs(p)) - set(runs))
         if unfinished:  # killed or still running: finish them with resume=true
             warnings.warn(f"left out {len(unfinished)} unfinished run(s) (no summary.csv yet), e.g. {unfinished[0]}")
     if not runs:
@@ -121,13 +121,12 @@ def _ratio(a: float, b: float) -> float:
 def same_as_reference(points: pd.DataFrame, reference_run: str | None) -> pd.Series:
     """Per point, the share of its records whose tokens equal the reference (autoregressive) run's
     for the same prompt and turn; NaN without a reference or without records (summaries only)."""
-    if reference_run is None or not (Path(reference_run) / "records.jsonl").exists():
+    if reference_run is None or not records_path(reference_run).exists():
         return pd.Series(math.nan, index=points.index)
-    ref = {r["key"]: r["tokens"] for r in read_records(Path(reference_run) / "records.jsonl")
-           if r.get("status") == "ok"}
+    ref = {r["key"]: r["tokens"] for r in read_records(records_path(reference_run)) if r.get("status") == "ok"}
     shares = []
     for run in points["run"]:
-        path = Path(run) / "records.jsonl"
+        path = records_path(run)
         pairs = [(r["tokens"], ref[r["key"]]) for r in (read_records(path) if path.exists() else [])
                  if r.get("status") == "ok" and r["key"] in ref]
         shares.append(float(np.mean([a == b for a, b in pairs])) if pairs else math.nan)

@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from .errors import BenchError
-from .records import read_records
+from .records import read_records, records_path
 from .targets import check_targets
 
 # tokens committed by one pass -> (HTML background, ANSI 256-colour background)
@@ -45,7 +45,7 @@ def page_name(prompt_id: str, turn: int) -> str:
 def load_record(run_dir: Path, prompt_id: str, turn: int) -> dict:
     if not run_dir.is_dir():
         raise BenchError(f"no run directory at {run_dir}")
-    path = run_dir / "records.jsonl"
+    path = records_path(run_dir)  # records.jsonl, or a reference run's records.jsonl.gz
     if not path.is_file():
         raise BenchError(f"{run_dir} holds no records.jsonl: give a run directory written by python -m bench")
     records = read_records(path)  # a torn or damaged line is skipped with a warning

@@ -13,17 +13,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.errors import BenchError  # noqa: E402
-from bench.records import iter_records  # noqa: E402
+from bench.records import iter_records, records_path, run_dirs  # noqa: E402
 
 FIELDS = ("committed", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "draft_forward_tokens", "info")
 USAGE = "usage: python scripts/compare_leaderboards.py BEFORE_DIR AFTER_DIR (two leaderboard out_dirs)"
 
 
 def runs(root: Path) -> dict[tuple[str, str], Path]:
-    """(dataset, decoder label) -> records.jsonl, laid out as the leaderboard writes them."""
+    """(dataset, decoder label) -> records.jsonl (or .jsonl.gz), laid out as the leaderboard writes them."""
     if not root.is_dir():
         raise BenchError(f"{root} is not a directory; {USAGE}")
-    found = {(p.parent.parent.name, p.parent.name): p for p in root.glob("*/*/records.jsonl")}
+    found = {(run.parent.name, run.name): records_path(run) for run in run_dirs(root, "*/*")}
     if not found:
         raise BenchError(f"{root} holds no <dataset>/<decoder>/records.jsonl: not a leaderboard out_dir")
     return found

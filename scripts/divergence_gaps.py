@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.metrics import judge_output, lossless_columns  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
-from bench.records import read_records  # noqa: E402
+from bench.records import read_records, records_path, run_dirs  # noqa: E402
 from decoders.methods.autoregressive import step_logits  # noqa: E402
 
 REFERENCE = "autoregressive"
@@ -41,7 +41,7 @@ COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_token
 def divergences(root: Path) -> pd.DataFrame:
     rows, models = [], {}
     for ref_dir in sorted(root.glob(f"*/{REFERENCE}")):
-        reference = {r["key"]: r for r in read_records(ref_dir / "records.jsonl") if r["status"] == "ok"}
+        reference = {r["key"]: r for r in read_records(records_path(ref_dir)) if r["status"] == "ok"}
         cfg = OmegaConf.load(ref_dir / "config.yaml")
         key = OmegaConf.to_yaml(cfg.model) + str(cfg.dtype) + str(cfg.device)
         if key not in models:
@@ -51,9 +51,9 @@ def divergences(root: Path) -> pd.DataFrame:
         prompts = {p.id: p for p in instantiate(cfg.dataset).load()}
         rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
         for run in sorted(p for p in ref_dir.parent.iterdir() if p.is_dir() and p.name != REFERENCE):
-            if not (run / "records.jsonl").is_file():
+            if not records_path(run).is_file():
                 continue
-            records = {r["key"]: r for r in read_records(run / "records.jsonl")}
+            records = {r["key"]: r for r in read_records(records_path(run))}
             for r in records.values():
                 ref = reference.get(r["key"])
                 if r["status"] != "ok" or ref is None or r["tokens"] == ref["tokens"]:
@@ -74,14 +74,14 @@ def per_decoder(root: Path, df: pd.DataFrame) -> pd.DataFrame:
     """lossless, lossless_up_to_ties and real_divergences per (dataset, decoder), the run summaries' names."""
     rows = []
     for ref_dir in sorted(root.glob(f"*/{REFERENCE}")):
-        reference = {r["key"] for r in read_records(ref_dir / "records.jsonl") if r["status"] == "ok"}
+        reference = {r["key"] for r in read_records(records_path(ref_dir)) if r["status"] == "ok"}
         for run in sorted(p for p in ref_dir.parent.iterdir() if p.is_dir() and p.name != REFERENCE):
-            if not (run / "records.jsonl").is_file():
+            if not records_path(run).is_file():
                 continue
             judged = df[(df["dataset"] == ref_dir.parent.name) & (df["decoder"] == run.name)]
             verdicts = dict(zip(judged["key"], judged["divergence_tie"]))
             records = [{"lossless": r["key"] not in verdicts, "divergence_tie": verdicts.get(r["key"])}
-                       for r in read_records(run / "records.jsonl") if r["status"] == "ok" and r["key"] in reference]
+                       for r in read_records(records_path(run)) if r["status"] == "ok" and r["key"] in reference]
             rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, **lossless_columns(records)})
     return pd.DataFrame(rows)
 
@@ -92,7 +92,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", help="CSV file (default ROOT/divergences.csv)")
     args = parser.parse_args(argv)
     root = Path(args.root)
-    if not any(root.glob(f"*/{REFERENCE}/records.jsonl")):
+    if not run_dirs(root, f"*/{REFERENCE}"):
         raise SystemExit(f"error: no {REFERENCE}/records.jsonl under {root}/<dataset>/: give a leaderboard out_dir")
     df = divergences(root)
     out = Path(args.out) if args.out else root / "divergences.csv"

@@ -3,11 +3,12 @@ and the n-1 before it) already occurred earlier in the same output.
 
     python scripts/repetition_by_position.py RUN_DIR [--ngram 4] [--bin 64] [--out FILE]
 
-RUN_DIR is any run directory (records.jsonl), e.g. a leaderboard's autoregressive entry. Beside
-the leaderboard's accepted_by_output_position.csv it says why n-gram methods (prompt lookup,
-lookahead, token recycling) accept more late in a long answer: the answer has started repeating
-itself, and their pools copy it. Positions are binned as there (the bin holding the token's
-position). Writes a CSV (default RUN_DIR/repetition_by_position.csv) and prints it.
+RUN_DIR is any run directory (records.jsonl, or a reference run's records.jsonl.gz), e.g. a
+leaderboard's autoregressive entry. Beside the leaderboard's accepted_by_output_position.csv it
+says why n-gram methods (prompt lookup, lookahead, token recycling) accept more late in a long
+answer: the answer has started repeating itself, and their pools copy it. Positions are binned as
+there (the bin holding the token's position). Writes a CSV (default
+RUN_DIR/repetition_by_position.csv) and prints it.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.records import read_records  # noqa: E402
+from bench.records import read_records, records_path  # noqa: E402
 
 
 def repeated(tokens: list[int], n: int) -> list[bool]:
@@ -51,11 +52,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.ngram < 1 or args.bin < 1:
         parser.error("--ngram and --bin must be >= 1")
-    records_path = args.run_dir / "records.jsonl"
-    if not records_path.is_file():
+    path = records_path(args.run_dir)
+    if not path.is_file():
         print(f"error: no records.jsonl in {args.run_dir}", file=sys.stderr)
         sys.exit(2)
-    table = repetition_table(read_records(records_path), args.ngram, args.bin)
+    table = repetition_table(read_records(path), args.ngram, args.bin)
     out = args.out or args.run_dir / "repetition_by_position.csv"
     table.to_csv(out, index=False)
     print(table.to_markdown(index=False, floatfmt=".3f"))

@@ -1,8 +1,10 @@
 """Shared builders for tests (imported as `from helpers import ...`)."""
 from __future__ import annotations
 
+import gzip
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 import torch
 
 from bench.models import GGUFPackageModel, TinyRandomModel
+from bench.records import GZIPPED, RECORDS
 from decoders.core.lm import LM
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,6 +23,16 @@ CACHE_DIR = os.environ.get("BENCH_CACHE_DIR", "~/.cache/decoding-bench")
 # Conf directories beside conf/ whose decoder/*.yaml the per-method tests (greedy equality, layout)
 # take too, os.pathsep-separated: how a method kept outside this checkout is tested (test_adding_a_method.py).
 EXTRA_CONF_DIRS = [Path(d).resolve() for d in os.environ.get("BENCH_TEST_CONF_DIRS", "").split(os.pathsep) if d]
+
+
+def writable_copy(run: Path, dest: Path) -> Path:
+    """A copy of run directory `run` at `dest` whose records are a plain records.jsonl (a reference
+    run's records.jsonl.gz decompressed), to be changed or resumed."""
+    shutil.copytree(run, dest)
+    if (dest / GZIPPED).exists():
+        (dest / RECORDS).write_bytes(gzip.decompress((dest / GZIPPED).read_bytes()))
+        (dest / GZIPPED).unlink()
+    return dest
 
 
 def searchpath(dirs=EXTRA_CONF_DIRS) -> list[str]:

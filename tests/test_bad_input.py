@@ -13,8 +13,8 @@ import pytest
 
 from bench import report
 from bench.errors import BenchError
-from bench.records import invalid, iter_records, read_records
-from helpers import REPO, run_cli
+from bench.records import invalid, iter_records, open_jsonl, read_records, records_path, run_dirs
+from helpers import REPO, run_cli, writable_copy
 
 # One small run whose prompts are the cases: ids that collide as file names (a/b, a_b), an id over
 # 255 bytes, an empty prompt (raw rendering) and one too long to tokenize.
@@ -135,10 +135,11 @@ def test_an_invalid_record_names_its_field(run_dir, case):
 
 
 def test_existing_reference_records_are_valid():
-    paths = sorted((REPO / "results" / "reference").rglob("records.jsonl"))
-    assert paths
+    paths = [records_path(run) for run in run_dirs(REPO / "results" / "reference")]
+    assert paths and all(path.name == "records.jsonl.gz" for path in paths)  # tests/test_layout.py: kept small
     for path in paths:
-        lines = path.read_text().splitlines()
+        with open_jsonl(path) as f:
+            lines = f.read().splitlines()
         assert len(read_records(path)) == len(lines), path
 
 
@@ -323,8 +324,8 @@ def _compare(*args) -> subprocess.CompletedProcess:
 
 def test_compare_leaderboards_fails_on_missing_prompts_and_bad_paths(tmp_path):
     jacobi = REPO / "results" / "reference" / "leaderboard" / "gsm8k" / "jacobi"
-    for side in ("before", "after"):
-        shutil.copytree(jacobi, tmp_path / side / "gsm8k" / "jacobi")
+    shutil.copytree(jacobi, tmp_path / "before" / "gsm8k" / "jacobi")  # records.jsonl.gz, as checked in
+    writable_copy(jacobi, tmp_path / "after" / "gsm8k" / "jacobi")
     after = tmp_path / "after" / "gsm8k" / "jacobi" / "records.jsonl"
     after.write_text("".join(after.read_text().splitlines(keepends=True)[:2]))  # 3 of 5 prompts lost
     out = _compare(tmp_path / "before", tmp_path / "after")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench.errors import BenchError
-from bench.records import RecordLog, read_records
+from bench.records import RecordLog, open_jsonl, read_records
 
 
 def rec(key: str, **extra) -> dict:
@@ -172,8 +172,10 @@ def test_records_from_before_the_rename_read_as_committed(tmp_path):
     from pathlib import Path
 
     old = (Path(__file__).resolve().parent.parent
-           / "results/reference/leaderboard_bf16/mt_bench/spec_chain/records.jsonl")
-    raw = [json.loads(x) for x in old.read_text().splitlines() if x.strip()]
+           / "results/reference/leaderboard_bf16/mt_bench/spec_chain/records.jsonl.gz")
+    with open_jsonl(old) as f:
+        data = f.read()
+    raw = [json.loads(x) for x in data.splitlines() if x.strip()]
     assert raw and all("accepted" in r["trace"] for r in raw if r["status"] == "ok")
     read = [r for r in read_records(old) if r["status"] == "ok"]
     assert len(read) == sum(r["status"] == "ok" for r in raw)
@@ -182,7 +184,7 @@ def test_records_from_before_the_rename_read_as_committed(tmp_path):
         assert list(new["trace"]) == ["committed" if k == "accepted" else k for k in before["trace"]] + ["position"]
         assert new["trace"]["position"] == [sum(before["trace"]["accepted"][:i]) for i in range(new["steps"])]
     copy = tmp_path / "records.jsonl"
-    copy.write_bytes(old.read_bytes())
+    copy.write_bytes(data)
     log = RecordLog(copy, resume=True)  # every old line valid: none moved aside
     assert all(key in log for key in (r["key"] for r in raw)) and not (tmp_path / "records.rejected.jsonl").exists()
     log.close()

@@ -5,6 +5,7 @@ whole or not at all, and a config can build only this project's classes. Each re
 line and exit 2."""
 import errno
 import fcntl
+import gzip
 import os
 import shlex
 import shutil
@@ -17,6 +18,7 @@ from omegaconf import OmegaConf
 
 from bench import rundir
 from bench.errors import BenchError
+from bench.records import read_records, records_path
 from bench.targets import check_targets
 from helpers import REPO, _cli_env, run_cli
 
@@ -139,6 +141,18 @@ def test_refused_runs_leave_the_existing_run_untouched(tmp_path, made_run):
     finally:
         os.ftruncate(fd, 0)
         os.close(fd)
+    assert snapshot(run) == before
+
+
+def test_a_gzipped_reference_run_is_read_only(tmp_path, made_run):
+    """results/reference/ keeps its records as records.jsonl.gz: readers take it, no run writes into it."""
+    run = copy_of(made_run, tmp_path)
+    (run / "records.jsonl.gz").write_bytes(gzip.compress((run / "records.jsonl").read_bytes()))
+    (run / "records.jsonl").unlink()
+    assert rundir.is_run(run) and len(read_records(records_path(run))) == 2
+    before = snapshot(run)
+    refused(run_cli(*TINY, "resume=true", f"hydra.run.dir={run}"),
+            f"{run / 'records.jsonl.gz'}: a reference run's records, compressed and read-only")
     assert snapshot(run) == before
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from helpers import CACHE_DIR, DATA_DIR, REPO
+from helpers import CACHE_DIR, DATA_DIR, REPO, writable_copy
 
 
 def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -178,8 +178,8 @@ def test_compare_leaderboards_finds_a_changed_step(tmp_path):
     import shutil
 
     reference = REPO / "results" / "reference" / "leaderboard"
-    shutil.copytree(reference / "gsm8k" / "jacobi", tmp_path / "before" / "gsm8k" / "jacobi")
-    shutil.copytree(reference / "gsm8k" / "jacobi", tmp_path / "after" / "gsm8k" / "jacobi")
+    shutil.copytree(reference / "gsm8k" / "jacobi", tmp_path / "before" / "gsm8k" / "jacobi")  # records.jsonl.gz
+    writable_copy(reference / "gsm8k" / "jacobi", tmp_path / "after" / "gsm8k" / "jacobi")
     out = run_script("compare_leaderboards.py", str(tmp_path / "before"), str(tmp_path / "after"))
     assert out.returncode == 0 and "all identical: True" in out.stdout, out.stderr
     records = tmp_path / "after" / "gsm8k" / "jacobi" / "records.jsonl"
