@@ -1,5 +1,7 @@
-"""The layout is the architecture (DESIGN.md): imports go methods -> tuning -> core, never back."""
+"""The layout is the architecture (DESIGN.md): imports go methods -> tuning -> core, never back.
+And the checkout travels (issue 42): the tracked tree stays small."""
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,8 @@ import pytest
 from bench.registry import decoder_configs
 from helpers import EXTRA_CONF_DIRS, searchpath
 
-DECODERS = Path(__file__).resolve().parent.parent / "decoders"
+REPO = Path(__file__).resolve().parent.parent
+DECODERS = REPO / "decoders"
 ALLOWED = {"core": {"core"}, "tuning": {"core", "tuning"}, "methods": {"core", "tuning", "methods"}}
 
 
@@ -47,3 +50,55 @@ def test_every_method_config_builds_a_decoder(name):
         cfg = compose(config_name="config", overrides=[f"decoder={name}", "model=tiny-random", *searchpath()])
     _, decoder = check_config(cfg)
     assert isinstance(decoder, Decoder) and decoder.name == name
+
+
+# Issue 42: a device run carries the working tree (64 MiB at most), so the tracked tree stays under
+# MAX_TRACKED; a run directory checked in under results/ keeps its records gzipped (records.jsonl.gz,
+# gzip -9 -n: 4.5x smaller; every reader takes it, bench/records.py).
+MAX_TRACKED = 32 * 2**20
+MAX_PLAIN_RECORDS = 256 * 2**10
+MiB = 2**20
+
+
+def tracked_sizes() -> dict[str, int]:
+    """Each tracked file (git ls-files: the index) and its size in the working tree."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return {p: (REPO / p).stat().st_size for p in out.decode().split("\0") if p and (REPO / p).is_file()}
+
+
+def too_big(sizes: dict[str, int], max_tracked: int = MAX_TRACKED,
+            max_plain_records: int = MAX_PLAIN_RECORDS) -> list[str]:
+    """What breaks the bounds, one line each, naming the files."""
+    problems = [f"{p}: a plain records.jsonl of {sizes[p] / 2**10:.0f} KiB under results/ (over "
+                f"{max_plain_records / 2**10:.0f} KiB): gzip -9 -n it (records.jsonl.gz)"
+                for p in sorted(sizes) if p.startswith("results/") and Path(p).name == "records.jsonl"
+                and sizes[p] > max_plain_records]
+    total = sum(sizes.values())
+    if total > max_tracked:
+        largest = sorted(sizes, key=lambda p: -sizes[p])[:8]
+        problems.append(f"the tracked tree is {total / MiB:.1f} MiB, over {max_tracked / MiB:.0f} MiB; the largest "
+                        f"files: {', '.join(f'{p} ({sizes[p] / MiB:.1f} MiB)' for p in largest)}")
+    return problems
+
+
+def test_no_large_plain_records_are_tracked():
+    assert not (problems := too_big(tracked_sizes(), max_tracked=2**62)), "\n".join(problems)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 42: 44.4 MiB tracked, 26.4 of them adapters/; see its item 1")
+def test_the_tracked_tree_is_under_32_mib():
+    assert not (problems := too_big(tracked_sizes(), max_plain_records=2**62)), "\n".join(problems)
+
+
+def test_the_size_check_names_the_offending_files():
+    sizes = {"adapters/a.safetensors": 30 * MiB, "results/reference/x/records.jsonl": 300 * 2**10,
+             "results/reference/y/records.jsonl.gz": 3 * MiB, "tests/fixtures/records.jsonl": 1 * MiB}
+    problems = too_big(sizes)
+    assert len(problems) == 2 and problems[0].startswith("results/reference/x/records.jsonl: a plain records.jsonl")
+    assert problems[1].startswith("the tracked tree is 34.3 MiB, over 32 MiB; the largest files: "
+                                  "adapters/a.safetensors (30.0 MiB), results/reference/y/records.jsonl.gz (3.0 MiB)")
+    del sizes["adapters/a.safetensors"]
+    assert too_big(sizes, max_plain_records=400 * 2**10) == []
