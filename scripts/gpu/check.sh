@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU check: run on the lent GPU machine (after scripts/gpu/prepare.sh here), within 8 minutes
+# on an H100, each stage under its own time limit so that a stuck one costs only its own share:
+#   1. env       device, driver, torch, CUDA, the commit (.gpu/commit.txt)
+#   2. pytest    pytest -m "cuda and not slow": every decoder on tiny-random in fp16 and bf16 at
+#                batch 1 and 4 with check_lossless, the half-precision slice, training for a step
+#   3. profile   scripts/profile_device.py on random weights of Vicuna-7B's shape, fp16: the
+#                forward cost curve for 1..64 new tokens (eager) and the step against its floor
+#   4. big       scripts/gpu/big_target.py: every decoder on that target, two Spec-Bench
+#                questions each with check_lossless: ties, time split per step, peak memory
+#   5. compiled  with COMPILED=1 only (minutes more): the cost curve again with model.compile=inductor
+# Writes to $OUT: summary.md (each stage's end), log.txt (everything), gpu_check.tar.gz (all
+# files); copy them into results/reference/gpu/<date>/ here.
+#
+#   device run: bash scripts/gpu/check.sh          (carry [".gpu"])
+#   CI, here:   OUT=DIR bash scripts/gpu/check.sh --cpu   (tiny shapes, the same stages, seconds)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+mode=gpu
+[ "${1:-}" = --cpu ] && mode=cpu
+out=${OUT:?set OUT to the folder to write into}
+mkdir -p "$out"
+work=$(mktemp -d)/gpu_check
+mkdir -p "$work"
+exec > >(tee -a "$out/log.txt") 2>&1
+
+if [ "$mode" = gpu ]; then
+  device=cuda; shape=vicuna-7b; xdist=12; tokens=64; repeats=5; limit=2; new=32
+  # pytest, profile, big, compiled: seconds (on an H100 on 2026-11-26, 115 tests took about 200 s,
+  # the profile 35, each decoder on the 7B shape about 15, and the compile more than 90)
+  limits=(200 60 220 150)
+else
+  device=cpu; shape=tiny; xdist=0; tokens=64; repeats=1; limit=1; new=4
+  limits=(120 120 300 1)   # compiled is not run on the CPU (test_compile.py covers it)
+fi
+
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
+export BENCH_CACHE_DIR=$work/cache BENCH_COMPILE=none
+[ -d .gpu/data ] && export BENCH_DATA_DIR=$repo/.gpu/data
+tokenizer=()
+if [ -d .gpu/tokenizer ]; then
+  export BENCH_TINY_TOKENIZER=$repo/.gpu/tokenizer
+  tokenizer=(--tokenizer "$BENCH_TINY_TOKENIZER")
+fi
+if [ -d .gpu/wheels ] && [ "$mode" = gpu ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .gpu/wheels/*.whl || { echo "check.sh: installing .gpu/wheels failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$repo
+else
+  export PYTHONPATH=$repo
+fi
+
+summary=$work/summary.md
+stage() {  # stage NAME LIMIT COMMAND...: its output in NAME.log, its exit code and time in summary.md
+  local name=$1 limit=$2 start=$SECONDS rc
+  shift 2
+  echo "== $name (limit ${limit} s): $*"
+  timeout -k 10 "$limit" "$@" >"$work/$name.log" 2>&1
+  rc=$?
+  tail -n 25 "$work/$name.log"
+  { echo "## $name: exit $rc in $((SECONDS - start)) s (limit $limit s)"
+    [ $rc -eq 124 ] && echo "timed out"
+    echo; echo '```'; tail -n 25 "$work/$name.log"; echo '```'; echo; } >>"$summary"
+}
+
+{ echo "# GPU check ($mode), $(date -u +%FT%TZ)"; echo
+  echo "commit: $(cat .gpu/commit.txt 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)"; echo; } >"$summary"
+stage env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1;
+  python3 -c "import torch, transformers, sys; print(\"python\", sys.version.split()[0], \"torch\", torch.__version__,
+  \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__, \"device\",
+  torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"none\")"; nproc'
+stage pytest "${limits[0]}" python3 -m pytest -m "cuda and not slow" -n "$xdist" -p no:cacheprovider -q \
+  --junitxml="$work/pytest.xml" tests/test_cuda.py tests/test_half_precision.py tests/test_device_placement.py
+# shellcheck disable=SC2046  # big_target.py prints the shape's overrides, one per line
+mapfile -t model < <(python3 scripts/gpu/big_target.py --shape "$shape" --print-model "${tokenizer[@]}")
+stage profile "${limits[1]}" python3 scripts/profile_device.py --max-tokens "$tokens" --repeats "$repeats" \
+  --paths none --out "$work/profile" "${model[@]}" device=$device
+stage big "${limits[2]}" python3 scripts/gpu/big_target.py --out "$work/big" --shape "$shape" --limit "$limit" \
+  --max-new-tokens "$new" "${tokenizer[@]}" device=$device
+if [ "$mode" = gpu ] && [ "${COMPILED:-0}" = 1 ]; then  # past the 8 minutes: COMPILED=1 where time allows
+  stage compiled "${limits[3]}" python3 scripts/profile_device.py --max-tokens "$tokens" --repeats "$repeats" \
+    --paths none+inductor --out "$work/profile_compiled" "${model[@]}" device=$device
+fi
+
+cp "$summary" "$out/summary.md"
+# Run directories hold records.jsonl files: the archive keeps them whole, beside the logs.
+tar -czf "$out/gpu_check.tar.gz" -C "$(dirname "$work")" --exclude=gpu_check/cache gpu_check
+echo "check.sh: $out/summary.md, $out/gpu_check.tar.gz ($(du -h "$out/gpu_check.tar.gz" | cut -f1))"

