@@ -257,6 +257,58 @@ def test_eagle3_draft_equals_the_published_definition(tmp_path, draft_vocab, emb
     assert draft.vocab.tolist() == state["t2d"].nonzero().flatten().tolist()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+@torch.inference_mode()
+def test_published_drafts_round_float32_rotary_tables_once(tmp_path, layout, dtype):
+    """Issue 41: a published draft cast to half precision keeps float32 rotary frequencies, so its cos
+    and sin are the float32 tables rounded once, at positions up to 4096 (with a cast inv_freq they
+    were off by up to 0.24 at 1000 and 0.95 at 4000); for EAGLE-1 they equal the authors' module's own
+    tables (built in float32, cast with the module) wherever it caches them, below 2048; and the
+    draft's half-precision output at positions near 4000 stays within the dtype's reach of its
+    float32 output."""
+    half = getattr(torch, dtype)
+    layers = 8 if layout == "eagle3" else 2
+    lm32, lm = (tiny_lm(seed=0, vocab=64, layers=layers, dtype=d) for d in ("float32", dtype))
+    lm32.name = lm.name = NAME
+    ref = (write_eagle3 if layout == "eagle3" else write_eagle1)(tmp_path / layout, lm32, seed=3)
+    draft32, draft = load_draft(lm32, tmp_path / layout), load_draft(lm, tmp_path / layout)
+    assert draft.dtype == half and draft.rotary.inv_freq.dtype == torch.float32
+    positions = torch.arange(4096)[None]
+    cos, sin = draft.rotary(torch.zeros(1, dtype=half), positions)
+    exact = positions[..., None].double() * draft32.rotary.inv_freq.double()
+    exact = torch.cat([exact, exact], -1)
+    ulp = torch.finfo(half).eps  # relative spacing at 1: |cos| <= 1, so half a spacing + float32's own error
+    assert (cos.double() - exact.cos()).abs().max() <= ulp / 2 + 1e-3 * ulp + 4096 * 2e-7
+    assert (sin.double() - exact.sin()).abs().max() <= ulp / 2 + 1e-3 * ulp + 4096 * 2e-7
+    if layout == "eagle1":
+        authors = ref.to(half).layers[0].self_attn.rotary_emb
+        their_cos = authors.cos_cached[0, 0]  # (2048, head_dim)
+        assert their_cos.dtype == half and (cos[0, :2048].float() - their_cos.float()).abs().max() <= ulp
+    # the draft over rows at positions 4000..: half precision against float32, same weights
+    n = len(SEQ) - 1
+    _, feats = lm32.forward(SEQ[:n], lm32.new_cache(), features=draft32.reads)
+    far, mask = torch.arange(4000, 4000 + n), torch.ones(n, n, dtype=torch.bool).tril()
+    out32 = draft32(draft32.from_target(feats), torch.tensor(SEQ[1:]), far, mask, KVCache(DynamicCache()))
+    out = draft(draft.from_target(feats.to(half)), torch.tensor(SEQ[1:]), far, mask, KVCache(DynamicCache()))
+    logits32, logits = draft32.logits(out32), draft.logits(out).float()
+    assert float((logits - logits32).norm()) <= 30 * ulp * float(logits32.norm())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_our_draft_keeps_float32_rotary_frequencies(dtype):
+    """Our own EAGLE draft (decoders/methods/eagle.py) holds its rotary module outside its
+    submodules, so a cast to half precision leaves the frequencies float32 (as the published ones)."""
+    from decoders.methods.eagle import new_draft
+
+    draft = new_draft(tiny_lm(seed=0, vocab=64, layers=2, dtype=dtype), None)
+    rotary = draft.target[2]
+    assert rotary.inv_freq.dtype == torch.float32
+    cos, _ = rotary(torch.zeros(1, dtype=getattr(torch, dtype)), torch.arange(4000, 4096)[None])
+    exact = torch.arange(4000, 4096)[:, None].double() * rotary.inv_freq.double()
+    assert (cos[0].double() - torch.cat([exact, exact], -1).cos()).abs().max() <= torch.finfo(cos.dtype).eps
+
+
 @pytest.mark.parametrize("layers,own_outputs,fmt", [(1, True, "safetensors"), (2, True, "pt"), (1, False, "pt")])
 @torch.inference_mode()
 def test_medusa1_heads_equal_the_published_definition(tmp_path, layers, own_outputs, fmt):

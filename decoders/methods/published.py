@@ -37,6 +37,23 @@ from ..core.weights_file import check_target, checkpoint_dir, read_config, read_
 from .heads import Heads
 
 
+class Float32Rotary(LlamaRotaryEmbedding):
+    """LlamaRotaryEmbedding whose frequencies stay float32 when the draft is cast to half precision;
+    its cos / sin are still rounded once, to the activations' dtype. The authors build their tables
+    in float32 too: a float16 inv_freq put the draft's cos off by up to 0.23 at position 1000 and
+    0.9 at 4000, which keeps the output lossless but lowers every published draft's acceptance."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__(config=config)
+        self._float32 = self.inv_freq.float().clone()  # a plain attribute (and no alias): casts leave it alone
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # moves and casts the buffers ...
+        self._float32 = self._float32.to(self.inv_freq.device)
+        self.inv_freq, self.original_inv_freq = self._float32, self._float32.clone()  # ... then undoes the cast
+        return self
+
+
 def _llama_config(config: dict, lm: LM) -> LlamaConfig:
     known = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type", "torch_dtype")}
     cfg = LlamaConfig(**known)
@@ -78,7 +95,7 @@ class Eagle1Draft(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, layer_idx=i) for i in range(cfg.num_hidden_layers))
         self.layers[0].input_layernorm = nn.Identity()  # absent in the published layer 0
         _load(self, state, "decoder.draft_weights", where)
-        self.rotary = LlamaRotaryEmbedding(config=cfg)
+        self.rotary = Float32Rotary(cfg)
         self.vocab = torch.arange(lm.vocab_size)
         self.info: dict = {}
         self.dense_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
@@ -177,7 +194,7 @@ class Eagle3Draft(nn.Module):
         if len(d2t) != draft_vocab or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= lm.vocab_size:
             raise ValueError(f"decoder.draft_weights: {where}: its d2t maps {draft_vocab} draft ids "
                              f"outside the target's vocabulary of {lm.vocab_size}")
-        self.rotary = LlamaRotaryEmbedding(config=cfg)
+        self.rotary = Float32Rotary(cfg)
         self.info: dict = {}
         self.dense_params = sum(m.weight.numel() for m in self.midlayer.modules() if isinstance(m, nn.Linear))
 
