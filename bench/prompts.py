@@ -61,25 +61,36 @@ def _longest_token(tokenizer) -> int | None:
 KEPT_CHARS = 2000  # of a prompt too long to tokenize, what its skipped record keeps
 
 
-def prepare(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str, max_new: int,
+def prepare(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str,
             max_context: int | None) -> tuple[str, list[int] | None, str | None]:
     """(text, ids, why it cannot run or None). A prompt cannot run when it renders to no tokens
-    (an empty raw prompt: nothing to condition on) or when it and max_new tokens exceed the
-    context. A text too long to fit by its length alone (at least len / (2 x the longest token)
-    tokens) is not tokenized (ids None), and its text comes back cut to KEPT_CHARS: a 50 MB line costs no
+    (an empty raw prompt: nothing to condition on) or when it fills the context by itself (no
+    room for one new token); a prompt that fits runs, its new tokens capped by new_token_budget.
+    A text too long to fit by its length alone (at least len / (2 x the longest token) tokens) is
+    not tokenized (ids None), and its text comes back cut to KEPT_CHARS: a 50 MB line costs no
     minutes and no gigabytes."""
     text = render_text(tokenizer, prompt, turn, previous_outputs, rendering)
     longest = _longest_token(tokenizer) if max_context else None
     if longest:
         at_least = len(text) // (2 * longest)
-        if at_least + max_new > max_context:
+        if at_least >= max_context:
             return (text[:KEPT_CHARS] + f"... ({len(text)} characters)", None,
-                    f"prompt of {len(text)} characters (at least {at_least} tokens) + max_new_tokens {max_new} exceeds "
-                    f"the model's context of {max_context}")
+                    f"prompt of {len(text)} characters (at least {at_least} tokens) leaves no room in the model's "
+                    f"context of {max_context}")
     ids = encode(tokenizer, text, rendering)
     if not ids:
         return text, ids, f"empty prompt: rendered as {rendering} it has no tokens to condition on"
-    if max_context and len(ids) + max_new > max_context:
-        return text, ids, (f"prompt of {len(ids)} tokens + max_new_tokens {max_new} exceeds the model's context of "
-                           f"{max_context}")
+    if max_context and len(ids) >= max_context:
+        return text, ids, f"prompt of {len(ids)} tokens leaves no room in the model's context of {max_context}"
     return text, ids, None
+
+
+def new_token_budget(max_new: int, max_context: int | None, prompt_tokens: int) -> int:
+    """The new tokens a prompt of prompt_tokens may get: max_new, capped where prompt and output
+    reach the context (Spec-Bench runs every question and stops a generation at the length limit)."""
+    return min(max_new, max_context - prompt_tokens) if max_context else max_new
+
+
+def capped_stop_reason(generated: int, stopped: str, max_new: int) -> str:
+    """A generation's stop_reason: "context" where it ran to a budget the context cut below max_new."""
+    return "context" if stopped == "length" and generated < max_new else stopped

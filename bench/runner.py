@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from decoders.core.batch import decode_batch, latencies
-from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning
+from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, kept_as_is
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
@@ -25,7 +25,7 @@ from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
 from . import metrics, provenance, rundir
 from .errors import BenchError
-from .prompts import prepare, rendering_for
+from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
 from .targets import check_targets
 
@@ -157,7 +157,7 @@ def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
     lm = ctx.lm
     lm.sync()
     start = time.perf_counter()
-    gen = ctx.decoder.generate(lm, ids, ctx.cfg.gen.max_new_tokens, sampling, lm.stop_ids)
+    gen = ctx.decoder.generate(lm, ids, budget(ctx, ids), sampling, lm.stop_ids)
     lm.sync()
     return finish_unit(ctx, record, prompt, turn, ids, gen, time.perf_counter() - start)
 
@@ -174,8 +174,9 @@ def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
     if ready:
         lm = ctx.lm
         lm.sync()
-        gens, stats = decode_batch(ctx.decoder, lm, [ids for *_, ids, _ in ready], ctx.cfg.gen.max_new_tokens,
-                                   [s for *_, s in ready], lm.stop_ids)
+        rows = [ids for *_, ids, _ in ready]
+        gens, stats = decode_batch(ctx.decoder, lm, rows, [budget(ctx, ids) for ids in rows], [s for *_, s in ready],
+                                   lm.stop_ids)
         batch = {"id": ready[0][2]["key"], "size": ctx.cfg.gen.batch_size, **stats.as_dict()}
         batch["tokens_per_s"] = sum(len(g.tokens) for g in gens) / stats.wall_s
         for (prompt, turn, record, ids, _), gen in zip(ready, gens):
@@ -188,25 +189,30 @@ def start_unit(ctx: RunContext, prompt, turn: int, previous: list[str]):
     """The record before decoding (status skipped when the prompt cannot run), the prompt's ids and
     its own sampling seed."""
     lm, cfg = ctx.lm, ctx.cfg
-    text, ids, unfit = prepare(lm.tokenizer, prompt, turn, previous, ctx.rendering, cfg.gen.max_new_tokens,
-                               lm.max_context)
+    text, ids, unfit = prepare(lm.tokenizer, prompt, turn, previous, ctx.rendering, lm.max_context)
     # decoder_lossless: False for explicitly lossy variants (e.g. Medusa's typical acceptance).
     record = new_record(cfg, prompt, turn, rendering=ctx.rendering, prompt_tokens=None if ids is None else len(ids),
                         prompt_text=text, decoder_lossless=bool(ctx.decoder.lossless),
                         quality_metric=ctx.dataset.quality_metric, quality_score=None, quality=None, lossless=None,
                         reference=None)
-    if unfit:  # empty, or too long for the context: skipped with its reason, the run goes on
+    if unfit:  # empty, or filling the context by itself: skipped with its reason, the run goes on
         record.update(status="skipped", reason=unfit)
     return record, ids, dataclasses.replace(ctx.sampling, seed=prompt_seed(ctx.sampling.seed, record["key"]))
+
+
+def budget(ctx: RunContext, ids) -> int:
+    """This prompt's new tokens: gen.max_new_tokens, cut where the context ends."""
+    return new_token_budget(ctx.cfg.gen.max_new_tokens, ctx.lm.max_context, len(ids))
 
 
 def finish_unit(ctx: RunContext, record: dict, prompt, turn: int, ids, gen, latency: float) -> dict:
     """Metrics, output, the lossless check and quality, into the record."""
     lm, decoder, cfg = ctx.lm, ctx.decoder, ctx.cfg
-    max_new = cfg.gen.max_new_tokens
+    max_new = budget(ctx, ids)
     check_generation(gen, max_new, lm.stop_ids)
     output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
     record.update(metrics.generation_metrics(gen, lm.flops_spec(), latency))
+    record["stop_reason"] = capped_stop_reason(len(gen.tokens), gen.stop_reason, cfg.gen.max_new_tokens)
     record.update(tokens=gen.tokens, text=output, trace=gen.trace_columns())
     tuning = decoder.tuning if isinstance(decoder, ReportsTuning) else None
     if tuning:  # what "auto" resolved to, and the speedup it predicted (compare: speedup)
@@ -301,18 +307,20 @@ def warmup(ctx: RunContext, units: list) -> None:
     """One short untimed generation per method (and of the lossless check's autoregressive), so
     first-call costs (allocator growth, kernel selection) are not charged to the first prompt."""
     lm, decoder, cfg, sampling = ctx.lm, ctx.decoder, ctx.cfg, ctx.sampling
-    rows = [prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, 16, lm.max_context)
+    rows = [prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, lm.max_context)
             for prompt, _ in units[:cfg.gen.batch_size]]
     rows = [ids for _, ids, unfit in rows if not unfit]
     if not rows:
         return
     ids = rows[0]
-    if cfg.gen.batch_size > 1:
-        decode_batch(decoder, lm, rows, min(16, cfg.gen.max_new_tokens), [sampling] * len(rows), lm.stop_ids)
-    else:
-        decoder.generate(lm, ids, min(16, cfg.gen.max_new_tokens), sampling, lm.stop_ids)
+    with kept_as_is(decoder, lm):  # a hot table must not hold the first prompt's continuation
+        if cfg.gen.batch_size > 1:
+            decode_batch(decoder, lm, rows, [min(16, budget(ctx, r)) for r in rows], [sampling] * len(rows),
+                         lm.stop_ids)
+        else:
+            decoder.generate(lm, ids, min(16, budget(ctx, ids)), sampling, lm.stop_ids)
     if cfg.check_lossless:
-        autoregressive_decode(lm, ids, min(16, cfg.gen.max_new_tokens), Sampling(), lm.stop_ids)
+        autoregressive_decode(lm, ids, min(16, budget(ctx, ids)), Sampling(), lm.stop_ids)
 
 
 def calibration_candidates(dataset, scored: list) -> tuple[list, bool]:
@@ -345,7 +353,7 @@ def prepare_decoder(ctx: RunContext, scored: list) -> dict | None:
               f"scored prompts; set dataset.limit to leave some out", file=sys.stderr, flush=True)
     prompts, ids = [], []
     for prompt in candidates:
-        _, tokens, unfit = prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, cfg.gen.max_new_tokens, lm.max_context)
+        _, tokens, unfit = prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, lm.max_context)
         if not unfit:
             prompts.append(tokens)
             ids.append(prompt.id)

@@ -91,7 +91,7 @@ def test_a_prompt_too_long_by_its_length_is_not_tokenized():
 
     tokenizer = Tokenizer()
     assert rendering_for(tokenizer, "auto") == "raw"  # a base model: raw, so the empty prompt must work
-    text, ids, why = prepare(tokenizer, Prompt("p", ["x" * 50_000_000], ["x" * 50_000_000]), 0, [], "raw", 8, 2048)
+    text, ids, why = prepare(tokenizer, Prompt("p", ["x" * 50_000_000], ["x" * 50_000_000]), 0, [], "raw", 2048)
     assert ids is None and "at least 2500000 tokens" in why and len(text) < 2100
 
 

@@ -136,22 +136,30 @@ def test_default_model_end_to_end(tmp_path):
     assert all(r["text"].strip() for r in records(tmp_path))  # real text from a real model
 
 
-def test_overlong_prompt_is_skipped_with_its_reason(tmp_path):
+@pytest.mark.parametrize("batch", [[], ["decoder=lookahead", "gen.batch_size=2"]], ids=["one", "batched"])
+def test_a_prompt_cut_by_the_context_runs_and_only_an_overlong_one_is_skipped(tmp_path, batch):
+    """Issue 41, item 2: as in Spec-Bench, a generation that reaches the context stops there
+    (stop_reason "context") and its prompt is not skipped; only a prompt that fills the context by
+    itself is, with its reason."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps(p) for p in [
         {"id": "short", "prompt": "Say hi."},
+        {"id": "near", "prompt": "word " * 180},
         {"id": "long", "prompt": ["word " * 400, "and then?"]},
     ]) + "\n")
-    out = run_cli(*TINY, "dataset=jsonl", f"dataset.path={prompts}", "model.max_context=256",
-                  f"hydra.run.dir={tmp_path / 'run'}")
+    out = run_cli(*TINY, "gen.max_new_tokens=128", *batch, "dataset=jsonl", f"dataset.path={prompts}",
+                  "model.max_context=256", f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr
     by_key = {r["key"]: r for r in records(tmp_path / "run")}
-    assert by_key["short#0"]["status"] == "ok"
+    assert by_key["short#0"]["status"] == "ok" and by_key["short#0"]["stop_reason"] != "context"
+    near = by_key["near#0"]
+    assert near["status"] == "ok" and 128 + near["prompt_tokens"] > 256  # it would not fit whole
+    assert near["stop_reason"] == "context" and near["new_tokens"] == 256 - near["prompt_tokens"]
     assert (by_key["long#0"]["status"] == "skipped"
-            and "exceeds the model's context of 256" in by_key["long#0"]["reason"])
+            and "leaves no room in the model's context of 256" in by_key["long#0"]["reason"])
     assert by_key["long#1"]["status"] == "skipped" and "earlier turn" in by_key["long#1"]["reason"]
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
-    assert summary.loc[0, "records"] == 1 and summary.loc[0, "skipped"] == 2
+    assert summary.loc[0, "records"] == 2 and summary.loc[0, "skipped"] == 2
 
 
 ERRORS = [

@@ -74,11 +74,13 @@ class _Clock:
 
 
 def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Sequence[Sequence[int]],
-                             max_new_tokens: int, samplers: Sequence[Sampler], stop_ids,
+                             max_new_tokens: int | Sequence[int], samplers: Sequence[Sampler], stop_ids,
                              accept: Accept | None = None) -> tuple[list[Generation], BatchStats]:
     """Decode prompts[r] with proposers[r] and samplers[r], all rows in one target forward per step.
     Under greedy each row's tokens are what speculative_decode gives for its prompt alone (up to
-    float ties: a batched GEMM may sum in another order)."""
+    float ties: a batched GEMM may sum in another order). max_new_tokens: one for every row, or
+    row r's own (a long prompt's is cut by the context)."""
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     rows = [_Row(p, s, list(ids)) for p, s, ids in zip(proposers, samplers, prompts)]
     stats = BatchStats(rows=len(rows))
     cache = lm.new_batch_cache(len(rows))
@@ -91,7 +93,7 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
         for r in active:
             row = rows[r]
             with drafting():
-                proposals.append(propose(row.proposer, row.sequence, max_new_tokens - len(row.tokens) - 1,
+                proposals.append(propose(row.proposer, row.sequence, limits[r] - len(row.tokens) - 1,
                                          prefill=not row.tokens))
             feeds.append(feed(row.cached, row.sequence, proposals[-1]))
         with target():
@@ -112,9 +114,9 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
             row = rows[r]
             scores = split(proposal, logits, extra, fed.uncached)
             step, path = verify_and_commit(row.proposer, proposal, fed, scores, row.sampler, accept, row.sequence,
-                                           row.tokens, max_new_tokens, stop_ids, drafting)
+                                           row.tokens, limits[r], stop_ids, drafting)
             fields.append(step)
-            row.done = row.tokens[-1] in stop_ids or len(row.tokens) >= max_new_tokens
+            row.done = row.tokens[-1] in stop_ids or len(row.tokens) >= limits[r]
             pad = width - len(fed.tokens)
             kept.append([pad + i for i in fed.kept(path)])
             row.cached += len(kept[-1])
@@ -139,7 +141,7 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
     return gens, stats
 
 
-def decode_batch(decoder: "Batches", lm: LM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+def decode_batch(decoder: "Batches", lm: LM, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
                  samplings: Sequence[Sampling], stop_ids) -> tuple[list[Generation], BatchStats]:
     """Run a decoder that batches on these prompts together; samplings[r] is row r's (its own seed)."""
     samplers = [Sampler(s, lm.output_device) for s in samplings]
