@@ -70,6 +70,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from decoders.core.contract import carried_copy, carry
+
 from . import metrics, registry, rundir
 from .__main__ import CONF_DIR, GROUPS, check_seed_and_device, check_writable, config_choices, error_reason
 from .errors import BenchError
@@ -239,6 +241,11 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                 key = f"{prompt.id}#{turn}"
                 first_run: dict[str, dict] = {}
                 latencies: dict[str, list[float]] = {}
+                # What a decoder carries between prompts (recycling's hot table) before this prompt's
+                # first run and after it: every later timed run starts from the former, the next prompt
+                # from the latter, so no repeat drafts from its own earlier run.
+                before = {label: carried_copy(ctx.decoder, lm) for label, ctx in ctxs.items()}
+                after: dict[str, dict | None] = {}
                 for rep in range(repeats):
                     shift = (i * repeats + rep) % len(labels)  # no method always runs first
                     for label in labels[shift:] + labels[:shift]:
@@ -249,7 +256,10 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                             record = new_record(cfgs[label], prompt, turn, status="skipped",
                                                 reason="an earlier turn of this conversation was skipped")
                         else:
+                            if rep:
+                                carry(ctxs[label].decoder, lm, before[label])
                             record = run_unit(ctxs[label], prompt, turn, [r["text"] for r in earlier])
+                            after.setdefault(label, carried_copy(ctxs[label].decoder, lm))
                         first_run.setdefault(label, record)
                         if record["status"] == "ok":
                             latencies.setdefault(label, []).append(record["latency_s"])
@@ -260,6 +270,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                             bar.set_postfix(decoder=label, tok_s=f"{t[0] / t[2]:.1f}",
                                             tok_per_step=f"{t[0] / t[1]:.2f}", refresh=False)
                         bar.update(1)
+                for label, state in after.items():
+                    carry(ctxs[label].decoder, lm, state)
                 # every label's runs of this prompt are done: judge (untimed), then record
                 if sampling.greedy:
                     judge(lm, rendering, first_run, first_run.get(REFERENCE) or logs[REFERENCE].get(key))

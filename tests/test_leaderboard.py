@@ -360,3 +360,31 @@ def test_leaderboard_records_carry_the_lossless_verdict(board):
     out, _ = board
     for r in map(json.loads, (out / "gsm8k" / "lookahead" / "records.jsonl").read_text().splitlines()):
         assert r["lossless"] is True and r["first_divergence"] is None and r["reference"] is None
+
+
+def test_timed_repeats_start_from_the_same_carried_state(tmp_path, monkeypatch):
+    """Issue 41, item 5: recycling's hot table (what a decoder carries between prompts) is, at the
+    start of each timed repeat of a prompt, what it was at the start of the first; the next prompt
+    starts from the table its predecessor's first run left; the warm-up leaves it as it was (empty).
+    On the old code repeats 2-3 drafted from a table holding the prompt's own continuation."""
+    from bench import leaderboard
+    from decoders.methods.recycling import Recycling
+
+    starts = []
+    generate = Recycling.generate
+
+    def logged(self, lm, prompt_ids, *args):
+        starts.append((list(prompt_ids), {k: list(v) for k, v in self.carried(lm).items()}))
+        return generate(self, lm, prompt_ids, *args)
+
+    monkeypatch.setattr(Recycling, "generate", logged)
+    _, labels, runs = leaderboard.compose_all(
+        ["model=tiny-random", "leaderboard.only=[autoregressive,recycling]", "leaderboard.datasets=[gsm8k]",
+         "leaderboard.limit=2", "leaderboard.repeats=3", "gen.max_new_tokens=12", "quality=false", "progress=false"])
+    leaderboard.run_dataset("gsm8k", labels, runs, tmp_path, {}, repeats=3)
+    warm, *timed = starts
+    assert warm[1] == {} and len(timed) == 6  # the warm-up, then 2 prompts x 3 repeats
+    first, second = timed[:3], timed[3:]
+    assert first[0][1] == {} and all(s == first[0] for s in first)  # every repeat: the table as at the first run
+    assert second[0][1] and all(s == second[0] for s in second)
+    assert set(second[0][1]) > set(first[0][1])  # and the second prompt drafts from what the first one's run left

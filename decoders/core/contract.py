@@ -5,6 +5,8 @@ up with isinstance, so a new method opts in by having the members, with no base 
 """
 from __future__ import annotations
 
+import copy
+from contextlib import contextmanager
 from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar, runtime_checkable
 
 from .lm import LM
@@ -45,6 +47,38 @@ class ReportsTuning(Protocol):
     """`tuning`: what an automatic setting resolved to and what it forecast; records keep it."""
 
     tuning: dict | None
+
+
+@runtime_checkable
+class CarriesState(Protocol):
+    """Drafts from what earlier prompts left behind (recycling's hot table). `carried(lm)` is that
+    state, a dict changed in place; warm-ups and timed repeats put it back as it was (see
+    `kept_as_is`), so that no prompt drafts from its own earlier decoding."""
+
+    def carried(self, lm: LM) -> dict: ...
+
+
+def carried_copy(decoder: Decoder, lm: LM) -> dict | None:
+    """A copy of what `decoder` carries between prompts on `lm` (None: nothing)."""
+    return copy.deepcopy(decoder.carried(lm)) if isinstance(decoder, CarriesState) else None
+
+
+def carry(decoder: Decoder, lm: LM, state: dict | None) -> None:
+    """Put back a state carried_copy() took (None: nothing to put back)."""
+    if state is not None:
+        carried = decoder.carried(lm)
+        carried.clear()
+        carried.update(copy.deepcopy(state))
+
+
+@contextmanager
+def kept_as_is(decoder: Decoder, lm: LM):
+    """What `decoder` carries between prompts is the same after the block as before it (warm-ups)."""
+    saved = carried_copy(decoder, lm)
+    try:
+        yield
+    finally:
+        carry(decoder, lm, saved)
 
 
 @runtime_checkable

@@ -83,10 +83,14 @@ class Recycling:
         check("hot_start", self.hot_start, one_of=(True, False))
         self._tables: PerTarget[dict] = PerTarget()  # per target, the table carried between its prompts
 
+    def carried(self, lm: LM) -> dict:
+        """The hot table carried between lm's prompts (CarriesState); empty without hot_start."""
+        return self._tables.get(lm, dict) if self.hot_start else {}
+
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         """Rows of one batch share the hot table (each commits into it in turn): lossless, but their
         drafts then differ from one prompt at a time."""
-        table = self._tables.get(lm, dict) if self.hot_start else None  # a new target starts empty
+        table = self.carried(lm) if self.hot_start else None  # a new target starts empty
         parents, ranks = template(self.tree_size, self.depth, self.successors)
         return AdjacencyDraft(parents, ranks, self.successors, table), None
 
