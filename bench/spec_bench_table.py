@@ -7,8 +7,13 @@ As in Spec-Bench, a question is one unit however many turns it has: its tokens a
 summed over its turns. Run r's speedup is `metrics.speedups` over the questions (Spec-Bench's:
 mean per-question tokens/s over the reference's, both from run r, i.e. repeat r of the
 leaderboard's rotation); the table gives its mean and sample standard deviation (ddof 1) over the
-runs. Mean accepted tokens is `metrics.mean_accepted_tokens` over every turn's steps. Only
-questions whose every turn ran for both the method and the reference count.
+runs. Mean accepted tokens is `metrics.mean_accepted_tokens` over every turn's steps.
+
+Every question runs (Spec-Bench's 480, both turns of MT-Bench's): a generation that reaches the
+model's context stops there (stop_reason "context") and counts with the tokens it made, as in
+Spec-Bench; the one skip is a prompt that fills the context by itself. Only questions whose every
+turn ran for both the method and the reference count, and the table says how many of how many
+that is, which were skipped and how many turns stopped at the context.
 """
 from __future__ import annotations
 
@@ -36,12 +41,17 @@ def columns(categories: list[str]) -> dict[str, tuple[str, ...]]:
     return cols
 
 
-def _questions(records: list[dict]) -> dict[str, list[dict]]:
-    """prompt_id -> its turns' records, for questions whose every recorded turn is ok."""
+def by_question(records: list[dict]) -> dict[str, list[dict]]:
+    """prompt_id -> its turns' records, in turn order."""
     by_id: dict[str, list[dict]] = {}
     for r in records:
         by_id.setdefault(r["prompt_id"], []).append(r)
-    return {q: sorted(rs, key=lambda r: r["turn"]) for q, rs in by_id.items() if all(r["status"] == "ok" for r in rs)}
+    return {q: sorted(rs, key=lambda r: r["turn"]) for q, rs in by_id.items()}
+
+
+def _questions(records: list[dict]) -> dict[str, list[dict]]:
+    """prompt_id -> its turns' records, for questions whose every recorded turn is ok."""
+    return {q: rs for q, rs in by_question(records).items() if all(r["status"] == "ok" for r in rs)}
 
 
 def cell(records: list[dict], reference: list[dict]) -> dict:
@@ -57,7 +67,10 @@ def cell(records: list[dict], reference: list[dict]) -> dict:
                    "latency_s": sum(timed_runs(r)[k] for r in ref[q])})
                  for q in common]
         per_run.append(metrics.speedups(pairs)["speedup"])
-    return {"questions": len(common), "runs": runs,
+    asked = {r["prompt_id"] for r in records + reference}
+    skipped = sorted(q for q in asked if any(r["status"] != "ok" for r in by_question(records + reference).get(q, [])))
+    return {"questions": len(common), "of": len(asked), "skipped": len(skipped), "skipped_ids": " ".join(skipped),
+            "context_stops": sum(r.get("stop_reason") == "context" for q in common for r in mine[q]), "runs": runs,
             "speedup_mean": float(np.mean(per_run)) if per_run else math.nan,
             "speedup_std": float(np.std(per_run, ddof=1)) if len(per_run) > 1 else math.nan,
             "mean_accepted_tokens": metrics.mean_accepted_tokens([r for q in common for r in mine[q]])}
@@ -99,17 +112,34 @@ def markdown(df: pd.DataFrame) -> str:
                   wide(speed, "shown").drop(columns="dataset").to_markdown(index=False),
                   f"\n### {ds}: mean accepted tokens\n",
                   wide(part, "mean_accepted_tokens").drop(columns="dataset").to_markdown(index=False, floatfmt=".2f"),
-                  f"\nquestions per column: {questions}\n"]
+                  f"\nquestions per column: {questions}\n",
+                  coverage(part)]
     return ("Spec-Bench's layout (evaluation/speed.py): a question's turns are summed; run r's speedup is the mean "
             "per-question tokens/s over the reference's in the same run; mean accepted tokens: new tokens per "
             "decoding step, prefill excluded, bonus token included.\n\n" + "\n".join(parts))
 
 
+def coverage(part: pd.DataFrame) -> str:
+    """One dataset's coverage, per decoder (its Overall column): the questions its figures count of
+    those asked, the skipped ones, and the turns stopped at the context."""
+    lines = ["coverage (a question, both turns of MT-Bench's, counts when every turn ran for the decoder and the "
+             "reference; a turn stopped at the context counts with the tokens it made, as in Spec-Bench):"]
+    for row in part[part["column"] == OVERALL].itertuples():
+        ids = row.skipped_ids.split()
+        shown = " ".join(ids[:10]) + (" ..." if len(ids) > 10 else "")
+        lines.append(f"- {row.decoder}: {row.questions} of {row.of} questions; {row.skipped} skipped"
+                     + (f" ({shown}: each record says why)" if ids else "")
+                     + f"; {row.context_stops} turn{'s' if row.context_stops != 1 else ''} stopped at the context")
+    return "\n".join(lines) + "\n"
+
+
 FIGURES = ("speedup_mean", "speedup_std", "mean_accepted_tokens")
+COVERAGE = ("questions", "of", "skipped", "context_stops")
 
 
 def csv_layout(df: pd.DataFrame) -> pd.DataFrame:
-    """A row per (dataset, decoder); per column `<column> <figure>` for each of FIGURES, then runs."""
+    """A row per (dataset, decoder); per column `<column> <figure>` for each of FIGURES, then runs and
+    the Overall column's COVERAGE."""
     out = None
     for figure in FIGURES:
         part = wide(df, figure)
@@ -117,7 +147,9 @@ def csv_layout(df: pd.DataFrame) -> pd.DataFrame:
         out = part if out is None else out.merge(part, on=["dataset", "decoder"], sort=False)
     order = ["dataset", "decoder"] + [f"{c} {f}" for c in dict.fromkeys(df["column"]) for f in FIGURES]
     runs = df.groupby(["dataset", "decoder"], sort=False)["runs"].min().reset_index()
-    return out[order].merge(runs, on=["dataset", "decoder"], sort=False)
+    covered = df[df["column"] == OVERALL][["dataset", "decoder", *COVERAGE]]
+    return out[order].merge(runs, on=["dataset", "decoder"], sort=False).merge(covered, on=["dataset", "decoder"],
+                                                                               sort=False)
 
 
 def write(out_dir: Path, records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:

@@ -138,6 +138,34 @@ def test_spec_bench_table_matches_speed_py():
     assert single["runs"] == 1 and math.isnan(single["speedup_std"]) and single["speedup_mean"] > 0
 
 
+def test_spec_bench_table_says_what_it_covers():
+    """Issue 41, item 2: the table says how many questions its figures count of those asked, which
+    were skipped (a turn that could not run drops its question, for every decoder) and how many
+    turns stopped at the context; a turn stopped there counts with its tokens, as in Spec-Bench."""
+    from bench import spec_bench_table
+
+    ref, fast = [], []
+    for qid, category in [("81", "writing"), ("161", "translation"), ("162", "translation")]:
+        for turn in range(2 if category in MT_BENCH else 1):
+            ref.append(_record(qid, category, turn, 3, [2.0], [1, 1]))
+            fast.append(_record(qid, category, turn, 3, [1.0], [2]))
+    skipped = {"status": "skipped", "reason": "prompt of 4100 tokens leaves no room in the model's context of 4096"}
+    ref[-1] = {k: v for k, v in ref[-1].items() if k in ("key", "prompt_id", "turn", "category")} | skipped
+    fast[-1] = {k: v for k, v in fast[-1].items() if k in ("key", "prompt_id", "turn", "category")} | skipped
+    fast[1]["stop_reason"] = "context"  # 81's second turn ran to the context: it still counts
+    df = spec_bench_table.table({("spec_bench", "autoregressive"): ref, ("spec_bench", "fast"): fast},
+                                ["spec_bench"], ["autoregressive", "fast"])
+    overall = df[(df["column"] == "Overall") & (df["decoder"] == "fast")].iloc[0]
+    assert (overall["questions"], overall["of"], overall["skipped"], overall["context_stops"]) == (2, 3, 1, 1)
+    assert overall["speedup_mean"] == pytest.approx(2.0)  # 81 (both turns) and 161, not 162
+    md = spec_bench_table.markdown(df)
+    assert "- fast: 2 of 3 questions; 1 skipped (162: each record says why); 1 turn stopped at the context" in md
+    assert "- autoregressive: 2 of 3 questions; 1 skipped (162: each record says why); 0 turns" in md
+    wide = spec_bench_table.csv_layout(df)
+    assert list(wide.columns[-4:]) == ["questions", "of", "skipped", "context_stops"]
+    assert list(wide["of"]) == [3, 3] and list(wide["skipped"]) == [1, 1]
+
+
 # ---- the preset and the model configs ---------------------------------------------------------
 
 def test_preset_follows_spec_bench_protocol_with_each_targets_drafts():
@@ -254,7 +282,10 @@ def test_spec_bench_preset_runs_every_turn_and_writes_its_table(tmp_path, monkey
     for column in ("MT-Bench", "Translation", "Overall"):
         assert (wide[f"{column} speedup_mean"] > 0).all() and (wide[f"{column} speedup_std"] >= 0).all()
     assert wide.loc[0, "Overall speedup_mean"] == 1.0 and wide.loc[0, "Overall mean_accepted_tokens"] == 1.0
-    assert "mean ± std over 2 runs" in (out / "spec_bench.md").read_text()
+    assert (wide["questions"] == 2).all() and (wide["of"] == 2).all() and (wide["skipped"] == 0).all()
+    md = (out / "spec_bench.md").read_text()
+    assert "mean ± std over 2 runs" in md
+    assert "- prompt_lookup-n3: 2 of 2 questions; 0 skipped; 0 turns stopped at the context" in md
     assert (out / "leaderboard.csv").is_file()  # ours, beside it
     info = json.loads((out / "provenance.json").read_text())
     assert info["leaderboard"]["turns"] == "all" and info["dtype"] == "float32"
