@@ -346,6 +346,8 @@ DECODERS = {  # name -> (checkpoint, target, decoder)
     "eagle3-dynamic-bf16-draft": ("eagle3", "deep", lambda p: Eagle(draft_weights=p, tree_size=12, depth=4, top_k=4,
                                                                     draft_dtype="bfloat16")),
     "medusa1-auto": ("medusa1", "small", lambda p: Medusa(heads=p, tree_size=12)),
+    # two blocks per head, and the tree's size chosen from the heads' measured cost (it read blocks[0].linear)
+    "medusa1-auto-size": ("medusa1", "small", lambda p: Medusa(heads=p, tree_size="auto", auto_sizes=[2, 4, 8])),
     "medusa1-legacy-list": ("medusa1-legacy", "small",
                             lambda p: Medusa(heads=p, choices=[[0], [1], [0, 0], [0, 0, 0]])),
 }

@@ -54,7 +54,7 @@ class Heads(nn.Module):
         self.outputs = (nn.ModuleList(nn.Linear(hidden_size, vocab, bias=False) for _ in range(k)) if own_outputs
                         else None)
         self.lm_head = [lm_head]  # a list: not a submodule, so neither trained nor saved
-        self.layers = layers
+        self.hidden_size, self.layers = hidden_size, layers
         self.info: dict = {}
         self.readout: list[nn.Linear] = []  # set by restrict_readout: a list, so never saved
         self.readout_ids: torch.Tensor | None = None  # the readout's token ids (column j is token readout_ids[j])

@@ -82,8 +82,8 @@ def choose_size(accuracy, ranks: int, sizes, verify_cost: Callable[[int], float]
 def heads_seconds(lm: LM, heads, repeats: int = 5) -> float:
     """Seconds of one application of the heads to one hidden state, as each step applies them
     (the fastest of `repeats`, after a warm-up)."""
-    weight = heads.blocks[0].linear.weight
-    hidden = torch.zeros(weight.shape[1], dtype=weight.dtype, device=weight.device)
+    weight = next(heads.blocks.parameters())  # any block's: a head may hold several (published Medusa-1)
+    hidden = torch.zeros(heads.hidden_size, dtype=weight.dtype, device=weight.device)
     times = []
     with torch.inference_mode():
         for _ in range(repeats + 1):
