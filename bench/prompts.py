@@ -35,8 +35,13 @@ def render_text(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str
 
 
 def encode(tokenizer, text: str, rendering: str) -> list[int]:
-    # A chat template writes its own special tokens; raw text gets the tokenizer's (a BOS, if any).
-    return list(tokenizer(text, add_special_tokens=rendering != "chat")["input_ids"])
+    """Ids as the reference code encodes them. Raw text gets the tokenizer's special tokens (a BOS,
+    if any). A chat text that begins with the BOS (transformers' templates write it) gets none more;
+    one that does not (FastChat's conversations, as Spec-Bench and the EAGLE authors' scripts render
+    them, then call tokenizer([prompt])) gets the tokenizer's, as there. Either way: one BOS."""
+    bos = getattr(tokenizer, "bos_token", None)
+    special = rendering != "chat" or not (bos and text.startswith(bos))
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
 def render(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str) -> tuple[str, list[int]]:

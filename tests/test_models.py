@@ -317,9 +317,10 @@ def test_vicuna_chat_template_renders(smollm):
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     system = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
               "detailed, and polite answers to the user's questions.")
-    assert text == f"{system} USER: Hi there ASSISTANT: Hello!</s> USER: How are you? ASSISTANT:"
+    # FastChat's vicuna_v1.1: no space after sep2 "</s>" (tests/test_reference_prompts.py: against fschat itself)
+    assert text == f"{system} USER: Hi there ASSISTANT: Hello!</s>USER: How are you? ASSISTANT:"
     assert tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=False) == \
-        f"{system} USER: Hi there"
+        f"{system} USER: Hi there "
     assert smollm.tokenizer.chat_template != spec.chat_template  # the copy, not the shared tokenizer
 
 
