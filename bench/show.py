@@ -6,12 +6,17 @@ lookahead decoding blog shows its demo: where a method speeds up, long coloured 
 stalls, single plain tokens. Writes a self-contained HTML page (RUN_DIR/show/<prompt>_<turn>.html
 by default; an id that is not a plain short file name gets a hash) and prints the same to the terminal
 with ANSI colours.
+
+`--prompt-ids` prints instead the exact prompt text and token ids the run fed the model for that
+prompt and turn (the record's text, encoded as the runner encodes it), to check a rendering
+against a reference implementation's.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import html
+import json
 import re
 import sys
 from pathlib import Path
@@ -20,6 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from .errors import BenchError
+from .prompts import encode
 from .records import read_records, records_path
 from .targets import check_targets
 
@@ -85,6 +91,28 @@ def step_texts(record: dict, tokenizer) -> list[tuple[str, int, int]]:
         out.append((text[len(before):], committed, fed))
         before = text
     return out
+
+
+def prompt_ids(record: dict, tokenizer) -> list[int]:
+    """The ids the run fed the model: the record's prompt text encoded as the runner encodes it
+    (bench/prompts.py), checked against the count the run recorded."""
+    if not record.get("prompt_text") or not record.get("rendering"):
+        raise BenchError(f"the record of {record['prompt_id']} turn {record['turn']} keeps no prompt text or rendering")
+    ids = encode(tokenizer, record["prompt_text"], record["rendering"])
+    if record.get("prompt_tokens") is not None and len(ids) != record["prompt_tokens"]:
+        raise BenchError(f"the run's tokenizer now encodes this prompt as {len(ids)} tokens, the run fed "
+                         f"{record['prompt_tokens']}: the tokenizer or bench/prompts.py changed since")
+    return ids
+
+
+def show_prompt(run_dir: str | Path, prompt_id: str, turn: int = 0) -> list[int]:
+    """Print the prompt text and ids the run fed the model for this prompt and turn."""
+    run_dir = Path(run_dir)
+    record = load_record(run_dir, prompt_id, turn)
+    ids = prompt_ids(record, tokenizer_for(run_dir))
+    print(f"prompt {prompt_id} turn {turn} as the run fed it ({record['rendering']} rendering, {len(ids)} tokens); "
+          f"text between the lines:\n{'-' * 40}\n{record['prompt_text']}\n{'-' * 40}\nids: {json.dumps(ids)}")
+    return ids
 
 
 def render_html(record: dict, steps: list[tuple[str, int, int]]) -> str:
@@ -156,9 +184,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn", type=int, default=0)
     parser.add_argument("--out", help="HTML file (default RUN_DIR/show/<prompt>_<turn>.html)")
     parser.add_argument("--no-color", action="store_true")
+    parser.add_argument("--prompt-ids", action="store_true",
+                        help="print the exact prompt text and token ids the run fed the model, instead")
     args = parser.parse_args(argv)
     try:
-        show(args.run_dir, args.prompt, args.turn, args.out, False if args.no_color else None)
+        if args.prompt_ids:
+            show_prompt(args.run_dir, args.prompt, args.turn)
+        else:
+            show(args.run_dir, args.prompt, args.turn, args.out, False if args.no_color else None)
     except BenchError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

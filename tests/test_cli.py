@@ -162,6 +162,32 @@ def test_a_prompt_cut_by_the_context_runs_and_only_an_overlong_one_is_skipped(tm
     assert summary.loc[0, "records"] == 2 and summary.loc[0, "skipped"] == 2
 
 
+def test_show_prints_the_prompt_ids_a_run_fed_the_model(tmp_path, capsys):
+    """Issue 41, item 1: bench.show --prompt-ids prints the exact prompt text and ids of a turn; they
+    are the ones the run fed the model: greedy decoding from them gives the record's tokens again."""
+    from omegaconf import OmegaConf
+
+    from bench import show
+    from bench.runner import build
+    from decoders.core.sampling import Sampling
+    from decoders.methods.autoregressive import autoregressive_decode
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "two", "prompt": ["Say hi.", "And again?"]}) + "\n")
+    run = tmp_path / "run"
+    out = run_cli(*TINY, "dataset=jsonl", f"dataset.path={prompts}", f"hydra.run.dir={run}")
+    assert out.returncode == 0, out.stderr
+    record = {r["key"]: r for r in records(run)}["two#1"]
+    capsys.readouterr()
+    show.main([str(run), "--prompt", "two", "--turn", "1", "--prompt-ids"])
+    printed = capsys.readouterr().out
+    assert f"\n{record['prompt_text']}\n" in printed and "chat rendering" in printed
+    ids = json.loads(printed.rsplit("ids: ", 1)[1])
+    assert len(ids) == record["prompt_tokens"]
+    lm = build(OmegaConf.load(run / "config.yaml").model, "model").load()
+    assert autoregressive_decode(lm, ids, 8, Sampling(), lm.stop_ids).tokens == record["tokens"]
+
+
 ERRORS = [
     (["decoder=nope"],
      "unknown decoder 'nope'; choose one of: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld"),
