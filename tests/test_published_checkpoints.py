@@ -332,6 +332,7 @@ def checkpoints(tmp_path_factory):
     write_eagle3(root / "eagle3", deep, seed=6, draft_vocab=40)
     write_medusa(root / "medusa1", small, seed=7, heads=3, layers=2)
     write_medusa(root / "medusa1-legacy", small, seed=8, heads=3, own_outputs=False, fmt="pt")
+    write_medusa(root / "medusa1-4", small, seed=9, heads=4)  # deep enough for Medusa-1's mc_sim_7b_63
     return root, small, deep
 
 
@@ -348,6 +349,9 @@ DECODERS = {  # name -> (checkpoint, target, decoder)
     "medusa1-auto": ("medusa1", "small", lambda p: Medusa(heads=p, tree_size=12)),
     # two blocks per head, and the tree's size chosen from the heads' measured cost (it read blocks[0].linear)
     "medusa1-auto-size": ("medusa1", "small", lambda p: Medusa(heads=p, tree_size="auto", auto_sizes=[2, 4, 8])),
+    # the authors' own trees, by name (decoders/published_trees.json)
+    "eagle1-mc_sim_7b_63": ("eagle1-bin", "small", lambda p: Eagle(draft_weights=p, tree="mc_sim_7b_63")),
+    "medusa1-mc_sim_7b_63": ("medusa1-4", "small", lambda p: Medusa(heads=p, choices="mc_sim_7b_63")),
     "medusa1-legacy-list": ("medusa1-legacy", "small",
                             lambda p: Medusa(heads=p, choices=[[0], [1], [0, 0], [0, 0, 0]])),
 }
@@ -476,3 +480,28 @@ def test_cli_refuses_a_checkpoint_for_another_base_model_with_exit_2(tmp_path):
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert "made for base model lmsys/vicuna-7b-v1.3; the target is tiny-random" in lines[0]
+
+
+def test_published_trees_are_the_authors():
+    """decoder.tree=mc_sim_7b_63 (EAGLE) and decoder.choices=mc_sim_7b_63 (Medusa) are the authors'
+    trees, which differ under one name: EAGLE-1's is eagle-llm's own list (the oracle: its 25 paths),
+    and the static tree we build from it is the one the authors' generate_tree_buffers builds (the
+    same ancestors and depth for every node); Medusa-1's holds 63 prefix-closed paths of depth <= 4."""
+    from eagle.model.choices import mc_sim_7b_63 as authors
+    from eagle.model.utils import generate_tree_buffers
+
+    from decoders.core.tree import published_trees, tree_shape
+
+    eagle, medusa = published_trees()["eagle"]["mc_sim_7b_63"], published_trees()["medusa"]["mc_sim_7b_63"]
+    assert eagle == [tuple(p) for p in authors] and len(eagle) == 25
+    parents, slots = tree_shape(eagle)
+    buffers = generate_tree_buffers(authors, device="cpu")
+    ancestors = torch.eye(len(parents))
+    for node in range(1, len(parents)):
+        parent = node
+        while parent > 0:
+            parent = parents[parent]
+            ancestors[node, parent] = 1
+    assert torch.equal(ancestors, buffers["tree_attn_mask"][0, 0].float())
+    assert [0] + [depth + 1 for depth, _ in slots] == buffers["tree_position_ids"].tolist()
+    assert len(medusa) == 63 and max(map(len, medusa)) == 4 and tree_shape(medusa)[0][0] == -1

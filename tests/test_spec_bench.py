@@ -179,11 +179,17 @@ def test_preset_follows_spec_bench_protocol_with_each_targets_drafts():
     assert base.dtype == "auto"  # float16 on CUDA, as Spec-Bench runs; float32 on CPU
     from bench.models import resolve_dtype
     assert resolve_dtype(base.dtype, torch.device("cuda")) == torch.float16
-    assert labels[0] == "autoregressive" and {"medusa", "eagle", "eagle-static"} <= set(labels)
-    eagle, static, medusa = (runs["spec_bench", x] for x in ("eagle", "eagle-static", "medusa"))
-    assert eagle.decoder.draft_weights == static.decoder.draft_weights == "yuhuili/EAGLE-Vicuna-7B-v1.3"
-    assert eagle.decoder.tree == "dynamic" and static.decoder.tree == "static"
-    assert medusa.decoder.heads == "FasterDecoding/medusa-vicuna-7b-v1.3"
+    authors = {"eagle2-t60d5k10", "eagle1-mc_sim_7b_63", "medusa-mc_sim_7b_63"}
+    assert labels[0] == "autoregressive" and {"medusa", "eagle"} | authors <= set(labels)
+    eagle, eagle1, eagle2, medusa, medusa1 = (runs["spec_bench", x] for x in (
+        "eagle", "eagle1-mc_sim_7b_63", "eagle2-t60d5k10", "medusa", "medusa-mc_sim_7b_63"))
+    assert {r.decoder.draft_weights for r in (eagle, eagle1, eagle2)} == {"yuhuili/EAGLE-Vicuna-7B-v1.3"}
+    assert {r.decoder.heads for r in (medusa, medusa1)} == {"FasterDecoding/medusa-vicuna-7b-v1.3"}
+    # the authors' settings: EAGLE-2's total_token 60 / depth 5 / top_k 10 in our counting, their named trees
+    assert (eagle2.decoder.tree, eagle2.decoder.tree_size, eagle2.decoder.depth, eagle2.decoder.top_k) == \
+        ("dynamic", 59, 6, 10)
+    assert eagle1.decoder.tree == "mc_sim_7b_63" and medusa1.decoder.choices == "mc_sim_7b_63"
+    assert eagle.decoder.tree == "dynamic" and medusa.decoder.choices == "auto"  # ours, beside them
     assert eagle.model.revision == "236eeeab96f0dc2e463f2bebb7bb49809279c6d6"
     lookahead = runs["spec_bench", "lookahead-n5w7g7"].decoder
     assert (lookahead.ngram, lookahead.window, lookahead.guess_set_size) == (5, 7, 7)

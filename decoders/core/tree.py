@@ -6,8 +6,11 @@ has a parent with a smaller index, so a chain of k drafts is the tree with paren
 """
 from __future__ import annotations
 
+import functools
 import heapq
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -114,14 +117,35 @@ def prior_accuracy(k: int, top_k: int) -> list[list[float]]:
     return [[0.6 ** (i + 1) * 0.5 ** r for r in range(top_k)] for i in range(k)]
 
 
-def tree_shape(paths: list[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, int]]]:
+@functools.cache
+def published_trees() -> dict[str, dict[str, list[tuple[int, ...]]]]:
+    """The trees their authors published, as rank paths, per method and name (decoders/published_trees.json,
+    with each one's source): e.g. EAGLE-1's and Medusa-1's mc_sim_7b_63, which are different trees."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "published_trees.json").read_text())
+    return {method: {name: [tuple(p) for p in tree["paths"]] for name, tree in trees.items()}
+            for method, trees in data.items()}
+
+
+def given_paths(key: str, value, method: str) -> list[tuple[int, ...]] | None:
+    """decoder.<key> as rank paths: a list of them (prefix-closed), or the name of a tree `method`'s
+    authors published; None where `value` is a string naming none."""
+    if isinstance(value, str):
+        return published_trees().get(method, {}).get(value)
+    paths = [tuple(int(r) for r in p) for p in value]
+    if not paths or any(not p or min(p) < 0 for p in paths):
+        raise ValueError(f"decoder.{key}: a list of non-empty rank paths of integers >= 0, e.g. [[0], [1], [0, 0]]")
+    tree_shape(paths, key)  # prefix-closed, or a clear error now
+    return paths
+
+
+def tree_shape(paths: list[tuple[int, ...]], key: str = "choices") -> tuple[list[int], list[tuple[int, int]]]:
     """parents (node 0 = root) and, per node after the root, (head, rank) that supplies its token."""
     paths = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
     index = {(): 0}
     parents, slots = [-1], []
     for p in paths:
         if p[:-1] not in index:
-            raise ValueError(f"decoder.choices: path {list(p)} has no parent path {list(p[:-1])} in the set")
+            raise ValueError(f"decoder.{key}: path {list(p)} has no parent path {list(p[:-1])} in the set")
         index[p] = len(parents)
         parents.append(index[p[:-1]])
         slots.append((len(p) - 1, p[-1]))

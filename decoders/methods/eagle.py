@@ -33,7 +33,7 @@ import heapq
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
-from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
+from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, tree_shape
 from ..core.weights_file import is_checkpoint_dir, load_checked, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
@@ -378,7 +378,7 @@ class Eagle:
     # ours, or an EAGLE-1/2/3 dir or hub id; null = untrained
     draft_weights: str | None = "adapters/smollm2-135m-eagle.safetensors"
     draft_seed: int | None = None  # draft_weights=null: a random draft from this seed (exactness tests)
-    tree: str = "dynamic"  # dynamic (EAGLE-2) | static (EAGLE-1)
+    tree: Any = "dynamic"  # dynamic (EAGLE-2) | static (EAGLE-1) | mc_sim_7b_63 (EAGLE-1's own) | rank paths
     tree_size: int = 24  # draft nodes verified (verification width - 1)
     depth: int = 6  # deepest draft node
     top_k: int = 8  # dynamic: nodes expanded per depth and children per node; static: ranks per depth
@@ -390,7 +390,10 @@ class Eagle:
     def __post_init__(self):
         for key in ("tree_size", "depth", "top_k"):
             check(key, getattr(self, key), at_least=1)
-        check("tree", self.tree, one_of=("dynamic", "static"))
+        self._given = None if self.tree in ("dynamic", "static") else given_paths("tree", self.tree, "eagle")
+        if self.tree not in ("dynamic", "static") and self._given is None:
+            raise ValueError("decoder.tree must be dynamic, static, a tree its authors published ("
+                             f"{', '.join(published_trees()['eagle'])}) or a list of rank paths, got {self.tree!r}")
         check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES), also=(None,))
         self.lossless = True
         self.tuning: dict = {}
@@ -403,6 +406,8 @@ class Eagle:
 
     def shape(self, draft: FeatureDraft):
         """Static tree: (parents, slots) from the draft's measured accuracy, or the prior."""
+        if self._given is not None:  # the authors' tree, or one given: tree_size / depth / top_k do not apply
+            return draft, tree_shape(self._given, "tree"), "published" if isinstance(self.tree, str) else "given"
         if self._shape is None or self._shape[0] is not draft:
             measured = draft.accuracy()
             accuracy = [row[:self.top_k] for row in measured[:self.depth]] if measured else None
@@ -414,13 +419,15 @@ class Eagle:
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         draft = self.load_addons(lm)
         shape = None
-        self.tuning = {"tree": self.tree, "tree_size": self.tree_size, "depth": self.depth, "top_k": self.top_k,
+        kind, depth = ("dynamic" if self.tree == "dynamic" else "static"), self.depth
+        self.tuning = {"tree": self.tree if isinstance(self.tree, str) else "list", "tree_size": self.tree_size,
+                       "depth": self.depth, "top_k": self.top_k,
                        "draft_vocab": len(draft.vocab), "draft_dtype": str(draft.dtype).replace("torch.", "")}
-        if self.tree == "static":
+        if kind == "static":
             _, shape, source = self.shape(draft)
-            self.tuning.update(source=source, tree_size=len(shape[0]) - 1,
-                               depth=max((s[0] + 1 for s in shape[1]), default=0))
-        return FeatureDraftProposer(draft, self.tree, self.tree_size, self.depth, self.top_k, shape), None
+            depth = max((s[0] + 1 for s in shape[1]), default=0)  # a given tree's own, which may pass self.depth
+            self.tuning.update(source=source, tree_size=len(shape[0]) - 1, depth=depth)
+        return FeatureDraftProposer(draft, kind, self.tree_size, depth, self.top_k, shape), None
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)

@@ -32,7 +32,7 @@ from .heads import HeadsProposer, heads_for
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
-from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
+from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, tree_shape
 from ..tuning.profile import forward_latency, step_cost
 
 
@@ -100,7 +100,7 @@ class Medusa:
     heads: str | None = None  # a heads file (scripts/train_heads.py), a Medusa-1 directory or hub id; null = untrained
     num_heads: int = 4  # heads to build when heads=null
     heads_seed: int | None = None  # heads=null: random heads from this seed (exactness tests)
-    choices: Any = "auto"  # auto | chain | prior | a list of rank paths
+    choices: Any = "auto"  # auto | chain | prior | mc_sim_7b_63 (Medusa-1's, published_trees.json) | rank paths
     tree_size: Any = 32  # candidate nodes for auto / prior; auto: the size of auto_sizes best on this device
     ranks_per_head: int = 10  # ranks per head that auto / prior may use
     auto_sizes: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
@@ -125,16 +125,11 @@ class Medusa:
         if not (0 < self.posterior_threshold <= 1 and 0 < self.posterior_alpha <= 1):
             raise ValueError(f"decoder.posterior_threshold and posterior_alpha must be in (0, 1], got "
                              f"{self.posterior_threshold} and {self.posterior_alpha}")
-        if isinstance(self.choices, str):
-            if self.choices not in ("auto", "chain", "prior"):
-                raise ValueError("decoder.choices must be auto, chain, prior or a list of rank paths, "
-                                 f"got {self.choices!r}")
-        else:
-            paths = [tuple(int(r) for r in p) for p in self.choices]
-            if not paths or any(not p or min(p) < 0 for p in paths):
-                raise ValueError("decoder.choices: a list of non-empty rank paths of integers >= 0, "
-                                 "e.g. [[0], [1], [0, 0]]")
-            tree_shape(paths)  # prefix-closed, or a clear error now
+        self._given = None if self.choices in ("auto", "chain", "prior") else given_paths("choices", self.choices,
+                                                                                            "medusa")
+        if self.choices not in ("auto", "chain", "prior") and self._given is None:
+            raise ValueError("decoder.choices must be auto, chain, prior, a tree its authors published ("
+                             f"{', '.join(published_trees()['medusa'])}) or a list of rank paths, got {self.choices!r}")
         self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}
         self._shape = None
@@ -160,11 +155,11 @@ class Medusa:
                                                    *self.costs(lm, heads))
             paths = best_paths(accuracy, size, self.ranks_per_head)
             return paths, "measured" if measured else "prior", expected_tokens(accuracy, paths)
-        paths = [tuple(int(r) for r in p) for p in self.choices]
+        paths = self._given
         if max(map(len, paths)) > heads.k:
             raise ValueError(f"decoder.choices: a path of depth {max(map(len, paths))} needs that many heads; "
                              f"these heads have {heads.k}")
-        return paths, "given", None
+        return paths, "published" if isinstance(self.choices, str) else "given", None
 
     def costs(self, lm: LM, heads) -> tuple[Callable[[int], float], float]:
         """This device's cost, in autoregressive steps, of verifying k tokens (k -> cost), and of one
