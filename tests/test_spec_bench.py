@@ -168,8 +168,10 @@ def test_spec_bench_table_says_what_it_covers():
 
 # ---- the preset and the model configs ---------------------------------------------------------
 
-def test_preset_follows_spec_bench_protocol_with_each_targets_drafts():
+def test_preset_follows_spec_bench_protocol_with_each_targets_drafts(monkeypatch):
     from bench.leaderboard import compose_all
+
+    monkeypatch.delenv("BENCH_COMPILE", raising=False)  # the suite's own default (none) would hide the preset's
 
     base, labels, runs = compose_all(["+preset=spec_bench", "model=vicuna-7b-v1.3"])
     board = base.leaderboard
@@ -190,6 +192,8 @@ def test_preset_follows_spec_bench_protocol_with_each_targets_drafts():
         ("dynamic", 59, 6, 10)
     assert eagle1.decoder.tree == "mc_sim_7b_63" and medusa1.decoder.choices == "mc_sim_7b_63"
     assert eagle.decoder.tree == "dynamic" and medusa.decoder.choices == "auto"  # ours, beside them
+    # one path for every entry: eager, as the hf_* peers and Spec-Bench's baselines run (7B configs default to auto)
+    assert {run.model.compile for run in runs.values()} == {"none"}
     assert eagle.model.revision == "236eeeab96f0dc2e463f2bebb7bb49809279c6d6"
     lookahead = runs["spec_bench", "lookahead-n5w7g7"].decoder
     assert (lookahead.ngram, lookahead.window, lookahead.guess_set_size) == (5, 7, 7)
