@@ -289,6 +289,8 @@ def test_model_configs_hub_ids(choice, path, monkeypatch):
     assert spec.device_map is None and spec.attn_implementation == "sdpa"
     if choice == "vicuna-7b":
         assert spec.chat_template and "USER:" in spec.chat_template
+    elif choice.startswith("llama2"):  # the EAGLE authors' rendering (tests/test_reference_prompts.py)
+        assert spec.chat_template and "<<SYS>>" in spec.chat_template
     else:
         assert spec.chat_template is None
 

@@ -83,3 +83,30 @@ def test_vicuna_renders_as_spec_bench_renders_fastchats_vicuna_v1_1(llama_tokeni
                 assert ids == tokenizer([reference]).input_ids[0], (choice, prompt.id, turn)
                 assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
     assert "</s>USER: " in text and text.endswith(" ASSISTANT:")  # the second turn, after the first answer
+
+
+# The system message of the EAGLE authors' Llama-2-chat and Llama-3 evaluation scripts (Llama-2's own)
+EAGLE_SYSTEM = ("You are a helpful, respectful and honest assistant. Always answer as helpfully as possible, while "
+                "being safe.  Your answers should not include any harmful, unethical, racist, sexist, toxic, "
+                "dangerous, or illegal content. Please ensure that your responses are socially unbiased and "
+                "positive in nature.\n\nIf a question does not make any sense, or is not factually coherent, "
+                "explain why instead of answering something not correct. If you don't know the answer to a "
+                "question, please don't share false information.")
+
+
+@pytest.mark.parametrize("choice", ["llama2-7b-chat", "llama2-13b-chat"])
+def test_llama2_chat_renders_as_the_eagle_authors_evaluation(llama_tokenizer_dir, mt_bench, choice):
+    """llama2-*-chat: eagle/evaluation/gen_ea_answer_llama2chat.py's rendering: fschat's
+    get_conversation_template("llama-2-chat") with their system message, get_prompt() + " ", then
+    tokenizer([prompt]): the same text and ids for both turns of all 80 questions, the BOS once."""
+    tokenizer = _tokenizer(choice, llama_tokenizer_dir)
+    for prompt in mt_bench:
+        conv = get_conversation_template("llama-2-chat")
+        assert conv.name == "llama-2"
+        conv.system_message = EAGLE_SYSTEM
+        for turn, reference in enumerate(_fastchat_turns(conv, prompt, suffix=" ")):
+            text, ids = _ours(tokenizer, prompt, turn)
+            assert text == reference, (prompt.id, turn)
+            assert ids == tokenizer([reference]).input_ids[0], (prompt.id, turn)
+            assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == turn + 1
+    assert " </s><s>[INST] " in text and text.endswith(" [/INST] ")  # the second turn, after the first answer
