@@ -21,6 +21,7 @@ from decoders.core.lm import LM
 from decoders.tuning.profile import choose_compile, choose_fast_path
 
 from .errors import BenchError
+from .prompts import set_system_message
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -162,9 +163,11 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
     return lm
 
 
-def _apply_chat_template(tokenizer, chat_template: str | None):
+def _apply_chat_template(tokenizer, chat_template: str | None, system_message: str | None = None):
     if chat_template:
         tokenizer.chat_template = chat_template
+    if system_message:
+        set_system_message(tokenizer, system_message)
     return tokenizer
 
 
@@ -181,6 +184,7 @@ class PretrainedModel:
     offload: bool = False  # let the device_map put modules on CPU / disk (device_map auto when none is given)
     attn_implementation: str = "sdpa"
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
+    system_message: str | None = None  # a system turn before every chat conversation (a reference's rendering)
     max_context: int | None = None  # default: config.max_position_embeddings
     fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
     compile: str = "none"  # decode-step forward: none (eager), inductor, auto (measured, cached; 7B+ confs)
@@ -192,7 +196,8 @@ class PretrainedModel:
 
         local = Path(self.path).expanduser()
         source = str(local) if local.is_dir() else self.path
-        return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template)
+        return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template,
+                                    self.system_message)
 
     def load(self, batch: int = 1, add_ons: int = 0) -> LM:
         """Load for decoding up to `batch` rows at once, beside `add_ons` bytes of the decoder's drafts
@@ -241,7 +246,7 @@ class PretrainedModel:
         if device_map is None:
             model.to(device)
         check_placement(self.name, device, model, self.offload)
-        lm = LM(model, _apply_chat_template(tokenizer, self.chat_template), name=self.name,
+        lm = LM(model, _apply_chat_template(tokenizer, self.chat_template, self.system_message), name=self.name,
                 max_context=self.max_context)
         # What was loaded, for provenance: the revision asked for and the hub commit it resolved to
         # (None for a local directory, which is read as it is).

@@ -20,10 +20,17 @@ def rendering_for(tokenizer, prompt_format: str) -> str:
     return prompt_format
 
 
+def set_system_message(tokenizer, text: str | None) -> None:
+    """A system turn to open every chat conversation with (model.system_message: the EAGLE authors'
+    Llama-3 evaluation gives one), kept on the tokenizer beside its chat template."""
+    tokenizer.bench_system_message = text
+
+
 def render_text(tokenizer, prompt: Prompt, turn: int, previous_outputs: list[str], rendering: str) -> str:
     """The text for `turn`, after the model's own outputs for the earlier turns."""
     if rendering == "chat":
-        messages = []
+        system = getattr(tokenizer, "bench_system_message", None)
+        messages = [{"role": "system", "content": system}] if system else []
         for user, assistant in prompt.shots:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
         for i in range(turn):

@@ -110,3 +110,38 @@ def test_llama2_chat_renders_as_the_eagle_authors_evaluation(llama_tokenizer_dir
             assert ids == tokenizer([reference]).input_ids[0], (prompt.id, turn)
             assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == turn + 1
     assert " </s><s>[INST] " in text and text.endswith(" [/INST] ")  # the second turn, after the first answer
+
+
+# A stand-in for Llama-3.1-Instruct's own template (Meta's tokenizer is gated): its plain-chat shape,
+# BOS written by the template, every message's content trimmed.
+LLAMA3_STAND_IN = ("{{ bos_token }}{% for m in messages %}"
+                   "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' }}"
+                   "{{ m['content'] | trim + '<|eot_id|>' }}"
+                   "{% endfor %}{% if add_generation_prompt %}"
+                   "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+
+def test_llama3_renders_as_the_eagle_authors_evaluation(llama_tokenizer_dir, mt_bench, tmp_path):
+    """llama-3.1-8b-instruct: eagle/evaluation/gen_ea_answer_llama3chat.py's rendering: the
+    tokenizer's own template over their system message and the turns (add_generation_prompt), then
+    tokenizer([prompt], add_special_tokens=False); the answer stored stripped. Our config adds the
+    system message (model.system_message) and keeps the tokenizer's template: the same text and ids,
+    the template's BOS once."""
+    import shutil
+
+    shutil.copytree(llama_tokenizer_dir, tmp_path / "tok")
+    config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": LLAMA3_STAND_IN}))
+    tokenizer = _tokenizer("llama-3.1-8b-instruct", tmp_path / "tok")
+    assert tokenizer.chat_template == LLAMA3_STAND_IN  # the tokenizer's own, not replaced
+    for prompt in mt_bench:
+        messages = [{"role": "system", "content": EAGLE_SYSTEM}]
+        for turn, question in enumerate(prompt.turns):
+            messages.append({"role": "user", "content": question})
+            reference = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text, ids = _ours(tokenizer, prompt, turn)
+            assert text == reference, (prompt.id, turn)
+            assert ids == tokenizer([reference], add_special_tokens=False).input_ids[0], (prompt.id, turn)
+            assert ids.count(tokenizer.bos_token_id) == 1
+            messages.append({"role": "assistant", "content": FIRST_ANSWER.strip()})
+    assert EAGLE_SYSTEM in text and text.count("<|start_header_id|>user") == 2
