@@ -104,7 +104,7 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         "draft_flops": sum(s.draft_flops for s in steps),
         # Decode FLOPs leave out both prefills: the target's (step 0) and the draft's pass over the prompt.
         "decode_draft_flops": sum(s.draft_flops - s.draft_prefill_flops for s in steps),
-        "stop_reason": gen.stop_reason,
+        "stop_reason": gen.stop_reason,  # "eos" or "length"; the runner says "context" for a length the context cut
         # Only decoders verifying pool candidates record "hit"; None keeps the rate undefined for the rest.
         "hit_steps": sum(bool(s.info["hit"]) for s in steps) if steps and "hit" in steps[0].info else None,
         **_depth_counts(steps),

@@ -138,6 +138,18 @@ def test_rows_that_stop_at_once_and_a_single_row():
     assert gens[0].tokens == autoregressive_decode(lm, prompts[0], 12, GREEDY, set()).tokens
 
 
+@pytest.mark.parametrize("name", ["autoregressive", "spec_chain-4", "lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1"])
+def test_each_row_stops_at_its_own_limit(name):
+    """Issue 41, item 2: a row's max_new_tokens may be its own (a long prompt's is cut by the
+    context); each row is then what the decoder gives its prompt alone at that limit."""
+    lm, decoder = tiny_lm(seed=5), BATCHED[name]
+    prompts, limits = mixed_prompts(5, 3), [3, 12, 7]
+    gens, _ = decode_batch(decoder, lm, prompts, limits, [GREEDY] * 3, set())
+    assert [len(g.tokens) for g in gens] == limits
+    for prompt, limit, gen in zip(prompts, limits, gens):
+        assert gen.tokens == decoder.generate(lm, prompt, limit, GREEDY, set()).tokens
+
+
 @pytest.mark.parametrize("name", ["autoregressive", "spec_chain-4", "lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1",
                                   "specinfer-2x3", "sequoia-8-3", "bpd-neural-p2-seed1"])
 def test_sampled_rows_draw_their_own_streams(name):
