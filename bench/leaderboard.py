@@ -71,6 +71,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from decoders.core.contract import carried_copy, carry
+from decoders.core.weights_file import addon_bytes
 
 from . import metrics, registry, rundir
 from .__main__ import CONF_DIR, GROUPS, check_seed_and_device, check_writable, config_choices, error_reason
@@ -220,7 +221,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         if not todo:
             return records()
         if "lm" not in lm_cache:
-            lm_cache["lm"] = build(first.model, "model").load()
+            # one target for every entry, beside all their drafts and heads: the estimate counts them all
+            lm_cache["lm"] = build(first.model, "model").load(add_ons=sum(addon_bytes(d) for d in decoders.values()))
         lm = lm_cache["lm"]
         rendering = rendering_for(lm.tokenizer, first.prompt_format)
         sampling, _ = check_config(first)

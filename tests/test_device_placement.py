@@ -3,6 +3,7 @@ hardware provenance records. This machine has no GPU: placement is checked by co
 head moved to the meta device stands for a model whose device_map ends on another GPU), CUDA
 queries are monkeypatched, and the end-to-end GPU equality runs under the `cuda` marker."""
 import functools
+import types
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_memory_estimate_counts_weights_packed_copies_and_kv_cache():
     assert need == {"weights": weights, "packed_copies": linear, "kv_cache": 4 * 50 * 3 * 2 * 2 * 16 * 2, "add_ons": 0}
 
 
-def test_memory_estimate_counts_the_decoders_add_on_files(tmp_path):
+def test_memory_estimate_counts_the_decoders_add_on_files(tmp_path, monkeypatch):
     from decoders.core.weights_file import REPO, addon_bytes
     from decoders.methods.eagle import Eagle
     from decoders.methods.medusa import Medusa
@@ -91,7 +92,22 @@ def test_memory_estimate_counts_the_decoders_add_on_files(tmp_path):
     (published / "medusa_lm_head.safetensors").write_bytes(b"x" * 1000)
     (published / "config.json").write_text("{}")
     assert addon_bytes(Medusa(heads=str(published))) == 1000
-    assert addon_bytes(Medusa(heads=None)) == 0 and addon_bytes(Medusa(heads="org/not-downloaded")) == 0
+    assert addon_bytes(Medusa(heads=None)) == 0
+
+    # a hub id: its largest weights file, from the hub's listing (nothing downloaded); 0 where it cannot be asked
+    import huggingface_hub
+
+    class Listing:
+        def model_info(self, repo_id, files_metadata=False, timeout=None):
+            assert files_metadata and repo_id == "org/medusa"
+            files = [("config.json", 10), ("medusa_lm_head.pt", 700), ("medusa_lm_head.safetensors", 800)]
+            return types.SimpleNamespace(siblings=[types.SimpleNamespace(rfilename=n, size=b) for n, b in files])
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Listing)
+    assert addon_bytes(Medusa(heads="org/medusa")) == 800
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert addon_bytes(Medusa(heads="org/not-downloaded")) == 0
     model = TinyRandomModel(num_layers=2, device="cpu").build(100)
     need = check_memory("tiny", model.config, torch.float32, torch.device("cpu"), 1, 10, packed=False,
                         spread=False, add_ons=12345)

@@ -25,8 +25,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gz")
 
 def addon_bytes(decoder) -> int:
     """Bytes of the add-on files a decoder names (its EAGLE draft / heads / n-gram LM, its draft's exit
-    adapter) that are here already, for the memory estimate before the target loads. A hub id not
-    yet downloaded counts 0: its size is unknown until then."""
+    adapter), for the memory estimate before the target loads: a local file or directory as it is; a
+    hub id by the size of its largest weights file (the one a loader reads), from the hub's file
+    listing, without downloading. A hub id that cannot be looked up (offline) counts 0."""
     names = [getattr(decoder, key, None) for key in ("draft_weights", "heads", "ngram")]
     names.append(getattr(getattr(decoder, "draft", None), "adapter", None))
     total = 0
@@ -34,9 +35,23 @@ def addon_bytes(decoder) -> int:
         if not isinstance(name, (str, Path)) or not name:
             continue
         p = addon_path(name)
-        files = [p] if p.is_file() else [f for f in p.rglob("*") if f.suffix in WEIGHT_SUFFIXES] if p.is_dir() else []
+        if not p.exists():
+            total += hub_weights_bytes(str(name))
+            continue
+        files = [p] if p.is_file() else [f for f in p.rglob("*") if f.suffix in WEIGHT_SUFFIXES]
         total += sum(f.stat().st_size for f in files if f.is_file())
     return total
+
+
+def hub_weights_bytes(repo_id: str) -> int:
+    """The largest weights file of hub repository `repo_id` (0 where the hub cannot be asked)."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi().model_info(repo_id, files_metadata=True, timeout=10)
+    except Exception:  # not a hub id, no network, HF_HUB_OFFLINE: the estimate goes without it
+        return 0
+    return max((f.size or 0 for f in info.siblings or [] if Path(f.rfilename).suffix in WEIGHT_SUFFIXES), default=0)
 
 
 def save_weights(module: nn.Module, path: str | Path, fmt: str, meta: dict[str, str]) -> None:
