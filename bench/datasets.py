@@ -203,6 +203,7 @@ class SpecBench:
     hub_id: str | None = None  # a hub dataset repo holding question.jsonl (Spec-Bench itself ships on GitHub)
     hub_file: str = "question.jsonl"
     quality_metric: str | None = None
+    per_group: int | None = None  # the first N questions of each of its six task groups (a sample of every column)
 
     def _hub(self) -> Callable[[], list[dict]] | None:
         if not self.hub_id:
@@ -231,6 +232,18 @@ class SpecBench:
         ids = [p.id for p in prompts]
         if len(set(ids)) != len(ids):
             raise BenchError("Spec-Bench: question_id values are not unique; records are keyed by them")
+        if self.per_group is not None:
+            if isinstance(self.per_group, bool) or not (isinstance(self.per_group, int) and self.per_group >= 1):
+                raise BenchError(f"dataset.per_group must be a positive integer or null (all), got {self.per_group!r}")
+            group_of = {c: g for g, categories in SPEC_BENCH_GROUPS.items() for c in categories}
+            seen: dict[str, int] = {}
+            kept = []
+            for p in prompts:
+                group = group_of.get(p.meta["category"], p.meta["category"])
+                seen[group] = seen.get(group, 0) + 1
+                if seen[group] <= self.per_group:
+                    kept.append(p)
+            prompts = kept
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:

@@ -330,3 +330,20 @@ def test_a_sentencepiece_only_tokenizer_loads_as_sentencepiece_encodes(tmp_path)
     reference = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
     for text in ["hello world", "hello  wor", "held Ω"]:
         assert tokenizer(text, add_special_tokens=False)["input_ids"] == reference.encode(text), text
+
+
+def test_per_group_samples_every_column_and_composes_with_the_preset(monkeypatch):
+    """dataset.per_group=N keeps the first N questions of each of Spec-Bench's six task groups (MT-Bench's
+    eight categories are one group), so a short run fills every column of the table; it is a key of the
+    preset's dataset, settable on the leaderboard's command line."""
+    from bench.datasets import SPEC_BENCH_GROUPS, SpecBench
+    from bench.leaderboard import compose_all
+
+    prompts = SpecBench(path=str(SPEC_BENCH), per_group=2).load()
+    group_of = {c: g for g, cats in SPEC_BENCH_GROUPS.items() for c in cats}
+    assert [group_of[p.meta["category"]] for p in prompts] == [g for g in SPEC_BENCH_GROUPS for _ in range(2)]
+    assert [p.id for p in prompts[:4]] == ["81", "82", "161", "162"]  # each group's first, in file order
+    with pytest.raises(BenchError, match="dataset.per_group must be a positive integer or null"):
+        SpecBench(path=str(SPEC_BENCH), per_group=0).load()
+    _, _, runs = compose_all(["+preset=spec_bench", "model=smollm2-135m", "dataset.per_group=2"])
+    assert {run.dataset.per_group for run in runs.values()} == {2}
