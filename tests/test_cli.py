@@ -232,7 +232,8 @@ ERRORS = [
     (["decoder=spec_chain", "draft.layers=2"], "draft: draft.layers must be an integer in [1, 1] for a 2-layer target"),
     (["decoder=medusa"], "was trained for hidden size 576; tiny-random has 64"),
     (["decoder=medusa", "decoder.heads=/no/such.safetensors"], "decoder.heads: no heads file at /no/such.safetensors"),
-    (["decoder=medusa", "decoder.choices=wide"], "decoder.choices must be auto, chain, prior or a list of rank paths"),
+    (["decoder=medusa", "decoder.choices=wide"],
+     "decoder.choices must be auto, chain, prior, a tree its authors published (mc_sim_7b_63) or a list of rank paths"),
     (["decoder=medusa", "decoder.choices=[[0],[1,1]]"], "decoder.choices: path [1, 1] has no parent path [1]"),
     (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be one of exact, typical"),
     (["decoder=eagle"], "smollm2-135m-eagle.safetensors was trained for hidden size 576; tiny-random has 64"),
@@ -241,7 +242,10 @@ ERRORS = [
     (["decoder=eagle", "+decoder.head=null"],
      "decoder.head is now decoder.draft_weights; use decoder.draft_weights=null"),
     (["decoder=eagle", "decoder.head_seed=1"], "decoder.head_seed is now decoder.draft_seed; use decoder.draft_seed=1"),
-    (["decoder=eagle", "decoder.tree=wide"], "decoder.tree must be one of dynamic, static, got 'wide'"),
+    (["decoder=eagle", "decoder.tree=wide"],
+     "decoder.tree must be dynamic, static, a tree its authors published (mc_sim_7b_63) or a list of rank paths, "
+     "got 'wide'"),
+    (["decoder=eagle", "decoder.tree=[[0],[1,1]]"], "decoder.tree: path [1, 1] has no parent path [1]"),
     (["decoder=eagle", "decoder.top_k=0"], "decoder.top_k must be an integer >= 1, got 0"),
     (["decoder=eagle", "decoder.draft_weights=adapters/smollm2-135m-heads4.safetensors"],
      "is not an EAGLE draft file (format 'medusa-heads-v1')"),
@@ -251,6 +255,13 @@ ERRORS = [
      "decoder.ngram: no n-gram LM at /no/such.json.gz"),
     (["decoder=bpd", "decoder.heads=null", "decoder.block=9"],
      "decoder.block=9 needs as many heads; these heads have 4"),
+    # issue 43, items 4 and 7: settings that skipped every prompt, failed every program or crashed at scoring
+    (["model.max_context=-1"], "model: model.max_context must be a positive integer or null (the model's own "
+                               "context), got -1"),
+    (["model.max_context=0"], "model: model.max_context must be a positive integer or null"),
+    (["dataset.timeout=-5"], "dataset: dataset.timeout must be a finite number of seconds > 0, got -5"),
+    (["dataset.timeout=nan"], "dataset: dataset.timeout must be a finite number of seconds > 0, got nan"),
+    (["dataset.timeout=inf"], "dataset: dataset.timeout must be a finite number of seconds > 0, got inf"),
 ]
 
 
