@@ -14,12 +14,16 @@ What it guarantees (tests/test_records.py injects each fault):
   record is invalid is generated again on resume, and readers never summarize it.
 - A write that fails (a full disk) is cut back to the last complete record; the run stops in
   one line saying how to resume.
+- No write through a symbolic link: every file a run opens in its directory (the lock, the
+  records, the rejected lines, temporary files) is opened with O_NOFOLLOW (open_own), so a
+  planted records.jsonl.lock -> ~/.bashrc is refused in one line, never truncated.
 - A run directory may hold records.jsonl.gz instead (the checked-in reference runs, compressed
   with gzip -9 -n): every reader takes it (records_path, run_dirs, open_jsonl); it is read-only,
   so a run or leaderboard that would write into it is refused (bench.rundir.check_owned).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import gzip
 import json
@@ -42,6 +46,31 @@ GZIPPED = RECORDS + ".gz"  # a read-only run (results/reference/): gzip -9 -n of
 def open_jsonl(path: Path):
     """A .jsonl file, or a gzipped .jsonl.gz, opened to read bytes."""
     return gzip.open(path, "rb") if Path(path).suffix == ".gz" else open(path, "rb")
+
+
+def link_refusal(path: Path, key: str = "hydra.run.dir") -> str:
+    return (f"{path} is a symbolic link; a run writes only files it made itself, never through a link: "
+            f"remove it, or choose a new {key}")
+
+
+def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open that refuses (one line naming the file) rather than follows a symbolic link at `path`."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BenchError(link_refusal(path)) from None
+        raise
+
+
+def _read_own(path: Path) -> bytes:
+    """The bytes of `path` (none if it does not exist), never through a link."""
+    try:
+        fd = open_own(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def records_path(run_dir: Path) -> Path:
@@ -213,7 +242,7 @@ def read_records(path: Path) -> list[dict]:
 
 
 def _lock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_own(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -235,12 +264,13 @@ class RecordLog:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock_fd = _lock(self.path.with_name(self.path.name + ".lock"))
-            if self.path.exists() and self.path.stat().st_size > 0:
+            data = _read_own(self.path)
+            if data:
                 if not resume:
                     raise BenchError(f"{self.path} already holds records; pass resume=true to continue that run, "
                                      "or choose a new hydra.run.dir")
-                self._load()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self._load(data)
+            self._fd = open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as e:  # a read-only or missing directory, a full disk
             self.close()
             raise BenchError(f"cannot write records to {self.path}: {e.strerror or e}; give a writable directory "
@@ -249,19 +279,19 @@ class RecordLog:
             self.close()
             raise
 
-    def _load(self) -> None:
-        good, bad = parse_lines(self.path.read_bytes())
+    def _load(self, data: bytes) -> None:
+        good, bad = parse_lines(data)
         self.records = {record["key"]: record for record, _ in good}
         if not bad:
             return
         # Set the damaged lines aside first, then replace the file: at no moment is a line lost.
         rejected = self.path.with_name(self.path.stem + ".rejected.jsonl")
-        with open(rejected, "ab") as f:
+        with os.fdopen(open_own(rejected, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as f:
             f.writelines(line if line.endswith(b"\n") else line + b"\n" for _, line, _ in bad)
             f.flush()
             os.fsync(f.fileno())
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with os.fdopen(open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
             f.writelines(line for _, line in good)
             f.flush()
             os.fsync(f.fileno())

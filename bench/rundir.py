@@ -6,6 +6,9 @@
   or damaged is refused with a hint, never resumed on trust.
 - Every file a run writes besides records.jsonl (which records.py guards) is written whole or not
   at all: a temporary file in the same directory, fsynced, then renamed over the old one.
+- A run never writes through a symbolic link it did not make: a directory holding one (at its
+  top or in .hydra/, .hydra itself included) is refused in one line before anything is written,
+  and every file is created with O_NOFOLLOW (records.open_own) besides.
 A run is recognised by MARKER (written by every run once it holds the directory's lock), or, for
 runs made before the marker existed, by a records.jsonl beside a recorded config. A run whose
 records are gzipped (records.jsonl.gz: a checked-in reference run) is read-only: refused.
@@ -19,7 +22,7 @@ import time
 from pathlib import Path
 
 from .errors import BenchError
-from .records import GZIPPED, records_path
+from .records import GZIPPED, link_refusal, open_own, records_path
 
 MARKER = ".bench-run"
 HYDRA_LOG = "__main__.log"  # Hydra's job log for python -m bench, created before the run starts
@@ -33,7 +36,7 @@ def write_atomic(path: Path, data: str | bytes, hint: str = "make room and rerun
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             _write_all(fd, data)
             os.fsync(fd)
@@ -89,6 +92,17 @@ def _mark(directory: Path, marker: str, harness: str) -> None:
                                                      "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
 
 
+def _refuse_links(path: Path, entries: list[str], key: str) -> None:
+    """A planted link (records.jsonl.lock -> a file of the user's) would be written through: refused."""
+    names = list(entries)
+    hydra = path / ".hydra"
+    if ".hydra" in entries and hydra.is_dir() and not hydra.is_symlink():
+        names += [f".hydra/{name}" for name in _entries(hydra, key) or []]
+    for name in names:
+        if (path / name).is_symlink():
+            raise BenchError(link_refusal(path / name, key))
+
+
 def check_owned(run_dir: Path, key: str) -> bool:
     """Whether `run_dir` holds a run of this harness (False: it does not exist or is empty). Anything
     else that exists there (a file, a broken link, someone's directory) is refused in one line."""
@@ -96,6 +110,7 @@ def check_owned(run_dir: Path, key: str) -> bool:
     entries = _entries(path, key)
     if entries is None:
         return False
+    _refuse_links(path, entries, key)
     if GZIPPED in entries:
         raise BenchError(f"{path / GZIPPED}: a reference run's records, compressed and read-only; nothing is "
                          f"resumed or written there: choose a new {key}")
@@ -175,6 +190,8 @@ def write_run_files(run_dir: Path, cfg, hydra=None) -> None:
     write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if hydra is not None:
         hydra_dir = run_dir / ".hydra"
+        if hydra_dir.is_symlink():  # write_atomic's O_NOFOLLOW guards the file, not the directory above it
+            raise BenchError(link_refusal(hydra_dir))
         write_atomic(hydra_dir / "config.yaml", OmegaConf.to_yaml(cfg))
         write_atomic(hydra_dir / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra})))
         write_atomic(hydra_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hydra.overrides.task))))

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from bench import rundir
 from bench.errors import BenchError
-from bench.records import read_records, records_path
+from bench.records import RecordLog, read_records, records_path
 from bench.targets import check_targets
 from helpers import REPO, _cli_env, run_cli
 
@@ -251,6 +251,99 @@ def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resume_works(tm
     again = run_cli(*args if resume else [*args, "resume=true"])  # room made: the same settings resume
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run / name).stat().st_size > 0
+
+
+# --- no write through a planted symbolic link (issue 43, item 2) ---------------------------------
+
+# Every name a run opens in its directory, Hydra's job log and .hydra/ itself included.
+RUN_FILES = ["records.jsonl", "records.jsonl.lock", "records.jsonl.tmp", "records.rejected.jsonl", "config.yaml",
+             "provenance.json", "summary.csv", "summary.md", "summary_by_category.csv", rundir.MARKER,
+             rundir.HYDRA_LOG, ".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"]
+
+
+def plant(run: Path, name: str, target: Path) -> None:
+    """`run/name` made a link to `target`, replacing what the run wrote there."""
+    link = run / name
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)
+    elif os.path.lexists(link):
+        link.unlink()
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+
+
+def outside(tmp_path: Path, name: str, dangling: bool = False) -> Path:
+    """What a planted link points at: a file of the user's (a directory for .hydra), or nothing."""
+    target = tmp_path / "outside"
+    if dangling:
+        return target
+    if name == ".hydra":
+        target.mkdir()
+        (target / "config.yaml").write_text("mine: 1\n")
+    else:
+        target.write_text("precious\n")
+    return target
+
+
+def seen(target: Path):
+    return snapshot(target) if target.is_dir() else target.read_bytes() if target.exists() else None
+
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-file", "dangling"])
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_a_planted_link_is_refused_before_anything_is_written(tmp_path, made_run, name, dangling):
+    """Fresh (the directory holds only the link) and a finished run resumed: check_owned, which
+    every run, sweep job and leaderboard entry passes before writing, names the link."""
+    target = outside(tmp_path, name, dangling)
+    before = seen(target)
+    for run in (tmp_path / "fresh", copy_of(made_run, tmp_path)):
+        run.mkdir(exist_ok=True)
+        plant(run, name, target)
+        with pytest.raises(BenchError, match=f"^{run / name} is a symbolic link; .*choose a new hydra.run.dir"):
+            rundir.check_owned(run, "hydra.run.dir")
+    assert seen(target) == before
+
+
+_CLI_LINKS = [(name, resume, False) for name in RUN_FILES for resume in (False, True)] + [
+    (name, resume, True) for name in ("records.jsonl.lock", "records.jsonl.tmp", "records.jsonl")
+    for resume in (False, True)]
+
+
+@pytest.mark.parametrize("name,resume,dangling", _CLI_LINKS,
+                         ids=[f"{n}-{'resume' if r else 'fresh'}{'-dangling' if d else ''}" for n, r, d in _CLI_LINKS])
+def test_cli_refuses_a_planted_link_and_writes_nothing_through_it(tmp_path, made_run, name, resume, dangling):
+    run = copy_of(made_run, tmp_path) if resume else tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    target = outside(tmp_path, name, dangling)
+    before = seen(target)
+    plant(run, name, target)
+    out = run_cli(*TINY, f"hydra.run.dir={run}", *(["resume=true"] if resume else []))
+    refused(out, f"{run / name} is a symbolic link")
+    assert seen(target) == before  # unchanged; a dangling link's target not created
+    assert (run / name).is_symlink()
+
+
+@pytest.mark.parametrize("name", ["records.jsonl.lock", "records.jsonl", "records.jsonl.tmp",
+                                  "records.rejected.jsonl"])
+def test_record_log_opens_nothing_through_a_link(tmp_path, name):
+    """Below the directory check: RecordLog itself never follows a link (O_NOFOLLOW), here on a
+    resume that must set a damaged line aside (so it writes .tmp and the rejected file)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_bytes(b"{torn\n")
+    target = outside(tmp_path, name)
+    plant(run, name, target)
+    with pytest.raises(BenchError, match=f"^{run / name} is a symbolic link"):
+        RecordLog(run / "records.jsonl", resume=True)
+    assert target.read_bytes() == b"precious\n"
+
+
+def test_write_atomic_does_not_write_through_a_planted_temporary_file(tmp_path):
+    target = outside(tmp_path, "config.yaml")
+    plant(tmp_path, f".config.yaml.{os.getpid()}.tmp", target)
+    with pytest.raises(BenchError, match="is a symbolic link"):
+        rundir.write_atomic(tmp_path / "config.yaml", "new: 2\n")
+    assert target.read_bytes() == b"precious\n" and not (tmp_path / "config.yaml").exists()
 
 
 # --- _target_: only this project's classes ------------------------------------------------------
