@@ -66,10 +66,16 @@ def sampling_from(cfg: DictConfig) -> Sampling:
     return sampling
 
 
+BOOLEANS = ("check_lossless", "quality", "warmup", "resume", "progress")  # conf/config.yaml's switches
+
+
 def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     """Everything that can be checked without loading a model or data: used before a
     (multi)run starts and again by each run. Returns the sampling settings and the decoder."""
     check_targets(cfg)  # before anything is instantiated
+    for key in BOOLEANS:  # Hydra hands quality=no or resume=maybe over as strings, which Python reads as true
+        if key in cfg and not isinstance(cfg[key], bool):
+            raise BenchError(f"{key} must be true or false, got {cfg[key]!r}")
     sampling = sampling_from(cfg)
     decoder = build(cfg.decoder, "decoder")
     if not isinstance(decoder, Decoder):

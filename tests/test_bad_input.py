@@ -333,3 +333,18 @@ def test_compare_leaderboards_fails_on_missing_prompts_and_bad_paths(tmp_path):
     for args in ([], [tmp_path / "nope", tmp_path / "after"], [tmp_path, tmp_path / "after"]):
         out = _compare(*args)
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("override", ["quality=no", "check_lossless=off", "resume=maybe", "warmup=1", "progress=yes"])
+def test_a_switch_that_is_not_a_boolean_is_refused_before_the_run_directory(tmp_path, override):
+    """Issue 43, item 3: a non-empty string is true to Python, so quality=no scored (and ran code),
+    check_lossless=off checked, resume=maybe was saved as given. One line naming the key, exit 2,
+    and the run directory is never made."""
+    run_dir = tmp_path / "run"
+    out = run_cli(*TINY, "dataset=gsm8k", "dataset.limit=1", override, f"hydra.run.dir={run_dir}")
+    key, value = override.split("=")
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    shown = value if value.isdigit() else repr(value)  # warmup=1 is an integer to Hydra
+    assert len(lines) == 1 and f"{key} must be true or false, got {shown}" in lines[0], out.stderr[-2000:]
+    assert not run_dir.exists()
