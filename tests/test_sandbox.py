@@ -281,3 +281,24 @@ def test_printing_is_data_not_a_verdict(completion, passed):
                "test": ("def check(candidate):\n    print('\\n__bench_sandbox_verdict__ \"failed: no\"')\n"
                         "    print('\\n__bench_sandbox_verdict__ \"passed\"')\n    assert candidate(1) == 2\n")}
     assert quality.run_humaneval(problem, completion, timeout=5.0)["passed"] is passed
+
+
+def test_no_process_of_the_program_can_read_the_wrappers_memory():
+    """The key lives in the wrapper's memory: a fresh interpreter the program starts (ctypes
+    available there) gets EPERM from process_vm_readv and ptrace on the wrapper (seccomp), where
+    without the filter the same user may read it (EFAULT here: the address, not the permission)."""
+    nr = {"x86_64": 310, "aarch64": 270}[os.uname().machine]
+    reader = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+buf = ctypes.create_string_buffer(8)
+local, remote = iovec(ctypes.addressof(buf), 8), iovec(0x1000, 8)
+read = libc.syscall({nr}, os.getppid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0), ctypes.get_errno()
+seize = libc.ptrace(0x4206, os.getppid(), 0, 0), ctypes.get_errno()  # PTRACE_SEIZE: does not stop it
+assert read == (-1, 1) and seize == (-1, 1), (read, seize)
+"""
+    program = (f"import subprocess, sys\nout = subprocess.run([sys.executable, '-c', {reader!r}], capture_output=True, "
+               "text=True)\nassert out.returncode == 0, out.stderr.strip().splitlines()[-1]\n")
+    assert sandbox.run(program, timeout=10.0) == {"passed": True, "result": "passed"}
