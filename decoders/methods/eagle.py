@@ -29,7 +29,6 @@ any draft through the same few members (`reads`, `from_target`, forward, `logits
 from __future__ import annotations
 
 import copy
-import heapq
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,6 +229,8 @@ class FeatureDraftProposer:
         # One proposal's drafting state (_draft): tokens fed and FLOPs; the nodes (token, parent, depth,
         # cumulative log-probability); each fed node's predicted features and its draft cache slot.
         self.fed, self.flops = 0, 0.0
+        self.prune = True  # on a CPU, feed no frontier node that can no longer reach the tree (_dynamic)
+        self._vocab: torch.Tensor | None = None  # the draft vocabulary on the draft's device
         self.nodes: dict[str, list] = {}
         self.node_features: dict[int, torch.Tensor] = {}
         self.slot: dict[int, int] = {}
@@ -253,7 +254,7 @@ class FeatureDraftProposer:
     def _feed(self, features, tokens, positions, mask) -> torch.Tensor:
         context = len(self.cache)
         out = self.draft(features, torch.as_tensor(tokens, dtype=torch.long, device=features.device),
-                         torch.as_tensor(list(positions), dtype=torch.long), mask, self.cache)
+                         torch.as_tensor(positions, dtype=torch.long), mask, self.cache)
         self.fed += len(tokens)
         self.flops += self.draft.flops(len(tokens), context, len(tokens))
         return out
@@ -321,32 +322,58 @@ class FeatureDraftProposer:
         return torch.log_softmax(self.draft.logits(g).float(), dim=-1)
 
     def _dynamic(self, base: int, depth: int) -> list[int]:
-        vocab, k = self.draft.vocab, min(self.top_k, len(self.draft.vocab))
-        frontier, candidates = [0], []
-        for _ in range(depth):
-            frontier = self._worth_expanding(frontier, candidates)
-            if not frontier:
+        """EAGLE-2's tree, built on the draft's device: each depth expands the frontier (the top_k
+        newest nodes by cumulative log-probability), top_k children each; the tree is the tree_size
+        best nodes (ties: shallower, then older, first). Nothing goes to the host until the tree is
+        built (the authors' code neither), except on a CPU, where a frontier node that can no longer
+        reach the tree is not fed (`prune`: a child scores at most its parent, is deeper than every
+        candidate so far and loses ties by depth, so the tree stays the same with fewer rows fed)."""
+        g = self.node_features[0][None]  # (1, d): the root's predicted features
+        device = g.device
+        k = min(self.top_k, len(self.draft.vocab))
+        if self._vocab is None or self._vocab.device != device:  # once, not per step
+            self._vocab = self.draft.vocab.to(device)
+        vocab = self._vocab
+        token = torch.tensor([self.nodes["token"][0]], device=device)  # (N,) every node so far
+        parent = torch.tensor([-1], device=device)
+        depth_of = torch.zeros(1, dtype=torch.long, device=device)
+        score = torch.zeros(1, device=device)
+        frontier = torch.zeros(1, dtype=torch.long, device=device)  # (F,) nodes to expand
+        ancestry = torch.zeros(1, 0, dtype=torch.bool, device=device)  # (F, S): frontier rows' fed ancestors
+        parent_g = g  # (F, d): the frontier's parents' predicted features
+        fed = []  # (frontier, its predicted features) per depth fed
+        prune = self.prune and device.type == "cpu"
+        for d in range(1, depth + 1):
+            if d > 1:  # feed the frontier: its tokens, after its parents' features; one new cache row each
+                f = len(frontier)
+                rows = torch.cat([torch.ones(f, base, dtype=torch.bool, device=device), ancestry,
+                                  torch.eye(f, dtype=torch.bool, device=device)], 1)  # (F, cache + F)
+                g = self._feed(parent_g, token[frontier], base - 1 + depth_of[frontier], rows)  # (F, d)
+                ancestry = rows[:, base:]
+                fed.append((frontier, g))
+            logp = torch.log_softmax(self.draft.logits(g).float(), dim=-1)  # (F, V')
+            top, idx = logp.topk(k, dim=-1)  # (F, k)
+            n = len(token)
+            token = torch.cat([token, vocab[idx].flatten()])
+            parent = torch.cat([parent, frontier.repeat_interleave(k)])
+            depth_of = torch.cat([depth_of, torch.full((len(frontier) * k,), d, device=device)])
+            score = torch.cat([score, (score[frontier][:, None] + top).flatten()])
+            if d == depth:
                 break
-            top, idx = (t.cpu() for t in self._expand(base, frontier).topk(k, dim=-1))
-            scores = torch.tensor([self.nodes["score"][x] for x in frontier], dtype=top.dtype)[:, None] + top
-            # Python lists once: indexing the tensors per candidate cost more than the draft's forward here
-            tokens, scores = vocab[idx].tolist(), scores.tolist()
-            new = [self._add(tokens[r][j], frontier[r], scores[r][j]) for r in range(len(frontier)) for j in range(k)]
-            candidates += new
-            frontier = sorted(new, key=lambda x: -self.nodes["score"][x])[:k]
-        score, depth_of = self.nodes["score"], self.nodes["depth"]
-        return sorted(candidates, key=lambda x: (-score[x], depth_of[x], x))[:self.tree_size]
-
-    def _worth_expanding(self, frontier: list[int], candidates: list[int]) -> list[int]:
-        """The frontier nodes scoring above the tree_size-th best candidate so far. No other node can have a
-        descendant in the final tree: a child scores at most its parent, is deeper than every candidate
-        so far, and loses ties by depth. Skipping them leaves the tree as it was (fewer rows fed, and
-        no forward at all once none is left: on eagle-8 the last depth is skipped in about a third of steps)."""
-        if len(candidates) < self.tree_size:
-            return frontier
-        score = self.nodes["score"]
-        bar = heapq.nlargest(self.tree_size, (score[x] for x in candidates))[-1]
-        return [x for x in frontier if score[x] > bar]
+            best = torch.sort(-score[n:], stable=True).indices[:k]  # (k,) the newest nodes' best, oldest first
+            if prune and len(score) - 1 >= self.tree_size:
+                bar = score[1:].topk(self.tree_size).values[-1]
+                best = best[score[n + best] > bar]
+                if len(best) == 0:
+                    break
+            parent_g, ancestry = g[best // k], ancestry[best // k]
+            frontier = n + best
+        chosen = torch.sort(-score[1:], stable=True).indices[:self.tree_size] + 1  # ties: the older (shallower)
+        self.nodes = {"token": token.tolist(), "parent": parent.tolist(), "depth": depth_of.tolist(),
+                      "score": score.tolist()}
+        for nodes, features in fed:  # what each fed node predicted (read by tests: a fresh run along its path)
+            self.node_features.update(zip(nodes.tolist(), features))
+        return chosen.tolist()
 
     def _static(self, base: int, depth: int) -> list[int]:
         parents, slots = self.shape
