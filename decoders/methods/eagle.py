@@ -291,17 +291,16 @@ class FeatureDraftProposer:
         index = {node: i for i, node in enumerate(order)}
         return TokenTree([nodes["token"][i] for i in order], [-1] + [index[nodes["parent"][i]] for i in order[1:]])
 
-    def _add(self, token: int, parent: int, score: float) -> int:
-        nodes = self.nodes
-        nodes["token"].append(token)
-        nodes["parent"].append(parent)
-        nodes["depth"].append(nodes["depth"][parent] + 1)
-        nodes["score"].append(score)
-        return len(nodes["token"]) - 1
+    def _vocab_on(self, device: torch.device) -> torch.Tensor:
+        """The draft vocabulary (draft id -> token id) on `device`: copied once, not per step."""
+        if self._vocab is None or self._vocab.device != device:
+            self._vocab = self.draft.vocab.to(device)
+        return self._vocab
 
-    def _expand(self, base: int, frontier: list[int]) -> torch.Tensor:
-        """Feed `frontier` (nodes of one depth) to the draft; returns their children's log-probabilities
-        over the draft vocabulary. The root's children come from the root's features, fed already."""
+    def _expand(self, base: int, frontier: list[int], token: torch.Tensor) -> torch.Tensor:
+        """Feed `frontier` (nodes of one depth; `token`: every node's token, on the draft's device) to the
+        draft; returns their children's log-probabilities over the draft vocabulary. The root's children
+        come from the root's features, fed already."""
         if frontier == [0]:
             g = self.node_features[0][None]
         else:
@@ -315,7 +314,8 @@ class FeatureDraftProposer:
                     mask[row, self.slot[parent]] = True
                     parent = nodes["parent"][parent]
             parents = [nodes["parent"][x] for x in frontier]
-            g = self._feed(torch.stack([self.node_features[p] for p in parents]), [nodes["token"][x] for x in frontier],
+            g = self._feed(torch.stack([self.node_features[p] for p in parents]),
+                           token[torch.tensor(frontier, device=token.device)],
                            [base - 1 + nodes["depth"][x] for x in frontier], mask)
             for row, node in enumerate(frontier):
                 self.node_features[node], self.slot[node] = g[row], context + row
@@ -331,9 +331,7 @@ class FeatureDraftProposer:
         g = self.node_features[0][None]  # (1, d): the root's predicted features
         device = g.device
         k = min(self.top_k, len(self.draft.vocab))
-        if self._vocab is None or self._vocab.device != device:  # once, not per step
-            self._vocab = self.draft.vocab.to(device)
-        vocab = self._vocab
+        vocab = self._vocab_on(device)
         token = torch.tensor([self.nodes["token"][0]], device=device)  # (N,) every node so far
         parent = torch.tensor([-1], device=device)
         depth_of = torch.zeros(1, dtype=torch.long, device=device)
@@ -376,27 +374,39 @@ class FeatureDraftProposer:
         return chosen.tolist()
 
     def _static(self, base: int, depth: int) -> list[int]:
+        """EAGLE-1's tree: the template's nodes, each its template parent's rank-r child. Where each
+        node goes is the template's, known here; only tokens and scores come from the draft, and they
+        stay on its device until the tree is built."""
         parents, slots = self.shape
         keep = [i for i in range(1, len(parents)) if slots[i - 1][0] < depth]
         placed = {0: 0}  # template node -> node
         has_children = {parents[i] for i in keep}
+        nodes = self.nodes  # parent and depth: host lists (the template's); token and score: device tensors
+        device = self.node_features[0].device
+        vocab = self._vocab_on(device)
+        token, score = torch.tensor(nodes["token"], device=device), torch.zeros(1, device=device)  # (N,)
         level = [0]
         for d in range(1, depth + 1):
             ask = [t for t in level if t in has_children]
             if not ask:
                 break
-            logp = self._expand(base, [placed[t] for t in ask])
-            ranks = max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1
-            top, idx = (t.cpu() for t in logp.topk(min(ranks, logp.shape[-1]), dim=-1))
-            top, tokens, width = top.tolist(), self.draft.vocab[idx].tolist(), top.shape[-1]
+            logp = self._expand(base, [placed[t] for t in ask], token)  # (F, V')
+            width = min(max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1, logp.shape[-1])
+            top, idx = logp.topk(width, dim=-1)  # (F, width)
             row = {t: r for r, t in enumerate(ask)}
-            level = []
-            for i in keep:
-                if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < width:
-                    r, rank = row[parents[i]], slots[i - 1][1]
-                    parent = placed[parents[i]]
-                    placed[i] = self._add(tokens[r][rank], parent, self.nodes["score"][parent] + top[r][rank])
-                    level.append(i)
+            level = [i for i in keep if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < width]
+            if not level:
+                break
+            rows = torch.tensor([row[parents[i]] for i in level], device=device)
+            ranks = torch.tensor([slots[i - 1][1] for i in level], device=device)
+            above = [placed[parents[i]] for i in level]
+            token = torch.cat([token, vocab[idx[rows, ranks]]])
+            score = torch.cat([score, score[above] + top[rows, ranks]])
+            for i, parent in zip(level, above):
+                placed[i] = len(nodes["parent"])
+                nodes["parent"].append(parent)
+                nodes["depth"].append(nodes["depth"][parent] + 1)
+        nodes["token"], nodes["score"] = token.tolist(), score.tolist()
         return [placed[i] for i in keep if i in placed]
 
 
