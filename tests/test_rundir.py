@@ -304,9 +304,12 @@ def test_a_planted_link_is_refused_before_anything_is_written(tmp_path, made_run
     assert seen(target) == before
 
 
-_CLI_LINKS = [(name, resume, False) for name in RUN_FILES for resume in (False, True)] + [
-    (name, resume, True) for name in ("records.jsonl.lock", "records.jsonl.tmp", "records.jsonl")
-    for resume in (False, True)]
+# End to end, the three files and one the run writes whole, fresh and resumed, and the three
+# as dangling links on resume (a CLI run each, ~7 s on 2 cores); check_owned's cases above cover
+# every name of RUN_FILES without starting a run.
+_CLI_LINKS = [(name, resume, False) for name in ("records.jsonl.lock", "records.jsonl.tmp", "records.jsonl",
+                                                  "provenance.json") for resume in (False, True)] + [
+    (name, True, True) for name in ("records.jsonl.lock", "records.jsonl.tmp", "records.jsonl")]
 
 
 @pytest.mark.parametrize("name,resume,dangling", _CLI_LINKS,
