@@ -54,6 +54,8 @@ def _rows(path: Path, f):
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise BenchError(f"{path}:{lineno} is JSON nested too deeply to read; one flat object per line") from None
         if not isinstance(row, dict):
             raise BenchError(f"{path}:{lineno} is a JSON {type(row).__name__}, not an object; one object per line")
         try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode

@@ -176,6 +176,8 @@ def _check(n: int, line: bytes, seen: set[str]) -> tuple[dict | None, str | None
         record = upgrade(json.loads(line.decode("utf-8")))
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         return None, f"not JSON ({str(e).split(':')[0]})"
+    except RecursionError:  # JSON nested deeper than the parser goes (1000 '[' crashed every reader)
+        return None, "not a record (JSON nested too deeply)"
     if not (isinstance(record, dict) and isinstance(record.get("key"), str)):
         return None, "not a record (a JSON object with a key)"
     if why := invalid(record):

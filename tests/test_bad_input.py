@@ -159,6 +159,26 @@ def test_resume_sets_invalid_records_aside_and_generates_them_again(run_dir, run
     assert len(summary) == 1 and (summary.loc[0, "records"], summary.loc[0, "skipped"]) == (3, 2)
 
 
+def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_copy, tmp_path):
+    """Issue 43, item 6: a line of 100000 '[' in records.jsonl crashed resume, bench.report and
+    bench.show with RecursionError; it is a damaged line (set aside, redone), and in a dataset file one
+    line naming the file and line, exit 2."""
+    with open(run_copy / "records.jsonl", "ab") as f:
+        f.write(b"[" * 100_000 + b"\n")
+    assert len(read_records(run_copy / "records.jsonl")) == len(_records(run_dir))  # the reader skips it
+    out = subprocess.run([sys.executable, "-m", "bench.report", str(run_copy)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    out = run_cli(*TINY, *_dataset(run_dir.parent), f"hydra.run.dir={run_copy}", "resume=true")
+    assert out.returncode == 0 and "1 damaged line(s)" in out.stderr and "nested too deeply" in out.stderr, \
+        out.stderr[-2000:]
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "a", "prompt": "hi"}\n' + "[" * 100_000 + "\n")
+    out = run_cli(*TINY, "dataset=jsonl", f"dataset.path={deep}", f"hydra.run.dir={tmp_path / 'fresh'}")
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and f"{deep}:2 is JSON nested too deeply" in lines[0], out.stderr
+
+
 def test_readers_leave_an_invalid_record_out_of_the_summary(run_copy, tmp_path, capsys):
     clean = tmp_path / "clean"
     shutil.copytree(run_copy, clean)
