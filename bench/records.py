@@ -188,15 +188,19 @@ def _check(n: int, line: bytes, seen: set[str]) -> tuple[dict | None, str | None
     return record, None
 
 
-def parse_lines(data: bytes) -> tuple[list[tuple[dict, bytes]], list[tuple[int, bytes, str]]]:
+def parse_lines(data: bytes, keys: set[str] | None = None) -> tuple[list[tuple[dict, bytes]],
+                                                                  list[tuple[int, bytes, str]]]:
     """(record, its line) for each valid record, the first of each key, in file order; and
-    (line number, line, why) for every other non-blank line."""
+    (line number, line, why) for every other non-blank line, a record whose key is not in `keys`
+    (when given) among them."""
     good: list[tuple[dict, bytes]] = []
     bad: list[tuple[int, bytes, str]] = []
     seen: set[str] = set()
     for n, line in enumerate(data.splitlines(keepends=True), 1):
         if line.strip():
             record, why = _check(n, line, seen)
+            if not why and keys is not None and record["key"] not in keys:
+                why = f"a record of {record['key']}, which this run does not have"
             if why:
                 bad.append((n, line, why))
             else:
@@ -259,8 +263,11 @@ def _lock(path: Path) -> int:
 
 
 class RecordLog:
-    def __init__(self, path: Path, resume: bool):
+    def __init__(self, path: Path, resume: bool, keys: set[str] | None = None):
+        """`keys`: the only keys this run's records may have (a record of another prompt is set aside
+        on resume, as a damaged line is); None: any (a leaderboard's directory may hold more)."""
         self.path = Path(path)
+        self.keys = keys
         self.records: dict[str, dict] = {}
         self._fd = self._lock_fd = None
         try:
@@ -282,7 +289,7 @@ class RecordLog:
             raise
 
     def _load(self, data: bytes) -> None:
-        good, bad = parse_lines(data)
+        good, bad = parse_lines(data, self.keys)
         self.records = {record["key"]: record for record, _ in good}
         if not bad:
             return

@@ -266,7 +266,8 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
     rundir.claim(run_dir)
-    log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume)
+    units = [(p, t) for p in prompts for t in range(len(p.turns))]
+    log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units})
     try:
         if logger is not None:  # now, not before: wandb writes into the directory
             logger.start(cfg, run_dir)
@@ -275,7 +276,6 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         log.close()
         raise
 
-    units = [(p, t) for p in prompts for t in range(len(p.turns))]
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
             lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder))

@@ -179,6 +179,25 @@ def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_co
     assert out.returncode == 2 and len(lines) == 1 and f"{deep}:2 is JSON nested too deeply" in lines[0], out.stderr
 
 
+def test_resume_sets_aside_a_record_of_another_prompt(run_dir, run_copy):
+    """Issue 43, item 5: a valid record of a prompt the run does not have, appended to records.jsonl,
+    was kept on resume and counted (3 prompts at the end of the run where summary.csv said 2); it is
+    set aside as a damaged line is, and every count agrees."""
+    records = _records(run_copy)
+    stranger = dict(records["a_b#0"], key="stranger#0", prompt_id="stranger")
+    assert invalid(stranger) is None
+    with open(run_copy / "records.jsonl", "a") as f:
+        f.write(json.dumps(stranger) + "\n")
+    out = run_cli(*TINY, *_dataset(run_dir.parent), f"hydra.run.dir={run_copy}", "resume=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "a record of stranger#0, which this run does not have" in out.stderr
+    assert set(_records(run_copy)) == set(records)  # the run's own records, and only those
+    rejected = [json.loads(x) for x in (run_copy / "records.rejected.jsonl").read_text().splitlines()]
+    assert [r["key"] for r in rejected] == ["stranger#0"]
+    rows, _ = report.report([str(run_copy)])
+    assert int(rows.loc[0, "records"]) == int(pd.read_csv(run_copy / "summary.csv").loc[0, "records"])
+
+
 def test_readers_leave_an_invalid_record_out_of_the_summary(run_copy, tmp_path, capsys):
     clean = tmp_path / "clean"
     shutil.copytree(run_copy, clean)
