@@ -245,8 +245,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                 latencies: dict[str, list[float]] = {}
                 # What a decoder carries between prompts (recycling's hot table) before this prompt's
                 # first run and after it: every later timed run starts from the former, the next prompt
-                # from the latter, so no repeat drafts from its own earlier run.
-                before = {label: carried_copy(ctx.decoder, lm) for label, ctx in ctxs.items()}
+                # from the latter, so no repeat drafts from its own earlier run. One run: nothing to keep.
+                before = {label: carried_copy(ctx.decoder, lm) for label, ctx in ctxs.items()} if repeats > 1 else {}
                 after: dict[str, dict | None] = {}
                 for rep in range(repeats):
                     shift = (i * repeats + rep) % len(labels)  # no method always runs first
@@ -261,7 +261,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                             if rep:
                                 carry(ctxs[label].decoder, lm, before[label])
                             record = run_unit(ctxs[label], prompt, turn, [r["text"] for r in earlier])
-                            after.setdefault(label, carried_copy(ctxs[label].decoder, lm))
+                            if repeats > 1 and label not in after:  # the first run's, copied once
+                                after[label] = carried_copy(ctxs[label].decoder, lm)
                         first_run.setdefault(label, record)
                         if record["status"] == "ok":
                             latencies.setdefault(label, []).append(record["latency_s"])
