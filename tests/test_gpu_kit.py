@@ -35,6 +35,21 @@ def test_check_runs_every_stage_in_cpu_mode(tmp_path):
     assert "gpu_check/profile/profile.csv" in names and (tmp_path / "log.txt").stat().st_size > 0
 
 
+def test_check_runs_only_the_stages_named(tmp_path):
+    """STAGES picks stages (the probe runs only when named): a lent GPU's minutes go where asked."""
+    out = subprocess.run(["bash", "scripts/gpu/check.sh", "--cpu"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "OUT": str(tmp_path), "STAGES": "env probe"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## env: exit 0 " in summary and "## probe: exit 0 " in summary, summary
+    assert "## big:" not in summary and "## pytest:" not in summary
+    with tarfile.open(tmp_path / "gpu_check.tar.gz") as tar:
+        probe = tar.extractfile("gpu_check/probe.log").read().decode()
+    for kernels in ("all", "flash+efficient", "efficient"):
+        assert f"attention kernels: {kernels}\n" in probe
+    assert "autoregressive (prompt" in probe and "REAL DIVERGENCE" not in probe
+
+
 def test_big_target_refuses_an_unknown_decoder(tmp_path):
     out = subprocess.run([sys.executable, "scripts/gpu/big_target.py", "--out", str(tmp_path),
                           "--decoders", "autoregresive"], cwd=REPO, capture_output=True, text=True, timeout=120)

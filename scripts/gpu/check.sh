@@ -2,13 +2,17 @@
 # The GPU check: run on the lent GPU machine (after scripts/gpu/prepare.sh here), within 8 minutes
 # on an H100, each stage under its own time limit so that a stuck one costs only its own share:
 #   1. env       device, driver, torch, CUDA, the commit (.gpu/commit.txt)
-#   2. pytest    pytest -m "cuda and not slow": every decoder on tiny-random in fp16 and bf16 at
-#                batch 1 and 4 with check_lossless, the half-precision slice, training for a step
+#   2. probe     only when STAGES names it: scripts/gpu/step_probe.py, a decode step against the
+#                same forward alone, at two CPU thread counts, cuDNN's attention on and off
 #   3. profile   scripts/profile_device.py on random weights of Vicuna-7B's shape, fp16: the
 #                forward cost curve for 1..64 new tokens (eager) and the step against its floor
 #   4. big       scripts/gpu/big_target.py: every decoder on that target, two Spec-Bench
 #                questions each with check_lossless: ties, time split per step, peak memory
-#   5. compiled  with COMPILED=1 only (minutes more): the cost curve again with model.compile=inductor
+#   5. pytest    pytest -m "cuda and not slow": every decoder on tiny-random in fp16 and bf16 at
+#                batch 1 and 4 with check_lossless, the half-precision slice, training for a step
+#                (last: its 115 tests may be cut off by the limit, the big check must not be)
+#   6. compiled  with COMPILED=1 only (minutes more): the cost curve again with model.compile=inductor
+# STAGES="env probe big" (say) runs only those, in this order; the default is env profile big pytest.
 # Writes to $OUT: summary.md (each stage's end), log.txt (everything), gpu_check.tar.gz (all
 # files); copy them into results/reference/gpu/<date>/ here.
 #
@@ -27,12 +31,12 @@ exec > >(tee -a "$out/log.txt") 2>&1
 
 if [ "$mode" = gpu ]; then
   device=cuda; shape=vicuna-7b; xdist=12; tokens=64; repeats=5; limit=2; new=32
-  # pytest, profile, big, compiled: seconds (on an H100 on 2026-11-26, 115 tests took about 200 s,
+  # pytest, profile, big, compiled, probe: seconds (on an H100 on 2026-11-26, 115 tests took about 200 s,
   # the profile 35, each decoder on the 7B shape about 15, and the compile more than 90)
-  limits=(200 60 220 150)
+  limits=(200 60 220 150 150)
 else
   device=cpu; shape=tiny; xdist=0; tokens=64; repeats=1; limit=1; new=4
-  limits=(120 120 300 1)   # compiled is not run on the CPU (test_compile.py covers it)
+  limits=(120 120 300 1 120)   # compiled is not run on the CPU (test_compile.py covers it)
 fi
 
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
@@ -52,9 +56,12 @@ else
 fi
 
 summary=$work/summary.md
+stages=" ${STAGES:-env profile big pytest} "
+[ "${COMPILED:-0}" = 1 ] && stages+="compiled "
 stage() {  # stage NAME LIMIT COMMAND...: its output in NAME.log, its exit code and time in summary.md
   local name=$1 limit=$2 start=$SECONDS rc
   shift 2
+  [[ $stages == *" $name "* ]] || return 0
   echo "== $name (limit ${limit} s): $*"
   timeout -k 10 "$limit" "$@" >"$work/$name.log" 2>&1
   rc=$?
@@ -70,15 +77,18 @@ stage env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,cl
   python3 -c "import torch, transformers, sys; print(\"python\", sys.version.split()[0], \"torch\", torch.__version__,
   \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__, \"device\",
   torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"none\")"; nproc'
-stage pytest "${limits[0]}" python3 -m pytest -m "cuda and not slow" -n "$xdist" -p no:cacheprovider -q \
-  --junitxml="$work/pytest.xml" tests/test_cuda.py tests/test_half_precision.py tests/test_device_placement.py
+stage probe "${limits[4]}" python3 scripts/gpu/step_probe.py --shape "$shape" --repeats "$((repeats * 4))" \
+  --max-new-tokens "$new" --decoders autoregressive,prompt_lookup,spec_chain,lookahead,sequoia \
+  "${tokenizer[@]}" device=$device
 # shellcheck disable=SC2046  # big_target.py prints the shape's overrides, one per line
 mapfile -t model < <(python3 scripts/gpu/big_target.py --shape "$shape" --print-model "${tokenizer[@]}")
 stage profile "${limits[1]}" python3 scripts/profile_device.py --max-tokens "$tokens" --repeats "$repeats" \
   --paths none --out "$work/profile" "${model[@]}" device=$device
 stage big "${limits[2]}" python3 scripts/gpu/big_target.py --out "$work/big" --shape "$shape" --limit "$limit" \
   --max-new-tokens "$new" "${tokenizer[@]}" device=$device
-if [ "$mode" = gpu ] && [ "${COMPILED:-0}" = 1 ]; then  # past the 8 minutes: COMPILED=1 where time allows
+stage pytest "${limits[0]}" python3 -m pytest -m "cuda and not slow" -n "$xdist" -p no:cacheprovider -q \
+  --junitxml="$work/pytest.xml" tests/test_cuda.py tests/test_half_precision.py tests/test_device_placement.py
+if [ "$mode" = gpu ]; then  # past the 8 minutes: COMPILED=1 where time allows
   stage compiled "${limits[3]}" python3 scripts/profile_device.py --max-tokens "$tokens" --repeats "$repeats" \
     --paths none+inductor --out "$work/profile_compiled" "${model[@]}" device=$device
 fi
