@@ -85,3 +85,21 @@ def test_train_exit_adapter_one_step_on_cuda(tmp_path):
     _one_step(tmp_path, "train_exit_adapter.py", "--steps", "1", "--seq-len", "32", "--batch", "2", "--generated", "1",
               "--heldout", "1", "--out", str(tmp_path / "adapter.safetensors"), "draft.layers=1")
     assert (tmp_path / "adapter.safetensors").is_file()
+
+
+def test_a_model_on_the_gpu_attends_by_one_kernel_for_every_query_count():
+    """cuDNN's attention replans for each new context length (57-70 ms a decode step against 18-21
+    on Vicuna-7B's shape) and flash cannot take a tree's mask: decoders/core/lm.py leaves the
+    memory-efficient kernel, whichever torch would have chosen."""
+    import torch
+
+    from bench.runner import build
+    from hydra import compose, initialize_config_dir
+    for kernel in ("cudnn", "flash", "mem_efficient"):
+        getattr(torch.backends.cuda, f"enable_{kernel}_sdp")(True)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, "device=cuda"])
+    lm = build(cfg.model, "model").load()
+    assert lm.device.type == "cuda"
+    assert not torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+    assert torch.backends.cuda.mem_efficient_sdp_enabled()

@@ -23,6 +23,18 @@ def forward_flops(spec: dict, tokens: int, context: int) -> float:
     return dense + 4.0 * spec["n_layers"] * spec["d_attn"] * attended
 
 
+def use_attention_kernels() -> None:
+    """On a GPU, scaled_dot_product_attention runs the memory-efficient kernel (math where that one
+    cannot). cuDNN's, torch's first choice on an H100, plans for each new shape, and a decode's
+    context is a new length at every step: 57-70 ms a step against 18-21 (Vicuna-7B's shape, fp16).
+    Flash cannot take a tree's mask, so with it a one-token step and a k-token verification attend
+    by different kernels: their logits were up to 9.8 ulps apart, 7.0 with the one kernel, at the
+    same speed (results/reference/gpu/2026-11-26-h100-attention/)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(True)
+
+
 class LM:
     """A HF causal LM, its tokenizer, and what metrics need to know about it."""
 
@@ -41,6 +53,8 @@ class LM:
         self.cuda_devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"},
                                    key=lambda d: d.index or 0)
         self.attn_implementation = model.config._attn_implementation
+        if self.cuda_devices:
+            use_attention_kernels()
         self.cache_kw = cache_kwarg(model)
         self.max_context = max_context or getattr(self.config, "max_position_embeddings", None)
         self.stop_ids = self._stop_ids()
