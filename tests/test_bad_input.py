@@ -387,3 +387,19 @@ def test_a_switch_that_is_not_a_boolean_is_refused_before_the_run_directory(tmp_
     shown = value if value.isdigit() else repr(value)  # warmup=1 is an integer to Hydra
     assert len(lines) == 1 and f"{key} must be true or false, got {shown}" in lines[0], out.stderr[-2000:]
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("dtype=int8", "model: dtype='int8' is not supported; use auto, float32,"),
+    ("dtype=[1]", "model: dtype=[1] is not supported"),
+    ("prompt_format=bogus", "prompt_format='bogus' is not one of auto, chat, raw"),
+])
+def test_a_bad_dtype_or_prompt_format_is_refused_before_the_run_directory(tmp_path, override, message):
+    """Issue 43, item 12: both were refused only after the run directory was claimed (config.yaml and
+    an empty records.jsonl left behind) and, for prompt_format, after the model was loaded."""
+    run_dir = tmp_path / "run"
+    out = run_cli(*TINY, "dataset=gsm8k", "dataset.limit=1", override, f"hydra.run.dir={run_dir}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr[-2000:]
+    assert not run_dir.exists()
