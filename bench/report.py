@@ -9,7 +9,8 @@ Records are read one at a time (bench.records.iter_records: invalid lines skippe
 warning) into the columns a summary uses; tokens, text and per-step traces are never kept, so
 memory grows by under a kilobyte a record at its peak, not with the records' size (1M records,
 a 1.66 GB file: 1.2 GB peak RSS, 0.3 GB of it imports). Bad input (a missing path, no runs, no
-valid records, an unwritable --out) ends in one line and exit code 2.
+valid records, an unwritable --out, an --out holding anything but a report) ends in one line and
+exit code 2.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from . import metrics
+from . import metrics, rundir
 from .errors import BenchError
 from .records import GZIPPED, RECORDS, iter_records, records_path, run_dirs
 
@@ -124,13 +125,10 @@ def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, l
 
 
 def write(out: Path, table: pd.DataFrame, md: str) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "report.csv", index=False)
-        (out / "report.md").write_text(md + "\n")
-    except OSError as e:  # read-only, a file in the way, a full disk
-        raise BenchError(f"--out {out}: cannot write {e.filename or out} ({e.strerror or e}); give a writable "
-                         "directory") from None
+    rundir.check_report_dir(out)
+    hint = "give a writable directory with room"
+    rundir.write_atomic(out / "report.csv", table.to_csv(index=False), hint)
+    rundir.write_atomic(out / "report.md", md + "\n", hint)
 
 
 def main(argv: list[str] | None = None) -> None:

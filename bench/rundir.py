@@ -218,6 +218,23 @@ def claim_board(out_dir: Path) -> None:
     _mark(Path(out_dir), BOARD_MARKER, "decoding-bench leaderboard")
 
 
+REPORT_FILES = ("report.csv", "report.md")
+
+
+def check_report_dir(out_dir: Path, key: str = "--out") -> None:
+    """bench.report writes report.csv and report.md only into a new or empty directory, or a report's
+    own (nothing else in it): --out must not replace a run's, a leaderboard's or the user's files,
+    nor write through a link planted in their place."""
+    path = Path(out_dir)
+    entries = _entries(path, key)
+    if not entries:
+        return
+    _refuse_links(path, entries, key)
+    if not set(entries) <= set(REPORT_FILES):
+        raise BenchError(f"{key} {out_dir} exists and holds more than a report ({_shown(entries)}); a report is "
+                         "written only into a new or empty directory, or a report's own: choose another")
+
+
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
     """A sweep writes into a new or empty directory, or into a sweep's (Hydra's multirun.yaml is
     there); each of its run directories is then checked as a run's."""

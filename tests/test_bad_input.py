@@ -246,7 +246,37 @@ def test_report_unwritable_out_is_one_line_and_exit_2(run_dir, tmp_path, capsys,
     if out == "a file":
         out = tmp_path / "report"
         out.write_text("in the way")
-    assert "give a writable directory" in _report_exit(capsys, str(run_dir), "--out", str(out))
+        assert "a file, not a directory; choose a new or empty directory" in _report_exit(
+            capsys, str(run_dir), "--out", str(out))
+    else:
+        assert "give a writable directory" in _report_exit(capsys, str(run_dir), "--out", str(out))
+
+
+@pytest.mark.parametrize("case", ["a run directory", "the user's directory", "a planted link"])
+def test_report_out_writes_only_into_its_own_directory(run_dir, tmp_path, capsys, case):
+    """Issue 43, item 12: --out wrote report.csv and report.md into any existing directory (a run's,
+    conf/, $HOME) and through a link planted as report.csv. A new directory, and a report's own
+    again, are written; nothing else is touched."""
+    out, outside = tmp_path / "out", tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    if case == "a run directory":
+        out = run_dir
+    elif case == "the user's directory":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    else:
+        out.mkdir()
+        (out / "report.csv").symlink_to(outside)
+    before = {p: p.read_bytes() for p in out.iterdir() if p.is_file() and not p.is_symlink()}
+    message = _report_exit(capsys, str(run_dir), "--out", str(out))
+    expected = "a symbolic link" if case == "a planted link" else "holds more than a report"
+    assert expected in message and "--out" in message
+    assert outside.read_text() == "keep me"
+    assert {p: p.read_bytes() for p in before} == before and not (out / "report.md").exists()
+    fresh = tmp_path / "fresh"
+    for _ in range(2):  # new, then a report's own
+        report.main([str(run_dir), "--out", str(fresh)])
+        assert sorted(p.name for p in fresh.iterdir()) == ["report.csv", "report.md"]
 
 
 def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeypatch):
