@@ -326,7 +326,8 @@ class JsonlPrompts:
             raise BenchError("dataset=jsonl needs dataset.path=FILE (one JSON object per line)")
         p = Path(self.path).expanduser()
         if not p.is_file():
-            raise BenchError(f"dataset.path={self.path} does not exist; give a .jsonl file with one object per line")
+            what = ("is a directory" if p.is_dir() else "is not a regular file" if p.exists() else "does not exist")
+            raise BenchError(f"dataset.path={self.path} {what}; give a .jsonl file with one object per line")
         prompts = []
         for i, (lineno, r) in enumerate(iter_jsonl(p)):
             value: Any = r.get(self.prompt_field)

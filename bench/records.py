@@ -30,6 +30,7 @@ import json
 import math
 import os
 import socket
+import stat
 import sys
 import time
 import zlib
@@ -44,8 +45,21 @@ GZIPPED = RECORDS + ".gz"  # a read-only run (results/reference/): gzip -9 -n of
 
 
 def open_jsonl(path: Path):
-    """A .jsonl file, or a gzipped .jsonl.gz, opened to read bytes."""
-    return gzip.open(path, "rb") if Path(path).suffix == ".gz" else open(path, "rb")
+    """A .jsonl file, or a gzipped .jsonl.gz, opened to read bytes. Anything but a regular file is
+    an OSError: a FIFO would block the reader for ever, a device never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open does not wait for a writer
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    f = os.fdopen(fd, "rb")
+    if Path(path).suffix != ".gz":
+        return f
+    gz = gzip.GzipFile(fileobj=f, mode="rb")
+    gz.myfileobj = f  # closed with it, as gzip.open(path) closes the file it opened itself
+    return gz
 
 
 def link_refusal(path: Path, key: str = "hydra.run.dir") -> str:

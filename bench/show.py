@@ -52,6 +52,8 @@ def load_record(run_dir: Path, prompt_id: str, turn: int) -> dict:
     if not run_dir.is_dir():
         raise BenchError(f"no run directory at {run_dir}")
     path = records_path(run_dir)  # records.jsonl, or a reference run's records.jsonl.gz
+    if path.exists() and not path.is_file():
+        raise BenchError(f"{path} is not a regular file: give a run directory written by python -m bench")
     if not path.is_file():
         raise BenchError(f"{run_dir} holds no records.jsonl: give a run directory written by python -m bench")
     records = read_records(path)  # a torn or damaged line is skipped with a warning

@@ -433,3 +433,23 @@ def test_a_bad_dtype_or_prompt_format_is_refused_before_the_run_directory(tmp_pa
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr[-2000:]
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("reader", ["bench.report", "bench.show", "a dataset file"])
+def test_a_fifo_for_records_or_prompts_is_one_line_not_a_hang(run_copy, tmp_path, reader):
+    """Issue 43, item 12: bench.report waited for ever on a records.jsonl that was a FIFO (no writer
+    ever comes). Every reader of records and datasets opens without waiting and refuses what is not
+    a regular file."""
+    import os
+    if reader == "a dataset file":
+        fifo = tmp_path / "prompts.jsonl"
+        os.mkfifo(fifo)
+        argv = ["-m", "bench", *TINY, "dataset=jsonl", f"dataset.path={fifo}", f"hydra.run.dir={tmp_path / 'r'}"]
+    else:
+        fifo = run_copy / "records.jsonl"
+        fifo.unlink()
+        os.mkfifo(fifo)
+        argv = ["-m", reader, str(run_copy), *(["--prompt", "0"] if reader == "bench.show" else [])]
+    out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and "not a regular file" in lines[-1], out.stderr[-2000:]
