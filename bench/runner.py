@@ -46,6 +46,29 @@ def build(node: DictConfig, what: str):
         raise
 
 
+def recorded_spec(run_dir: Path, group: str, **overrides):
+    """The `group` spec (model, dataset) a run directory's config.yaml recorded, built as a run
+    builds it (only this project's classes), with `overrides` set. A damaged, foreign or
+    unresolvable file is one line naming it."""
+    found = rundir.recorded_config(run_dir, "run directory")
+    if found is None:
+        raise BenchError(f"{run_dir} has no config.yaml: give a run directory written by python -m bench")
+    path, cfg = found
+    node = cfg.get(group)
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        shown = "has no _target_" if isinstance(node, DictConfig) else f"is {node!r}"
+        raise BenchError(f"{path}: {group} {shown}, not the settings python -m bench writes (a mapping with "
+                         "_target_); restore the file")
+    node = node.copy()
+    for key, value in overrides.items():
+        node[key] = value
+    try:
+        return build(node, group)
+    except Exception as e:  # the file is data: an unknown key, a wrong type, a class that fails to build
+        reason = " ".join(str(e).split()[:40]) or type(e).__name__
+        raise BenchError(f"{path}: its {group} settings cannot be built ({reason}); restore the file") from None
+
+
 def sampling_from(cfg: DictConfig) -> Sampling:
     gen = cfg.gen
     if not (isinstance(gen.max_new_tokens, int) and gen.max_new_tokens >= 1):

@@ -21,13 +21,10 @@ import re
 import sys
 from pathlib import Path
 
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
-
 from .errors import BenchError
 from .prompts import encode
 from .records import read_records, records_path
-from .targets import check_targets
+from .runner import recorded_spec
 
 # tokens committed by one pass -> (HTML background, ANSI 256-colour background)
 COLOURS = {1: ("#eeeeee", None), 2: ("#c6e9ff", 153), 3: ("#9fd99f", 114), 4: ("#ffd27f", 222)}
@@ -68,16 +65,7 @@ def load_record(run_dir: Path, prompt_id: str, turn: int) -> dict:
 
 
 def tokenizer_for(run_dir: Path):
-    config = run_dir / "config.yaml"
-    if not config.is_file():
-        raise BenchError(f"{run_dir} has no config.yaml to find the run's tokenizer")
-    try:
-        model = OmegaConf.load(config).model
-    except Exception as e:
-        raise BenchError(f"{config} is damaged ({' '.join(str(e).split()[:30]) or type(e).__name__}); "
-                         "it must hold the run's model: settings") from None
-    check_targets(model, "model.", resolve=True)  # a run directory's config may name only our classes
-    spec = instantiate(model)
+    spec = recorded_spec(run_dir, "model")  # a run directory's config may name only our classes
     return spec.load_tokenizer() if hasattr(spec, "load_tokenizer") else spec.load().tokenizer
 
 

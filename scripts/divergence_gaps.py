@@ -23,14 +23,15 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.errors import BenchError  # noqa: E402
 from bench.metrics import judge_output, lossless_columns  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records, records_path, run_dirs  # noqa: E402
+from bench.rundir import recorded_config  # noqa: E402
+from bench.runner import recorded_spec  # noqa: E402
 from decoders.methods.autoregressive import step_logits  # noqa: E402
 
 REFERENCE = "autoregressive"
@@ -42,14 +43,16 @@ def divergences(root: Path) -> pd.DataFrame:
     rows, models = [], {}
     for ref_dir in sorted(root.glob(f"*/{REFERENCE}")):
         reference = {r["key"]: r for r in read_records(records_path(ref_dir)) if r["status"] == "ok"}
-        cfg = OmegaConf.load(ref_dir / "config.yaml")
-        key = OmegaConf.to_yaml(cfg.model) + str(cfg.dtype) + str(cfg.device)
+        _, cfg = recorded_config(ref_dir, "run directory") or (None, None)
+        if cfg is None:
+            raise BenchError(f"{ref_dir} has no config.yaml: give a leaderboard out_dir")
+        key = repr(cfg.get("model")) + str(cfg.get("dtype")) + str(cfg.get("device"))
         if key not in models:
             models.clear()  # one model in memory at a time
-            models[key] = instantiate(cfg.model, compile="none").load()
+            models[key] = recorded_spec(ref_dir, "model", compile="none").load()
         lm = models[key]
-        prompts = {p.id: p for p in instantiate(cfg.dataset).load()}
-        rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+        prompts = {p.id: p for p in recorded_spec(ref_dir, "dataset").load()}
+        rendering = rendering_for(lm.tokenizer, cfg.get("prompt_format", "auto"))
         for run in sorted(p for p in ref_dir.parent.iterdir() if p.is_dir() and p.name != REFERENCE):
             if not records_path(run).is_file():
                 continue
@@ -93,7 +96,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     root = Path(args.root)
     if not run_dirs(root, f"*/{REFERENCE}"):
-        raise SystemExit(f"error: no {REFERENCE}/records.jsonl under {root}/<dataset>/: give a leaderboard out_dir")
+        raise BenchError(f"no {REFERENCE}/records.jsonl under {root}/<dataset>/: give a leaderboard out_dir")
     df = divergences(root)
     out = Path(args.out) if args.out else root / "divergences.csv"
     df.to_csv(out, index=False)
@@ -103,4 +106,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BenchError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)

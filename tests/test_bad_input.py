@@ -318,6 +318,26 @@ def test_show_skips_a_record_whose_tokens_are_a_string(run_copy, capsys):
     assert e.value.code == 2 and "invalid record (tokens is" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.replace("\nmodel:\n", "\nmodel: 5\nold_model:\n", 1), "model is 5, not the settings"),
+    (lambda c: c.replace("  _target_: bench.models.", "  old_target: bench.models.", 1), "model has no _target_"),
+    (lambda c: c.replace("\nmodel:\n", "\nmodel:\n  bogus_key: 1\n", 1), "unexpected keyword argument 'bogus_key'"),
+    (lambda c: c.replace("\nmodel:\n", "\nmodel:\n  revision: ${oc.env:BENCH_UNSET_FOR_A_TEST}\n", 1),
+     "BENCH_UNSET_FOR_A_TEST"),
+])
+def test_show_on_a_damaged_config_is_one_line(run_copy, capsys, edit, message):
+    """Issue 43, item 10: a config.yaml whose model is not a model's settings (a number, no
+    _target_, an unknown key, an unset ${oc.env:...}) was a traceback."""
+    from bench.show import main
+
+    config = run_copy / "config.yaml"
+    config.write_text(edit(config.read_text()))
+    with pytest.raises(SystemExit) as e:
+        main([str(run_copy), "--prompt", "a_b"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and message in err[0] and "config.yaml" in err[0], err
+
+
 # ---- 9: bench and bench.leaderboard: one line, exit 2, before anything runs ----
 
 @pytest.mark.parametrize("override,message", [

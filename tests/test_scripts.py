@@ -170,6 +170,21 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     # a token changed by hand is no tie: its logit is far below the reference's top-1
     assert df.loc[0, "divergence_ulps"] > 1e3 and not df.loc[0, "divergence_tie"]
     assert "real_divergences" in out.stdout and "lossless_up_to_ties" in out.stdout
+    # Bad input is one line and exit 2 (issue 43, item 12: it was exit 1, and a damaged or foreign
+    # config.yaml a traceback or, with another _target_, whatever class that named).
+    config = tmp_path / "gsm8k" / "autoregressive" / "config.yaml"
+    good = config.read_text()
+    for body, message in ((None, "no autoregressive/records.jsonl under"),
+                          (good.replace("\nmodel:\n", "\nmodel: 5\nold_model:\n", 1), "model is 5, not the settings"),
+                          (good.replace("_target_: bench.models.", "_target_: os.system #", 1), "_target_"),
+                          (good + "\nbroken: [\n", "is damaged")):
+        if body is None:
+            out = run_script("divergence_gaps.py", str(tmp_path / "nope"))
+        else:
+            config.write_text(body)
+            out = run_script("divergence_gaps.py", str(tmp_path))
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr[-2000:]
 
 
 def test_compare_leaderboards_finds_a_changed_step(tmp_path):
