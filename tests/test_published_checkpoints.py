@@ -13,6 +13,7 @@ transformers 5; the heads themselves are a few lines, rebuilt below from that fi
 from __future__ import annotations
 
 import json
+import shutil
 import math
 import types
 
@@ -505,3 +506,67 @@ def test_published_trees_are_the_authors():
     assert torch.equal(ancestors, buffers["tree_attn_mask"][0, 0].float())
     assert [0] + [depth + 1 for depth, _ in slots] == buffers["tree_position_ids"].tolist()
     assert len(medusa) == 63 and max(map(len, medusa)) == 4 and tree_shape(medusa)[0][0] == -1
+
+
+def _edit_metadata(path, out, drop=(), state_edit=None, **set_meta):
+    """A copy of a weights file with its metadata (and maybe its tensors) changed."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta, state = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    for key in drop:
+        meta.pop(key)
+    meta.update(set_meta)
+    if state_edit:
+        state = state_edit(state)
+    save_file(state, str(out), metadata=meta)
+    return out
+
+
+def test_a_malformed_draft_or_heads_file_is_one_line_naming_it(tmp_path):
+    """Issue 43, items 9 and 11: a file with our format tag but no hidden_size (KeyError), a
+    non-numeric one ('invalid literal for int()' naming neither key nor file), tensors of the wrong
+    shape (RuntimeError), a published config.json that is a list (AttributeError) or whose
+    vocab_size or hidden_size is a list (TypeError) were tracebacks. Each is now a ValueError, one
+    line naming the setting and the file, which the run prints with exit 2."""
+    from decoders.methods.eagle import new_draft, save_draft
+    from decoders.methods.heads import new_heads, save_heads
+
+    lm = target()
+    save_draft(new_draft(lm, seed=0), tmp_path / "draft.safetensors", {"model": NAME})
+    save_heads(new_heads(lm, 2), tmp_path / "heads.safetensors", {"model": NAME})
+    draft, heads = tmp_path / "draft.safetensors", tmp_path / "heads.safetensors"
+    write_eagle1(tmp_path / "e1", lm, seed=0)
+    config = json.loads((tmp_path / "e1" / "config.json").read_text())
+
+    def published(name, body):
+        shutil.copytree(tmp_path / "e1", tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps(body))
+        return tmp_path / name
+
+    half = lambda state: {k: v[: max(1, v.shape[0] // 2)] for k, v in state.items()}  # noqa: E731
+    cases = [
+        (lambda: load_draft(lm, _edit_metadata(draft, tmp_path / "a.safetensors", drop=["hidden_size"])),
+         "a.safetensors does not record hidden_size"),
+        (lambda: load_draft(lm, _edit_metadata(draft, tmp_path / "b.safetensors", hidden_size="sixty")),
+         "b.safetensors records hidden_size='sixty', not a whole number"),
+        (lambda: load_draft(lm, _edit_metadata(draft, tmp_path / "c.safetensors", state_edit=half)),
+         "c.safetensors does not hold an EAGLE draft of this target's shape"),
+        (lambda: load_draft(lm, _edit_metadata(draft, tmp_path / "d.safetensors", vocab="[1, 2")),
+         "d.safetensors records vocab that is not JSON"),
+        (lambda: load_draft(lm, _edit_metadata(draft, tmp_path / "e.safetensors", info="[1]")),
+         "e.safetensors has metadata info that is not a JSON object"),
+        (lambda: load_heads(lm, _edit_metadata(heads, tmp_path / "f.safetensors", k="two")),
+         "f.safetensors records k='two', not a whole number"),
+        (lambda: load_heads(lm, _edit_metadata(heads, tmp_path / "g.safetensors", state_edit=half)),
+         "g.safetensors does not hold heads of this target's shape"),
+        (lambda: load_draft(lm, published("list", [config])), "config.json holds a JSON list, not an object"),
+        (lambda: load_draft(lm, published("vocab", {**config, "vocab_size": [64]})),
+         "records vocab_size=[64], not a whole number"),
+        (lambda: load_draft(lm, published("layers", {**config, "num_attention_heads": [4]})),
+         "config.json does not describe a draft that can be built"),
+    ]
+    for load, message in cases:
+        with pytest.raises(ValueError) as e:
+            load()
+        assert message in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith("decoder."), e.value

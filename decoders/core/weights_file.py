@@ -82,6 +82,36 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
     return meta, state
 
 
+def meta_int(meta: dict, name: str, key: str, path, required: bool = True) -> int | None:
+    """An integer a weights file's metadata (or a checkpoint's config.json) records, by `name`;
+    missing or not an integer is one line naming the key, the file and the entry."""
+    value = meta.get(name)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        what = f"does not record {name}" if value is None else f"records {name}={value!r}, not a whole number"
+        raise ValueError(f"{key}: {path} {what}; it was not written for this harness, or was damaged: replace it")
+    return int(value)
+
+
+def meta_json(meta: dict, name: str, key: str, path, default: str):
+    """A JSON entry of a weights file's metadata (`default` where absent), one line if unreadable."""
+    try:
+        return json.loads(meta.get(name, default))
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: {path} records {name} that is not JSON; it was not written for this "
+                         "harness, or was damaged: replace it") from None
+
+
+def load_state(module, state: dict, key: str, where, layout: str) -> None:
+    """module.load_state_dict, with missing, unexpected or misshapen tensors one line naming the first."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split("\n\t")[1:2]).strip() or str(e).splitlines()[0]
+        raise ValueError(f"{key}: {where} does not hold {layout} ({detail[:200]})") from None
+
+
 # ---- checkpoints published by others (EAGLE, Medusa): a directory, or a hub id ----------------------
 def is_checkpoint_dir(path: str | Path) -> bool:
     """A published checkpoint (a directory, local or a hub id), as opposed to one of our files."""
@@ -108,10 +138,13 @@ def checkpoint_dir(name: str | Path, key: str, files: list[str]) -> Path:
 def read_config(directory: Path, key: str) -> dict:
     path = directory / "config.json"
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{key}: {directory} has no readable config.json ({type(e).__name__}); "
                          "a published checkpoint directory holds config.json and its weights") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{key}: {path} holds a JSON {type(config).__name__}, not an object of settings")
+    return config
 
 
 def read_state(directory: Path, names: list[str], key: str) -> dict:
@@ -142,9 +175,11 @@ def check_target(lm, key: str, where, *, vocab: int | None = None, hidden: int |
     size, and the base model's name where the file records one (compared by its last path component
     with the target's config name and the path it was loaded from)."""
     cfg = lm.config.get_text_config()
-    if vocab is not None and int(vocab) != lm.vocab_size:
+    vocab = meta_int({"vocab_size": vocab}, "vocab_size", key, where, required=False)
+    hidden = meta_int({"hidden_size": hidden}, "hidden_size", key, where, required=False)
+    if vocab is not None and vocab != lm.vocab_size:
         raise ValueError(f"{key}: {where} was made for a vocabulary of {vocab} tokens; {lm.name} has {lm.vocab_size}")
-    if hidden is not None and int(hidden) != cfg.hidden_size:
+    if hidden is not None and hidden != cfg.hidden_size:
         raise ValueError(f"{key}: {where} was trained for hidden size {hidden}; {lm.name} has {cfg.hidden_size}")
     if base and check_base:
         names = {_base_name(n) for n in (lm.name, getattr(lm.config, "_name_or_path", "")) if n}
@@ -161,9 +196,11 @@ def load_checked(lm, path: str | Path, fmt: str, key: str, kind: str, hint: str,
     (check_target): its metadata, tensors and recorded info."""
     p = addon_path(path)
     meta, state = load_weights(p, fmt, key, kind, hint)
-    info = json.loads(meta.get("info", "{}"))
-    check_target(lm, key, p, vocab=meta.get("vocab_size"), hidden=meta["hidden_size"], base=info.get("model"),
-                 check_base=check_base)
+    info = meta_json(meta, "info", key, p, "{}")
+    if not isinstance(info, dict):
+        raise ValueError(f"{key}: {p} has metadata info that is not a JSON object; replace the file")
+    check_target(lm, key, p, vocab=meta.get("vocab_size"), hidden=meta_int(meta, "hidden_size", key, p),
+                 base=info.get("model"), check_base=check_base)
     return meta, state, info
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..core.lm import LM
-from ..core.weights_file import addon_path, load_weights, save_weights
+from ..core.weights_file import addon_path, load_state, load_weights, meta_int, save_weights
 
 ADAPTER_FORMAT = "exit-adapter-v1"
 DRAFT_REQUIRED = "draft=self (the target's first layers) or draft=<model>"
@@ -98,11 +98,11 @@ def load_adapter(target, path: str | Path, layers: int) -> ExitAdapter:
                                "train one with scripts/train_exit_adapter.py "
                                "or set draft.adapter=null for the plain truncation")
     adapter = new_exit_adapter(target, layers)
-    if int(meta["layers"]) != layers or int(meta["hidden_size"]) != adapter.proj.weight.shape[0]:
-        raise ValueError(f"draft.adapter: {path} was trained for {meta['layers']} layers and hidden size "
-                         f"{meta['hidden_size']}; "
+    trained = (meta_int(meta, "layers", "draft.adapter", path), meta_int(meta, "hidden_size", "draft.adapter", path))
+    if trained != (layers, adapter.proj.weight.shape[0]):
+        raise ValueError(f"draft.adapter: {path} was trained for {trained[0]} layers and hidden size {trained[1]}; "
                          f"this draft has {layers} layers and hidden size {adapter.proj.weight.shape[0]}")
-    adapter.load_state_dict(state)
+    load_state(adapter, state, "draft.adapter", path, "an exit adapter of this shape")
     return adapter
 
 

@@ -45,7 +45,7 @@ from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, tree_shape
-from ..core.weights_file import is_checkpoint_dir, load_checked, save_weights
+from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
 
@@ -178,8 +178,14 @@ def load_draft(lm: LM, path: str | Path, check_base: bool = True, dtype: str | N
             lm, path, EAGLE_FORMAT, "decoder.draft_weights", "EAGLE draft file",
             "train one with scripts/train_eagle.py or set decoder.draft_weights=null for an untrained draft",
             check_base)
-        draft = new_draft(lm, json.loads(meta.get("vocab", "null")))
-        draft.load_state_dict({k: v.to(draft.fuse.weight.dtype) for k, v in state.items()})
+        where = addon_path(path)
+        vocab = meta_json(meta, "vocab", "decoder.draft_weights", where, "null")
+        if vocab is not None and not (isinstance(vocab, list) and all(isinstance(t, int) for t in vocab)):
+            raise ValueError(f"decoder.draft_weights: {where} has metadata vocab that is not a list of token ids; "
+                             "replace the file")
+        draft = new_draft(lm, vocab)
+        load_state(draft, {k: v.to(draft.fuse.weight.dtype) for k, v in state.items()}, "decoder.draft_weights",
+                   where, "an EAGLE draft of this target's shape")
         draft.info = info
     return _ready(lm, draft, dtype)
 

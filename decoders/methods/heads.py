@@ -25,7 +25,8 @@ from torch import nn
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.tree import TokenTree
-from ..core.weights_file import is_checkpoint_dir, load_checked, load_vocab, save_weights
+from ..core.weights_file import (addon_path, is_checkpoint_dir, load_checked, load_state, load_vocab, meta_int,
+                                 save_weights)
 
 HEADS_FORMAT = "medusa-heads-v1"
 
@@ -119,8 +120,10 @@ def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
     meta, state, info = load_checked(
         lm, path, HEADS_FORMAT, "decoder.heads", "heads file",
         "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads", check_base)
-    heads = new_heads(lm, int(meta["k"]))
-    heads.load_state_dict({k: v.to(heads.blocks[0].linear.weight.dtype) for k, v in state.items()})
+    where = addon_path(path)
+    heads = new_heads(lm, meta_int(meta, "k", "decoder.heads", where))
+    load_state(heads, {k: v.to(heads.blocks[0].linear.weight.dtype) for k, v in state.items()}, "decoder.heads",
+               where, "heads of this target's shape")
     heads.info = info
     return lm.accelerate(heads)
 

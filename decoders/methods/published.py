@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaML
 
 from ..core.kv_cache import KVCache, cache_kwarg
 from ..core.lm import LM
-from ..core.weights_file import check_target, checkpoint_dir, read_config, read_state
+from ..core.weights_file import check_target, checkpoint_dir, load_state, read_config, read_state
 from .heads import Heads
 
 
@@ -63,12 +63,7 @@ def _llama_config(config: dict, lm: LM) -> LlamaConfig:
 
 
 def _load(module: nn.Module, state: dict, key: str, where) -> None:
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as e:  # missing, unexpected or misshapen tensors: the first of them
-        detail = " ".join(str(e).split("\n\t")[1:2]).strip() or str(e).splitlines()[0]
-        raise ValueError(f"{key}: {where} does not hold the layout its config.json describes "
-                         f"({detail[:200]})") from None
+    load_state(module, state, key, where, "the layout its config.json describes")
 
 
 def _embedding(module: nn.Module, lm: LM, state: dict, key: str, where) -> None:
@@ -250,7 +245,13 @@ def load_eagle(lm: LM, name: str | Path, check_base: bool = True) -> nn.Module:
     hidden = config.get("target_hidden_size", config.get("hidden_size")) if eagle3 else config.get("hidden_size")
     check_target(lm, key, directory, vocab=config.get("vocab_size"), hidden=hidden,
                  base=config.get("base_model_name_or_path"), check_base=check_base)
-    draft = (Eagle3Draft if eagle3 else Eagle1Draft)(lm, config, state, directory)
+    try:
+        draft = (Eagle3Draft if eagle3 else Eagle1Draft)(lm, config, state, directory)
+    except ValueError:  # the tensors against the layout (_load), already one line
+        raise
+    except Exception as e:  # config.json's values: a list for a size, a missing key, transformers' own checks
+        raise ValueError(f"{key}: {directory / 'config.json'} does not describe a draft that can be built "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
     draft.info = {"layout": "eagle3" if eagle3 else "eagle1", "source": str(name)}
     ref = lm.model.get_input_embeddings().weight
     draft.requires_grad_(False)
