@@ -202,11 +202,11 @@ def _check(n: int, line: bytes, seen: set[str]) -> tuple[dict | None, str | None
     return record, None
 
 
-def parse_lines(data: bytes, keys: set[str] | None = None) -> tuple[list[tuple[dict, bytes]],
-                                                                  list[tuple[int, bytes, str]]]:
+def parse_lines(data: bytes, keys: set[str] | None = None, settings: dict | None = None
+                ) -> tuple[list[tuple[dict, bytes]], list[tuple[int, bytes, str]]]:
     """(record, its line) for each valid record, the first of each key, in file order; and
     (line number, line, why) for every other non-blank line, a record whose key is not in `keys`
-    (when given) among them."""
+    or whose fields differ from `settings` (when given: {"decoder": name, ...}) among them."""
     good: list[tuple[dict, bytes]] = []
     bad: list[tuple[int, bytes, str]] = []
     seen: set[str] = set()
@@ -215,6 +215,9 @@ def parse_lines(data: bytes, keys: set[str] | None = None) -> tuple[list[tuple[d
             record, why = _check(n, line, seen)
             if not why and keys is not None and record["key"] not in keys:
                 why = f"a record of {record['key']}, which this run does not have"
+            for field, value in (settings or {}).items():
+                if not why and record.get(field) != value:
+                    why = f"a record of {field} {record.get(field)!r}, where this run's is {value!r}"
             if why:
                 bad.append((n, line, why))
             else:
@@ -277,11 +280,13 @@ def _lock(path: Path) -> int:
 
 
 class RecordLog:
-    def __init__(self, path: Path, resume: bool, keys: set[str] | None = None):
+    def __init__(self, path: Path, resume: bool, keys: set[str] | None = None, settings: dict | None = None):
         """`keys`: the only keys this run's records may have (a record of another prompt is set aside
-        on resume, as a damaged line is); None: any (a leaderboard's directory may hold more)."""
+        on resume, as a damaged line is); None: any (a leaderboard's directory may hold more).
+        `settings`: fields every record must have as given ({"decoder": name, ...}): a record of
+        other settings is set aside too."""
         self.path = Path(path)
-        self.keys = keys
+        self.keys, self.settings = keys, settings
         self.records: dict[str, dict] = {}
         self._fd = self._lock_fd = None
         try:
@@ -303,7 +308,7 @@ class RecordLog:
             raise
 
     def _load(self, data: bytes) -> None:
-        good, bad = parse_lines(data, self.keys)
+        good, bad = parse_lines(data, self.keys, self.settings)
         self.records = {record["key"]: record for record, _ in good}
         if not bad:
             return

@@ -292,7 +292,8 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
     rundir.claim(run_dir)
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
-    log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units})
+    log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units},
+                    settings={"decoder": cfg.decoder.name, "model": cfg.model.name, "dataset": cfg.dataset.name})
     try:
         if logger is not None:  # now, not before: wandb writes into the directory
             logger.start(cfg, run_dir)

@@ -198,6 +198,25 @@ def test_resume_sets_aside_a_record_of_another_prompt(run_dir, run_copy):
     assert int(rows.loc[0, "records"]) == int(pd.read_csv(run_copy / "summary.csv").loc[0, "records"])
 
 
+@pytest.mark.parametrize("field", ["decoder", "model", "dataset"])
+def test_resume_sets_aside_a_record_of_other_settings(run_dir, run_copy, field):
+    """Issue 43, item 4: a record of this run's prompt but another decoder, model or dataset (a line
+    copied from another run) was kept on resume and summarised as this run's; it is set aside and
+    the prompt is run again."""
+    records = _records(run_copy)
+    lines = (run_copy / "records.jsonl").read_text().splitlines(keepends=True)
+    foreign = dict(records["a_b#0"], **{field: "someone-else"})
+    assert invalid(foreign) is None
+    (run_copy / "records.jsonl").write_text(
+        "".join(x for x in lines if json.loads(x)["key"] != "a_b#0") + json.dumps(foreign) + "\n")
+    out = run_cli(*TINY, *_dataset(run_dir.parent), f"hydra.run.dir={run_copy}", "resume=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"a record of {field} 'someone-else', where this run's is" in out.stderr, out.stderr[-2000:]
+    assert _records(run_copy)["a_b#0"][field] == records["a_b#0"][field]  # run again, as this run
+    rejected = [json.loads(x) for x in (run_copy / "records.rejected.jsonl").read_text().splitlines()]
+    assert [r[field] for r in rejected] == ["someone-else"]
+
+
 def test_readers_leave_an_invalid_record_out_of_the_summary(run_copy, tmp_path, capsys):
     clean = tmp_path / "clean"
     shutil.copytree(run_copy, clean)
