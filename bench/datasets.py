@@ -328,7 +328,7 @@ class JsonlPrompts:
         if not p.is_file():
             what = ("is a directory" if p.is_dir() else "is not a regular file" if p.exists() else "does not exist")
             raise BenchError(f"dataset.path={self.path} {what}; give a .jsonl file with one object per line")
-        prompts = []
+        prompts, lines, positional = [], [], set()
         for i, (lineno, r) in enumerate(iter_jsonl(p)):
             value: Any = r.get(self.prompt_field)
             turns = [value] if isinstance(value, str) else value
@@ -337,14 +337,21 @@ class JsonlPrompts:
                                  "must be a string or a list of strings "
                                  f"(set dataset.prompt_field=NAME); the line has {sorted(r)}")
             category = r.get("category")  # optional: summaries and the leaderboard break results down by it
+            if self.id_field not in r:
+                positional.add(lineno)  # named by its position among the rows
             prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns,
                                   meta={"category": str(category)} if category is not None else {}))
-        seen: set[str] = set()
-        for pr in prompts:
+            lines.append(lineno)
+        seen: dict[str, int] = {}
+        for pr, lineno in zip(prompts, lines):
             if pr.id in seen:
-                raise BenchError(f"{p}: ids in field {self.id_field!r} are not unique: {pr.id!r} appears twice; "
-                                 "records are keyed by id")
-            seen.add(pr.id)
+                first = seen[pr.id]
+                unnamed = [n for n in (first, lineno) if n in positional]
+                why = (f"line {unnamed[0]} has no {self.id_field!r} field, so it is named {pr.id!r} by its position; "
+                       f"give every line an id, or none" if unnamed else "records are keyed by id")
+                raise BenchError(f"{p}: ids in field {self.id_field!r} are not unique: {pr.id!r} appears twice "
+                                 f"(lines {first} and {lineno}); {why}")
+            seen[pr.id] = lineno
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:

@@ -301,6 +301,9 @@ class RecordLog:
             self._fd = open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as e:  # a read-only or missing directory, a full disk
             self.close()
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the directory is right; the disk is not
+                raise BenchError(f"cannot write records to {self.path}: {e.strerror}; nothing recorded is lost: "
+                                 "make room, then run the same command with resume=true") from None
             raise BenchError(f"cannot write records to {self.path}: {e.strerror or e}; give a writable directory "
                              "(hydra.run.dir=..., or leaderboard.out_dir=...)") from None
         except BaseException:

@@ -410,6 +410,11 @@ def test_a_duplicate_id_is_named(tmp_path):
     path.write_text('{"id": "a", "prompt": "x"}\n{"id": "q7", "prompt": "y"}\n{"id": "q7", "prompt": "z"}\n')
     with pytest.raises(BenchError, match="not unique: 'q7' appears twice"):
         JsonlPrompts(path=str(path)).load()
+    # Issue 43, item 11: a line without an id is named by its position; a later id equal to that
+    # position was a bare "duplicate", naming neither line.
+    path.write_text('{"prompt": "x"}\n{"id": "0", "prompt": "y"}\n')
+    with pytest.raises(BenchError, match="lines 1 and 2.*line 1 has no 'id' field, so it is named '0' by its position"):
+        JsonlPrompts(path=str(path)).load()
 
 
 def test_fast_path_auto_shows_progress_on_a_terminal(tmp_path, monkeypatch):

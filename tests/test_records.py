@@ -129,6 +129,26 @@ time.sleep(60)
     RecordLog(path, resume=True).close()
 
 
+def test_a_full_disk_at_resume_says_make_room_not_choose_another_directory(tmp_path, monkeypatch):
+    """Issue 43, item 11: a full disk while resuming said "give a writable directory", which sends the
+    user away from the run they should resume."""
+    path = tmp_path / "records.jsonl"
+    log = RecordLog(path, resume=False)
+    log.append(rec("a#0"))
+    log.close()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("bench.records.open_own", full)
+    with pytest.raises(BenchError, match="No space left on device; nothing recorded is lost: make room, then run the "
+                                         "same command with resume=true") as e:
+        RecordLog(path, resume=True)
+    assert "writable directory" not in str(e.value)
+    monkeypatch.undo()
+    assert path.read_text() == line("a#0")
+
+
 def test_a_full_disk_leaves_no_torn_line(tmp_path, monkeypatch):
     path = tmp_path / "records.jsonl"
     log = RecordLog(path, resume=False)
