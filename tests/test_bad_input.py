@@ -497,3 +497,25 @@ def test_a_fifo_for_records_or_prompts_is_one_line_not_a_hang(run_copy, tmp_path
     out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and "not a regular file" in lines[-1], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("overrides, how", [
+    (["decoder=lookahead", "decoder.window=1000000"], "1 + (ngram 4 - 1) x (window 1000000 + guess_set_size 1000000)"),
+    (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[1,3000]"],
+     "(window 3000 + guess_set_size 3000)"),
+    (["decoder=jacobi", "decoder.block_size=5000"], "1 + block_size 5000"),
+    (["decoder=eagle", "decoder.tree_size=99999"], "1 + tree size 99999"),
+    (["decoder=medusa", "decoder.tree_size=auto", "decoder.auto_sizes=[4,8192]"], "1 + tree size 8192"),
+    (["decoder=specinfer", "decoder.num_drafts=100", "decoder.depth=100"], "1 + num_drafts 100 x depth 100"),
+    (["decoder=prompt_lookup", "decoder.num_tokens=4096"], "1 + num_tokens 4096"),
+])
+def test_a_step_wider_than_the_bound_is_refused_before_the_run_directory(tmp_path, overrides, how):
+    """Issue 43, item 8: decoder.window=1000000 passed the precheck and failed allocating 1 TB after
+    loading the model. The widest step a decoder's settings allow is bounded (contract.MAX_STEP_TOKENS)
+    and checked with the settings: one line naming them, exit 2, no run directory."""
+    run_dir = tmp_path / "run"
+    out = run_cli(*TINY, "dataset=gsm8k", "dataset.limit=1", *overrides, f"hydra.run.dir={run_dir}")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith("error: decoder: ") and how in lines[0] and "at most 4096" in lines[0], lines[0]
+    assert not run_dir.exists()

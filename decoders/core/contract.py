@@ -133,3 +133,18 @@ def check(key: str, value: Any, *, at_least: int | None = None, one_of: Sequence
     if at_least is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= at_least):
         extra = "".join(f" or {a}" for a in also)
         raise ValueError(f"decoder.{key} must be an integer >= {at_least}{extra}, got {value!r}")
+
+
+# The most tokens one step may feed the target. Published methods feed tens (EAGLE-2's 60, Medusa's 64,
+# lookahead's largest W=15, N=5, G=15: 121); a wider step would not fit a model's context, and its
+# masks and logits grow with its square and the vocabulary: decoder.window=1000000 asked for 1 TB.
+MAX_STEP_TOKENS = 4096
+
+
+def check_step(tokens: int, how: str) -> None:
+    """One ValueError when the settings make a step feed more than MAX_STEP_TOKENS tokens; `how`
+    says which settings, e.g. "window 5 x (ngram 4 - 1) + ...". Checked with the settings, before
+    any run directory or model."""
+    if tokens > MAX_STEP_TOKENS:
+        raise ValueError(f"{how} = {tokens} tokens fed to the target in one step; at most "
+                         f"{MAX_STEP_TOKENS} are allowed: lower them")

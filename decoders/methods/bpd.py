@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..core.contract import PerTarget, check, decode_one
+from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.weights_file import addon_path
 from .draft_model import DRAFT_REQUIRED, build_draft
 from .heads import HeadsProposer, heads_for
@@ -112,6 +112,8 @@ class BPD:
             check(key, getattr(self, key), at_least=1)
         check("block", self.block, at_least=1, also=(None,))
         check("rescore", self.rescore, one_of=("none", "ngram", "neural"))
+        block = self.num_heads if self.block is None else self.block
+        check_step(1 + self.paths * block, f"1 + paths {self.paths} x block {block}")
         if not self.weight >= 0:
             raise ValueError(f"decoder.weight must be >= 0, got {self.weight}")
         if self.rescore == "ngram" and not self.ngram:

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..core.contract import PerTarget, check, decode_one
+from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.kv_cache import KVCache, cache_kwarg, causal_mask
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
@@ -438,6 +438,8 @@ class Eagle:
             raise ValueError("decoder.tree must be dynamic, static, a tree its authors published ("
                              f"{', '.join(published_trees()['eagle'])}) or a list of rank paths, got {self.tree!r}")
         check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES), also=(None,))
+        size = len(self._given) if self._given is not None else self.tree_size
+        check_step(1 + size, f"1 + tree size {size}")
         self.lossless = True
         self.tuning: dict = {}
         self._shape = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.contract import PerTarget, check
+from ..core.contract import PerTarget, check, check_step
 from .draft_model import DRAFT_REQUIRED, build_draft
 from ..core.hf_trace import hf_generate
 from ..core.lm import LM
@@ -36,6 +36,7 @@ class HFPromptLookup:
     def __post_init__(self):
         check("num_tokens", self.num_tokens, at_least=1)
         check("max_ngram", self.max_ngram, at_least=1)
+        check_step(1 + self.num_tokens, f"1 + num_tokens {self.num_tokens}")
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return hf_generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids,
@@ -56,6 +57,8 @@ class HFAssisted:
     def __post_init__(self):
         check("draft", self.draft, required=DRAFT_REQUIRED)
         check("num_assistant_tokens", self.num_assistant_tokens, at_least=1, also=(None,))
+        if self.num_assistant_tokens is not None:
+            check_step(1 + self.num_assistant_tokens, f"1 + num_assistant_tokens {self.num_assistant_tokens}")
 
     def load_addons(self, lm: LM) -> LM:
         return self._drafts.get(lm, lambda: build_draft(self.draft, lm))

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.contract import check, decode_one
+from ..core.contract import check, check_step, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, SideBranch
 from ..core.sampling import Sampler, Sampling
@@ -120,6 +120,11 @@ class Lookahead:
             check("auto_ngrams[]", n, at_least=2)
         check("auto_prompts", self.auto_prompts, at_least=1)
         check("auto_tokens", self.auto_tokens, at_least=1)
+        # the widest step its settings allow ("auto" at its largest candidate; G = -1 counted as W)
+        w = max(self.auto_windows) if self.window == AUTO else self.window
+        n = max(self.auto_ngrams) if self.ngram == AUTO else self.ngram
+        g = w if self.guess_set_size in (AUTO, -1) else self.guess_set_size
+        check_step(1 + (n - 1) * (w + g), f"1 + (ngram {n} - 1) x (window {w} + guess_set_size {g})")
         self.tuning: dict | None = None  # the choice made for "auto", with its prediction
 
     @property

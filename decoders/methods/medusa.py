@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.contract import PerTarget, check, decode_one
+from ..core.contract import PerTarget, check, check_step, decode_one
 from .heads import HeadsProposer, heads_for
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
@@ -130,6 +130,9 @@ class Medusa:
         if self.choices not in ("auto", "chain", "prior") and self._given is None:
             raise ValueError("decoder.choices must be auto, chain, prior, a tree its authors published ("
                              f"{', '.join(published_trees()['medusa'])}) or a list of rank paths, got {self.choices!r}")
+        size = len(self._given) if self._given is not None else (
+            max(self.auto_sizes) if self.tree_size == "auto" else self.tree_size)
+        check_step(1 + size, f"1 + tree size {size}")
         self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}
         self._shape = None

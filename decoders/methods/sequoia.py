@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.contract import PerTarget, check, decode_one
+from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
@@ -47,6 +47,8 @@ class Sequoia:
         for key in ("budget", "depth", "K", "auto_prompts", "auto_tokens"):
             check(key, getattr(self, key), at_least=1)
         check("tree", self.tree, one_of=("fixed", "auto"))
+        budget = max(self.budget, *self.auto_budgets) if self.tree == "auto" and self.auto_budgets else self.budget
+        check_step(1 + budget, f"1 + budget {budget}")
         for key in ("auto_budgets", "auto_depths"):
             if not getattr(self, key):
                 raise ValueError(f"decoder.{key} must be a non-empty list of integers >= 1, got {getattr(self, key)!r}")

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..core.contract import PerTarget, check, decode_one
+from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.kv_cache import KVCache
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
@@ -102,6 +102,7 @@ class SpecChain:
 
     def __post_init__(self):
         check("depth", self.depth, at_least=1)
+        check_step(1 + self.depth, f"1 + depth {self.depth}")
         check("draft", self.draft, required=DRAFT_REQUIRED)
 
     def load_addons(self, lm: LM) -> LM:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..core.contract import PerTarget, check, decode_one
+from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
@@ -71,6 +71,7 @@ class SpecInfer:
     def __post_init__(self):
         check("num_drafts", self.num_drafts, at_least=1)
         check("depth", self.depth, at_least=1)
+        check_step(1 + self.num_drafts * self.depth, f"1 + num_drafts {self.num_drafts} x depth {self.depth}")
         check("draft", self.draft, required=DRAFT_REQUIRED)
 
     def load_addons(self, lm: LM) -> LM:
