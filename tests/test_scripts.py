@@ -299,3 +299,22 @@ def test_repetition_by_position_counts_ngrams_seen_earlier_in_the_output(tmp_pat
                                         {"position": 4, "tokens": 4, "repeated_share": 1.0}]
     out = run_script("repetition_by_position.py", str(tmp_path / "nowhere"))
     assert out.returncode == 2 and out.stderr.strip() == f"error: no records.jsonl in {tmp_path / 'nowhere'}"
+
+
+def test_step_overhead_splits_the_step_by_region(tmp_path):
+    """scripts/step_overhead.py (issue 42, item 3): per decoder, ms per step by region; the regions it
+    wraps must be the ones the loop calls (were it to stop calling them, they would read zero)."""
+    import pandas as pd
+
+    out = run_script("step_overhead.py", "--prompts", "1", "--max-new-tokens", "8", "--decoders",
+                     "prompt_lookup,lookahead", "--out", str(tmp_path), "model=tiny-random", "dataset=gsm8k",
+                     "device=cpu")
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "step_overhead.csv").set_index("decoder")
+    assert list(table.index) == ["prompt_lookup", "lookahead"]
+    lookahead = table.loc["lookahead"]
+    for region in ("target: model", "overhead: feed", "overhead: verify", "overhead: cache"):
+        assert lookahead[region] > 0, region
+    assert lookahead["overhead: rest"] >= 0 and lookahead["target: model"] > lookahead["target: harness"]
+    bad = run_script("step_overhead.py", "--decoders", "hf_generate")
+    assert bad.returncode == 2 and "unknown decoders hf_generate" in bad.stderr

@@ -1,0 +1,181 @@
+"""Where a decoding step's time goes outside the model, per method (issue 42, item 3).
+
+    python scripts/step_overhead.py [--decoders a,b] [--prompts 2] [--max-new-tokens 64] [--out DIR]
+        [hydra overrides: model=... dataset=... threads=...]
+
+Each decoder generates on the first --prompts prompts of the dataset (rendered as the benchmark
+renders them; a warm-up generation first), greedy, in one process. The loop's regions
+(decoders/core/loop.py) are timed by wrapping, not by editing, the functions that do them:
+
+  target: model        the target's own forward (the HF model's forward)
+  target: harness      the rest of the target region: ids, positions and the mask turned into
+                       tensors and the model's input format, the logits rows picked
+  draft                propose and commit: drafting, n-gram lookups, the proposer's bookkeeping
+  overhead: feed       what is fed this step: positions and the tree's mask (loop.feed)
+  overhead: verify     the acceptance of the tree against the target's scores (loop.verify)
+  overhead: cache      the KV cache cut to the accepted path (KVCache.keep / crop)
+  overhead: rest       the rest of the step: the trace, the stop check, list bookkeeping
+
+Prints ms per step by region (medians over the prompts' per-step means) and writes DIR/step_overhead.csv
+with the device, threads and dtype. The hf_* peers run transformers' generate() and are left out.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.errors import BenchError  # noqa: E402
+from bench.prompts import render, rendering_for  # noqa: E402
+from bench.registry import decoder_configs  # noqa: E402
+from bench.runner import build  # noqa: E402
+from decoders.core import loop  # noqa: E402
+from decoders.core.contract import LoadsAddOns  # noqa: E402
+from decoders.core.kv_cache import KVCache  # noqa: E402
+from decoders.core.sampling import Sampling  # noqa: E402
+from decoders.core.trace import Tracer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+REGIONS = ["target: model", "target: harness", "draft", "overhead: feed", "overhead: verify", "overhead: cache",
+           "overhead: rest"]
+
+
+class Clock:
+    """Seconds per region of the current generation, from the wrappers below."""
+
+    def __init__(self, sync):
+        self.sync, self.spent, self.in_target = sync, defaultdict(float), False
+
+    def wrap(self, region: str, fn, only_in_target: bool = False):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if only_in_target and not self.in_target:
+                return fn(*args, **kwargs)
+            self.sync()
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sync()
+                self.spent[region] += time.perf_counter() - start
+        return timed
+
+
+def instrument(clock: Clock, lm) -> None:
+    loop.feed = clock.wrap("overhead: feed", loop.feed)
+    loop.verify = clock.wrap("overhead: verify", loop.verify)
+    # the target's cache only: a draft's own cache edits belong to the draft's time
+    new_cache = lm.new_cache
+
+    def marked_cache():
+        cache = new_cache()
+        cache.of_target = True
+        return cache
+    lm.new_cache = marked_cache
+    for method in ("keep", "crop"):
+        plain, timed = getattr(KVCache, method), clock.wrap("overhead: cache", getattr(KVCache, method))
+        setattr(KVCache, method, functools.partialmethod(
+            lambda self, *a, _plain=plain, _timed=timed: (_timed if getattr(self, "of_target", False) else _plain)(
+                self, *a)))
+    # the target's own forward, counted only inside the target region (a self-draft shares its layers)
+    lm.model.forward = clock.wrap("target: model", lm.model.forward, only_in_target=True)
+    target = Tracer.target
+
+    def flagged(self):
+        region = target(self)
+
+        class Flag:
+            def __enter__(_):
+                clock.in_target = True
+                return region.__enter__()
+
+            def __exit__(_, *exc):
+                clock.in_target = False
+                return region.__exit__(*exc)
+        return Flag()
+    Tracer.target = flagged
+
+
+def per_step(gen, spent: dict) -> dict:
+    steps = gen.steps
+    n = len(steps)
+    target = sum(s.target_time for s in steps)
+    overhead = sum(s.overhead_time for s in steps)
+    split = ("overhead: feed", "overhead: verify", "overhead: cache")
+    ms = {"target: model": spent["target: model"], "target: harness": target - spent["target: model"],
+          "draft": sum(s.draft_time for s in steps), **{k: spent[k] for k in split},
+          "overhead: rest": overhead - sum(spent[k] for k in split)}
+    return {"steps": n, "tokens_per_step": sum(s.committed for s in steps) / n,
+            **{k: 1e3 * v / n for k, v in ms.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--decoders", default="all", help="comma-separated, or all (the hf_* peers left out)")
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, help="directory for step_overhead.csv")
+    args, overrides = parser.parse_known_args()
+    every = [d for d in decoder_configs() if not d.startswith("hf_")]
+    names = every if args.decoders == "all" else args.decoders.split(",")
+    if unknown := [d for d in names if d not in every]:
+        parser.error(f"unknown decoders {', '.join(unknown)}; allowed: {', '.join(every)}")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides]) for d in names}
+    cfg = next(iter(specs.values()))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    lm = build(cfg.model, "model").load()
+    rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+    prompts = build(cfg.dataset, "dataset").load()[:args.prompts]
+    ids = [render(lm.tokenizer, p, 0, [], rendering)[1] for p in prompts]
+    clock = Clock(lm.sync)
+    instrument(clock, lm)
+    where = (f"{lm.name} {str(lm.dtype).replace('torch.', '')} on {lm.device} ({platform.processor() or 'cpu'}), "
+             f"{torch.get_num_threads()} threads, {len(ids)} prompts x {args.max_new_tokens} tokens")
+    print(where)
+    rows = []
+    for name, spec in specs.items():
+        decoder = build(spec.decoder, "decoder")
+        if isinstance(decoder, LoadsAddOns):
+            try:
+                decoder.load_addons(lm)
+            except ValueError as e:  # a draft or heads file for another model: one line, as a run says it
+                raise BenchError(str(e)) from None
+        decoder.generate(lm, ids[0], 8, Sampling(), lm.stop_ids)  # warm-up
+        measured = []
+        for prompt in ids:
+            clock.spent.clear()
+            gen = decoder.generate(lm, prompt, args.max_new_tokens, Sampling(), lm.stop_ids)
+            measured.append(per_step(gen, clock.spent))
+        row = {"decoder": name, **{k: statistics.median(m[k] for m in measured)
+                                   for k in ("steps", "tokens_per_step", *REGIONS)}}
+        row["overhead_total"] = sum(row[k] for k in REGIONS if k.startswith("overhead"))
+        rows.append(row)
+        print(f"{name:15s} " + "  ".join(f"{k} {row[k]:6.2f}" for k in ("target: harness", "overhead_total",
+                                                                          *REGIONS[3:])) + " ms/step", flush=True)
+    table = pd.DataFrame(rows)
+    print("\n" + table.to_markdown(index=False, floatfmt=".2f"))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.assign(where=where).to_csv(args.out / "step_overhead.csv", index=False)
+        print(f"\nwrote {args.out / 'step_overhead.csv'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
