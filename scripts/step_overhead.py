@@ -16,14 +16,15 @@ renders them; a warm-up generation first), greedy, in one process. The loop's re
   overhead: cache      the KV cache cut to the accepted path (KVCache.keep / crop)
   overhead: rest       the rest of the step: the trace, the stop check, list bookkeeping
 
-Prints ms per step by region (medians over the prompts' per-step means) and writes DIR/step_overhead.csv
-with the device, threads and dtype. The hf_* peers run transformers' generate() and are left out.
+Prints ms per step by region (medians over the prompts' per-step means) and writes
+DIR/step_overhead.csv (with the device, threads and dtype) and DIR/provenance.json. The hf_*
+peers run transformers' generate() and are left out.
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import platform
+import json
 import statistics
 import sys
 import time
@@ -36,6 +37,7 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import provenance  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.registry import decoder_configs  # noqa: E402
@@ -140,11 +142,12 @@ def main() -> None:
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
     prompts = build(cfg.dataset, "dataset").load()[:args.prompts]
     ids = [render(lm.tokenizer, p, 0, [], rendering)[1] for p in prompts]
+    info = provenance.collect(lm)  # before instrumenting: the commit, the device's name, threads, dtype
+    where = (f"{lm.name} {info['dtype']} on {info['device_name']}, {info['torch_threads']} threads, "
+             f"fast path {info['fast_path']}, {len(ids)} prompts x {args.max_new_tokens} tokens")
+    print(where)
     clock = Clock(lm.sync)
     instrument(clock, lm)
-    where = (f"{lm.name} {str(lm.dtype).replace('torch.', '')} on {lm.device} ({platform.processor() or 'cpu'}), "
-             f"{torch.get_num_threads()} threads, {len(ids)} prompts x {args.max_new_tokens} tokens")
-    print(where)
     rows = []
     for name, spec in specs.items():
         decoder = build(spec.decoder, "decoder")
@@ -170,6 +173,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         table.assign(where=where).to_csv(args.out / "step_overhead.csv", index=False)
+        (args.out / "provenance.json").write_text(json.dumps(info, indent=2) + "\n")
         print(f"\nwrote {args.out / 'step_overhead.csv'}", file=sys.stderr)
 
 
