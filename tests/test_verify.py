@@ -376,3 +376,46 @@ def test_zero_target_probability_token_never_accepted_even_when_u_is_zero(monkey
         path, bonus = verify_sampling(tree, target, draft, g)
         assert path == [0], f"token 2 has target probability 0 but was accepted (draft_probs={draft})"
         assert bonus in (0, 1)
+
+
+def test_greedy_on_cpu_reads_only_the_rows_it_reaches_and_agrees_with_every_row(monkeypatch):
+    """On a CPU verify_greedy takes the argmax of the rows its walk reaches, not of every tree row.
+    Against the all-rows walk, on random trees whose logits tie often (a few integer values): the
+    same path and bonus (argmax's first index wins ties either way), from fewer rows."""
+    import random
+
+    def all_rows(tree, logits):
+        prediction = torch.argmax(logits, dim=-1).tolist()
+
+        def longest(node):
+            best = []
+            for child in tree.children[node]:
+                if tree.tokens[child] == prediction[node]:
+                    below = longest(child)
+                    if len(below) + 1 > len(best):
+                        best = [child] + below
+            return best
+        path = [0] + longest(0)
+        return path, prediction[path[-1]]
+
+    rng = random.Random(0)
+    real_argmax, read = torch.argmax, []
+
+    def counting(x, *args, **kwargs):
+        read.append(x.shape[0] if x.dim() > 1 else 1)
+        return real_argmax(x, *args, **kwargs)
+
+    fewer = 0
+    for _ in range(300):
+        n = rng.randint(1, 30)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        tree = TokenTree([rng.randrange(4) for _ in range(n)], parents)
+        logits = torch.randint(0, 3, (n, 4)).float()
+        expected = all_rows(tree, logits)
+        read.clear()
+        monkeypatch.setattr(torch, "argmax", counting)
+        got = verify_greedy(tree, logits)
+        monkeypatch.undo()
+        assert got == expected, (parents, tree.tokens, logits)
+        fewer += sum(read) < n
+    assert fewer > 100  # most walks stop well before the last row
