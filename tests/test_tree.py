@@ -54,3 +54,21 @@ def test_from_sequences_merges_shared_prefixes():
 def test_invalid_trees(tokens, parents, message):
     with pytest.raises(ValueError, match=message):
         TokenTree(tokens, parents)
+
+
+def test_ancestor_mask_equals_the_row_by_row_definition_on_random_trees():
+    """ancestor_mask is filled in Python and made a tensor once; against the definition (a node's row
+    is its parent's row plus itself) on random trees of 1-80 nodes."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 80)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        expected = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            expected[i, i] = True
+            if parents[i] >= 0:
+                expected[i] |= expected[parents[i]]
+        got = TokenTree(list(range(n)), parents).ancestor_mask()
+        assert got.dtype == torch.bool and torch.equal(got, expected), parents
