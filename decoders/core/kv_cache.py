@@ -69,6 +69,8 @@ class KVCache:
     @torch.inference_mode()
     def keep(self, indices: Sequence[int] | torch.Tensor) -> None:
         """Keep only the positions `indices` (ascending), in that order: e.g. prefix + accepted path."""
+        if not isinstance(indices, torch.Tensor) and (not indices or indices[-1] == len(indices) - 1):
+            return self._crop(len(indices))  # ascending up to n - 1: the first n, a chain's accepted path
         idx = torch.as_tensor(indices, dtype=torch.long)
         n = len(idx)
         # Positions already in place need no copy: find the first one that moves.
