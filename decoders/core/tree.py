@@ -74,6 +74,20 @@ class TokenTree:
     def leaves(self) -> list[int]:
         return [i for i, kids in enumerate(self.children) if not kids]
 
+    def longest_path(self, accepts) -> list[int]:
+        """The longest path from the root (included) whose every node passes accepts(parent, child);
+        of paths equally long, the first in the children's order (siblings holding the same token are
+        all explored: the deeper match wins). Greedy verification and Medusa's typical acceptance."""
+        def longest(node: int) -> list[int]:
+            best: list[int] = []
+            for child in self.children[node]:
+                if accepts(node, child):
+                    below = longest(child)
+                    if len(below) + 1 > len(best):
+                        best = [child] + below
+            return best
+        return [0] + longest(0)
+
     def ancestor_mask(self) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when j is i or one of its ancestors."""
         n = len(self)

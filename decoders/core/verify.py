@@ -13,8 +13,7 @@ from .tree import TokenTree
 
 
 def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """Longest path whose every token is the target's argmax after its parent (siblings
-    holding the same token are all explored: the deeper match wins)."""
+    """Longest path whose every token is the target's argmax after its parent (TokenTree.longest_path)."""
     if target_logits.device.type == "cpu":
         # Only the rows the walk reaches: the matched path and its children's parents, a few of a
         # tree's rows (on a CPU the argmax of all of them, each over the whole vocabulary, cost
@@ -29,16 +28,7 @@ def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[in
         prediction = torch.argmax(target_logits, dim=-1).tolist()
         predicted = prediction.__getitem__
 
-    def longest(node: int) -> list[int]:
-        best: list[int] = []
-        for child in tree.children[node]:
-            if tree.tokens[child] == predicted(node):
-                below = longest(child)
-                if len(below) + 1 > len(best):
-                    best = [child] + below
-        return best
-
-    path = [0] + longest(0)
+    path = tree.longest_path(lambda node, child: tree.tokens[child] == predicted(node))
     return path, predicted(path[-1])
 
 

@@ -43,17 +43,7 @@ def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, thre
     p = torch.softmax(logits.float() / temperature, dim=-1)
     entropy = -(p * torch.log(p.clamp_min(1e-20))).sum(-1)
     bar = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))
-
-    def longest(node: int) -> list[int]:
-        best: list[int] = []
-        for child in tree.children[node]:
-            if p[node, tree.tokens[child]] > bar[node]:
-                below = longest(child)
-                if len(below) + 1 > len(best):
-                    best = [child] + below
-        return best
-
-    path = [0] + longest(0)
+    path = tree.longest_path(lambda node, child: bool(p[node, tree.tokens[child]] > bar[node]))
     return path, sampler.next_token(logits[path[-1]])
 
 
