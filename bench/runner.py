@@ -27,10 +27,14 @@ from . import metrics, provenance, rundir
 from .errors import BenchError
 from .prompts import FORMATS, capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
+from .registry import CONF_DIR
 from .targets import check_targets
 
-# Keys (at any depth) that may change between a run and its resumption without changing its records.
-RESUME_FREE = {"resume", "progress", "logger", "data_dir", "cache_dir"}
+# Keys (at any depth) that may change between a run and its resumption without changing its records:
+# those Hydra leaves out of a sweep run's directory name (conf/config.yaml's
+# override_dirname.exclude_keys, the one list), less Hydra's own.
+RESUME_FREE = frozenset(key for key in OmegaConf.load(CONF_DIR / "config.yaml").hydra.job.config.override_dirname
+                        .exclude_keys if not key.startswith("hydra."))
 
 
 def build(node: DictConfig, what: str):
