@@ -28,10 +28,6 @@ from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
 from ..core.tree import TokenTree
 
-# scorer(sequence, beams) -> (log-scores (len(beams), V) of each beam's next token, FLOPs spent)
-Scorer = Callable[[Sequence[int], list[tuple[int, ...]]], tuple[torch.Tensor, float]]
-
-
 def lattice_beam_search(head_logp: torch.Tensor, top_k: int, width: int, weight: float,
                         score_next: Callable[[list[tuple[int, ...]], torch.Tensor], torch.Tensor] | None):
     """The `width` best paths through the lattice of each position's top_k tokens.

@@ -3,7 +3,7 @@
 predicted speedup over autoregressive = compression / step cost, where compression (tokens
 per decode step) is measured by running each grid point greedily on a few calibration
 prompts, and step cost = latency of a forward of that point's mean forward tokens relative
-to one autoregressive step, from this device's measured latency profile (decoders/profile.py).
+to one autoregressive step, from this device's measured latency profile (decoders/tuning/profile.py).
 Both measurements are cached, so a setting is chosen once per device, model and prompts.
 """
 from __future__ import annotations
