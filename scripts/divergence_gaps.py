@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.__main__ import fail  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 from bench.metrics import judge_output, lossless_columns  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
@@ -109,5 +110,4 @@ if __name__ == "__main__":
     try:
         main()
     except BenchError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -38,6 +39,7 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import provenance  # noqa: E402
+from bench.__main__ import fail  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.registry import decoder_configs  # noqa: E402
@@ -86,26 +88,23 @@ def instrument(clock: Clock, lm) -> None:
         return cache
     lm.new_cache = marked_cache
     for method in ("keep", "crop"):
-        plain, timed = getattr(KVCache, method), clock.wrap("overhead: cache", getattr(KVCache, method))
-        setattr(KVCache, method, functools.partialmethod(
-            lambda self, *a, _plain=plain, _timed=timed: (_timed if getattr(self, "of_target", False) else _plain)(
-                self, *a)))
+        plain = getattr(KVCache, method)
+
+        def either(self, *args, _plain=plain, _timed=clock.wrap("overhead: cache", plain)):
+            return (_timed if getattr(self, "of_target", False) else _plain)(self, *args)
+        setattr(KVCache, method, either)
     # the target's own forward, counted only inside the target region (a self-draft shares its layers)
     lm.model.forward = clock.wrap("target: model", lm.model.forward, only_in_target=True)
     target = Tracer.target
 
+    @contextmanager
     def flagged(self):
-        region = target(self)
-
-        class Flag:
-            def __enter__(_):
-                clock.in_target = True
-                return region.__enter__()
-
-            def __exit__(_, *exc):
+        with target(self):
+            clock.in_target = True
+            try:
+                yield
+            finally:
                 clock.in_target = False
-                return region.__exit__(*exc)
-        return Flag()
     Tracer.target = flagged
 
 
@@ -181,5 +180,4 @@ if __name__ == "__main__":
     try:
         main()
     except BenchError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)

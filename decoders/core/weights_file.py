@@ -82,16 +82,18 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
     return meta, state
 
 
-def meta_int(meta: dict, name: str, key: str, path, required: bool = True) -> int | None:
-    """An integer a weights file's metadata (or a checkpoint's config.json) records, by `name`;
-    missing or not an integer is one line naming the key, the file and the entry."""
-    value = meta.get(name)
-    if value is None and not required:
-        return None
+def whole_number(value, name: str, key: str, path) -> int:
+    """`value`, an integer a weights file's metadata (or a checkpoint's config.json) records as
+    `name`; missing or not an integer is one line naming the key, the file and the entry."""
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
         what = f"does not record {name}" if value is None else f"records {name}={value!r}, not a whole number"
         raise ValueError(f"{key}: {path} {what}; it was not written for this harness, or was damaged: replace it")
     return int(value)
+
+
+def meta_int(meta: dict, name: str, key: str, path) -> int:
+    """The integer entry `name` of a weights file's metadata (whole_number)."""
+    return whole_number(meta.get(name), name, key, path)
 
 
 def meta_json(meta: dict, name: str, key: str, path, default: str):
@@ -175,8 +177,8 @@ def check_target(lm, key: str, where, *, vocab: int | None = None, hidden: int |
     size, and the base model's name where the file records one (compared by its last path component
     with the target's config name and the path it was loaded from)."""
     cfg = lm.config.get_text_config()
-    vocab = meta_int({"vocab_size": vocab}, "vocab_size", key, where, required=False)
-    hidden = meta_int({"hidden_size": hidden}, "hidden_size", key, where, required=False)
+    vocab = None if vocab is None else whole_number(vocab, "vocab_size", key, where)
+    hidden = None if hidden is None else whole_number(hidden, "hidden_size", key, where)
     if vocab is not None and vocab != lm.vocab_size:
         raise ValueError(f"{key}: {where} was made for a vocabulary of {vocab} tokens; {lm.name} has {lm.vocab_size}")
     if hidden is not None and hidden != cfg.hidden_size:
