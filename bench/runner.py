@@ -23,7 +23,7 @@ from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
 from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
-from . import metrics, provenance, rundir
+from . import metrics, provenance, rundir, slurm
 from .errors import BenchError
 from .prompts import FORMATS, capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
@@ -417,6 +417,7 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
             if cfg.warmup:
                 warmup(ctx, units)
             for group in _groups(units, log, cfg.gen.batch_size):
+                slurm.raise_if_stopped()  # a SIGTERM whose own raise was lost stops the run here
                 ready, records = [], []
                 for prompt, turn in group:
                     earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]

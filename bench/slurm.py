@@ -14,6 +14,11 @@ with its finished records fsynced and its directory lock released; SIGUSR2 is lo
 goes on until the SIGTERM at the limit, so it generates for the whole timeout_min. Hydra keeps
 the exception in the job's return, which submitit writes as the task's result: the submitting
 command stops waiting at once, even where `sacct` knows nothing, and prints how to resume.
+The handler's raise can be lost: Python only prints an exception raised inside an at-fork
+callback, a __del__ or a weakref callback, and the handler runs wherever the interpreter is
+(seen: 1 stop in 41, SIGTERM landing in logging's after-fork lock release as the sandbox
+forked to score a program; the run then generated on to its end). So the stop is also kept
+here, and the runner raises it again before each next prompt (`raise_if_stopped`).
 After a stop the task then ends without the interpreter's teardown: freeing torch and
 transformers at exit took 3.7 s of the ~5 s from scancel to the task's end (measured on the
 test cluster, more on a loaded machine), time in which SLURM still counts the job as running.
@@ -41,6 +46,15 @@ def _say(message: str) -> None:
 
 class Stopped(Exception):
     """SLURM stopped the run; the records written so far are kept, resume=true finishes it."""
+
+
+_stop: list[str] = []  # the stop's message, once SIGTERM came during this job
+
+
+def raise_if_stopped() -> None:
+    """Raises Stopped where SIGTERM came and its own raise was lost (see above); else nothing."""
+    if _stop:
+        raise Stopped(_stop[0])
 
 
 def _exit_at_once(failed: list[bool]) -> None:
@@ -80,6 +94,7 @@ class StopOnSlurmSignal(Callback):
                 signal.signal(sig, signal.SIG_IGN)
             self._stopped = True
             message = f"stopped by SIGTERM (scancel, or the job's time limit); {resume}"
+            _stop.append(message)
             _say(message)
             raise Stopped(message)
 
@@ -95,6 +110,7 @@ class StopOnSlurmSignal(Callback):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        _stop.clear()
         if self._stopped:
             failed: list[bool] = []  # an exception left uncaught after this (submitit's) keeps exit code 1
             previous_hook = sys.excepthook
