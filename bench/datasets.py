@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BenchError
-from .records import open_jsonl
+from .records import holds_lone_surrogate, open_jsonl
 from . import quality
 
 
@@ -58,11 +58,9 @@ def _rows(path: Path, f):
             raise BenchError(f"{path}:{lineno} is JSON nested too deeply to read; one flat object per line") from None
         if not isinstance(row, dict):
             raise BenchError(f"{path}:{lineno} is a JSON {type(row).__name__}, not an object; one object per line")
-        try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer can encode
-            json.dumps(row, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
+        if holds_lone_surrogate(raw, row):
             raise BenchError(f"{path}:{lineno} holds a lone surrogate escape (\\ud800-\\udfff alone), "
-                             "which is not text") from None
+                             "which is not text")
         yield lineno, row
 
 

@@ -179,6 +179,22 @@ def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_co
     assert out.returncode == 2 and len(lines) == 1 and f"{deep}:2 is JSON nested too deeply" in lines[0], out.stderr
 
 
+def test_a_record_holding_a_lone_surrogate_is_a_damaged_line(run_dir, run_copy):
+    """Issue 43, item 4: a \\ud800-style escape alone in a record decodes to a string no file or
+    table can encode: bench.report failed with UnicodeEncodeError writing its tables. It is a
+    damaged line; a surrogate pair (an emoji, as json.dumps writes it) is text and stays."""
+    records = _records(run_dir)
+    first, second = list(records)[:2]
+    _rewrite(run_copy, {first: {**records[first], "category": "cat\udfff"},
+                        second: {**records[second], "text": records[second]["text"] + "\U0001F600"}})
+    assert b"\\ud83d\\ude00" in (run_copy / "records.jsonl").read_bytes()
+    assert [r["key"] for r in read_records(run_copy / "records.jsonl")] == list(records)[1:]
+    out = subprocess.run([sys.executable, "-m", "bench.report", str(run_copy)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "1 damaged line(s) (line 1: not text (a lone surrogate escape))" in out.stderr, out.stderr
+
+
 def test_resume_sets_aside_a_record_of_another_prompt(run_dir, run_copy):
     """Issue 43, item 5: a valid record of a prompt the run does not have, appended to records.jsonl,
     was kept on resume and counted (3 prompts at the end of the run where summary.csv said 2); it is
