@@ -79,7 +79,7 @@ from .errors import BenchError
 from .prompts import encode, rendering_for
 from .records import RecordLog
 from .runner import (RunContext, build, check_config, config_difference, judge_lossless, new_record, prepare_decoder,
-                     run_unit, sampling_from, warmup)
+                     record_settings, run_unit, sampling_from, warmup)
 
 REFERENCE = "autoregressive"
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
@@ -207,7 +207,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     for label, cfg in cfgs.items():
         run_dir = out_dir / ds / label
         rundir.claim(run_dir)
-        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True)
+        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True, settings=record_settings(cfg))
         rundir.write_run_files(run_dir, cfg)  # config.yaml, whole or not at all
     units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
     keys = [f"{p.id}#{t}" for p, t in units]

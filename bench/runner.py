@@ -177,12 +177,16 @@ class RunContext:
     sampling: Sampling
 
 
+def record_settings(cfg: DictConfig) -> dict:
+    """The settings every record of a run names: RecordLog sets aside a record naming others."""
+    return {"decoder": cfg.decoder.name, "model": cfg.model.name, "dataset": cfg.dataset.name}
+
+
 def new_record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
     """A record's identifying fields (key, prompt, decoder, model, dataset, category) with status
     ok, then `fields`: also the whole record of a prompt that is skipped."""
-    return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, "decoder": cfg.decoder.name,
-            "model": cfg.model.name, "dataset": cfg.dataset.name, "category": prompt.meta.get("category"),
-            "status": "ok", "reason": None, **fields}
+    return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, **record_settings(cfg),
+            "category": prompt.meta.get("category"), "status": "ok", "reason": None, **fields}
 
 
 def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
@@ -297,7 +301,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
     rundir.claim(run_dir)
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units},
-                    settings={"decoder": cfg.decoder.name, "model": cfg.model.name, "dataset": cfg.dataset.name})
+                    settings=record_settings(cfg))
     try:
         if logger is not None:  # now, not before: wandb writes into the directory
             logger.start(cfg, run_dir)

@@ -150,13 +150,18 @@ def test_a_rerun_resumes_without_duplicates(board):
     out, _ = board
     victim = out / "humaneval" / "sequoia" / "records.jsonl"
     lines = victim.read_text().splitlines()
-    victim.write_text(lines[0] + "\n")  # as if killed after the first prompt
+    # as if killed after the first prompt, and the second prompt's record of another entry pasted in
+    # (issue 43, item 4: it was kept and tabled as sequoia's)
+    foreign = (out / "humaneval" / "spec_chain" / "records.jsonl").read_text().splitlines()[1]
+    victim.write_text(lines[0] + "\n" + foreign + "\n")
     before = {p: p.read_text() for p in out.rglob("records.jsonl") if p != victim}
     result = run_module("bench.leaderboard", *TINY, f"leaderboard.out_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     again = victim.read_text().splitlines()
     assert len(again) == 2 and again[0] == lines[0]
     assert json.loads(again[1])["prompt_id"] == json.loads(lines[1])["prompt_id"]
+    assert json.loads(again[1])["decoder"] == "sequoia"
+    assert (victim.parent / "records.rejected.jsonl").read_text() == foreign + "\n"
     assert all(p.read_text() == text for p, text in before.items())  # finished runs untouched
 
 
