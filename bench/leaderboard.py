@@ -70,7 +70,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from decoders.core.contract import carried_copy, carry
+from decoders.core.contract import carried_copy, carry, widest_step
 from decoders.core.weights_file import addon_bytes
 
 from . import metrics, registry, rundir
@@ -222,7 +222,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
             return records()
         if "lm" not in lm_cache:
             # one target for every entry, beside all their drafts and heads: the estimate counts them all
-            lm_cache["lm"] = build(first.model, "model").load(add_ons=sum(addon_bytes(d) for d in decoders.values()))
+            lm_cache["lm"] = build(first.model, "model").load(add_ons=sum(addon_bytes(d) for d in decoders.values()),
+                                                              step=max(map(widest_step, decoders.values())))
         lm = lm_cache["lm"]
         rendering = rendering_for(lm.tokenizer, first.prompt_format)
         sampling, _ = check_config(first)

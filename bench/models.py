@@ -75,6 +75,19 @@ def kv_cache_bytes(config, dtype: torch.dtype, batch: int, tokens: int) -> int:
     return batch * tokens * cfg.num_hidden_layers * 2 * kv_heads * head_dim * dtype.itemsize
 
 
+def step_bytes(config, dtype: torch.dtype, batch: int, step: int, tokens: int) -> int:
+    """What a forward of `step` tokens per row holds beside weights and cache, for `batch` rows over a
+    context of `tokens`: the logits and the float32 copy sampling and verification read, one layer's
+    attention scores and mask over the context, and its MLP's activations (gate, up, their product)."""
+    cfg = config.get_text_config()
+    heads = cfg.num_attention_heads
+    inner = getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
+    logits = step * cfg.vocab_size * (dtype.itemsize + 4)
+    attention = (heads + 1) * step * (tokens + step) * dtype.itemsize
+    mlp = 3 * step * inner * dtype.itemsize
+    return batch * (logits + attention + mlp)
+
+
 def weight_bytes(config, dtype: torch.dtype) -> tuple[int, int]:
     """(all weights, linear layers' weights) of the model `config` describes in `dtype`, counted on the
     meta device (nothing allocated); tied weights count once."""
@@ -103,24 +116,28 @@ def free_bytes(device: torch.device, spread: bool = False) -> int | None:
 
 
 def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, batch: int, tokens: int,
-                 packed: bool, spread: bool, add_ons: int = 0) -> dict | None:
+                 packed: bool, spread: bool, add_ons: int = 0, step: int = 1) -> dict | None:
     """Estimate weights (+ the CPU fast path's packed copies) + KV cache for `batch` rows of `tokens`
-    positions; refuse in one line what will not fit. Returns the estimate in bytes (None: a model
-    class that cannot be built from its config on the meta device goes unchecked)."""
+    positions + the decoder's add-ons + its widest step (`step` tokens a row); refuse in one line what
+    will not fit. Returns the estimate in bytes (None: a model class that cannot be built from its
+    config on the meta device goes unchecked)."""
     try:
         weights, linear = weight_bytes(config, dtype)
     except Exception:  # an architecture transformers cannot build bare; from_pretrained reports it properly
         return None
     need = {"weights": weights, "packed_copies": linear if packed else 0,
-            "kv_cache": kv_cache_bytes(config, dtype, batch, tokens), "add_ons": add_ons}
+            "kv_cache": kv_cache_bytes(config, dtype, batch, tokens), "add_ons": add_ons,
+            "step": step_bytes(config, dtype, batch, step, tokens)}
     free = free_bytes(device, spread)
     if free is not None and sum(need.values()) > free:
         where = "the GPUs" if spread and device.type == "cuda" else str(device)
         parts = ", ".join(f"{k.replace('_', ' ')} {v / GiB:.1f}" for k, v in need.items() if v)
+        widest = f", a step of {step} tokens a row" if step > 1 else ""
+        sizes = ", the decoder's sizes (decoder.*)" if step > 1 else ""
         raise BenchError(f"model {name}: needs about {sum(need.values()) / GiB:.1f} GiB ({parts}; KV cache for {batch} "
-                         f"x {tokens} tokens) but {where} has {free / GiB:.1f} GiB free; lower gen.batch_size or "
-                         "model.max_context, use a smaller dtype, spread it with model.device_map=auto, or allow "
-                         "offloading to CPU with model.offload=true")
+                         f"x {tokens} tokens{widest}) but {where} has {free / GiB:.1f} GiB free; lower "
+                         f"gen.batch_size{sizes} or model.max_context, use a smaller dtype, spread it with "
+                         "model.device_map=auto, or allow offloading to CPU with model.offload=true")
     return need
 
 
@@ -217,9 +234,9 @@ class PretrainedModel:
         return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template,
                                     self.system_message)
 
-    def load(self, batch: int = 1, add_ons: int = 0) -> LM:
+    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         """Load for decoding up to `batch` rows at once, beside `add_ons` bytes of the decoder's drafts
-        or heads (both in the memory estimate)."""
+        or heads, with steps of up to `step` tokens a row (all in the memory estimate)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         check_fast_path(self.name, self.fast_path)
@@ -250,7 +267,7 @@ class PretrainedModel:
                 tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
                 memory = check_memory(self.name, config, dtype, device, batch, tokens,
                                       packed=device.type == "cpu" and self.fast_path != "none",
-                                      spread=device_map is not None, add_ons=add_ons)
+                                      spread=device_map is not None, add_ons=add_ons, step=step)
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except BenchError:
             raise
@@ -351,14 +368,14 @@ class GGUFPackageModel:
 
         return _apply_chat_template(AutoTokenizer.from_pretrained(self.local_dir()), self.chat_template)
 
-    def load(self, batch: int = 1, add_ons: int = 0) -> LM:
+    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
         spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
                                max_context=self.max_context, fast_path=self.fast_path, compile=self.compile,
                                cache_dir=self.cache_dir)
-        lm = spec.load(batch, add_ons)
+        lm = spec.load(batch, add_ons, step)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
                      "gguf_file": self.gguf_file}
         return lm
@@ -442,7 +459,7 @@ class TinyRandomModel:
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
 
-    def load(self, batch: int = 1, add_ons: int = 0) -> LM:
+    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
         check_attention(self.name, self.attn_implementation)
@@ -454,7 +471,8 @@ class TinyRandomModel:
         memory = check_memory(self.name, self.llama_config(vocab_size, tokenizer.eos_token_id),
                               resolve_dtype(self.dtype, device), device, batch,
                               self.max_context or self.max_position_embeddings,
-                              packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons)
+                              packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons,
+                              step=step)
         model = self.build(vocab_size, tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}

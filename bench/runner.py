@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from decoders.core.batch import decode_batch, latencies
-from decoders.core.contract import Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, kept_as_is
+from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, kept_as_is,
+                                    widest_step)
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
@@ -312,7 +313,8 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
 
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
-            lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder))
+            lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder),
+                                                step=widest_step(decoder))
             rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
             ctx = RunContext(lm, decoder, dataset, rendering_for(lm.tokenizer, cfg.prompt_format), cfg, sampling)
             _generate_all(ctx, units, log, logger)

@@ -11,7 +11,7 @@ import torch
 from bench import provenance
 from bench.errors import BenchError
 from bench.models import (PretrainedModel, TinyRandomModel, check_memory, check_placement, kv_cache_bytes,
-                          weight_bytes)
+                          step_bytes, weight_bytes)
 from decoders.core.lm import LM
 from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import autoregressive_decode
@@ -77,7 +77,34 @@ def test_memory_estimate_counts_weights_packed_copies_and_kv_cache():
     assert weights == sum(p.numel() for p in model.parameters()) * 2
     assert linear == sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * 2
     need = check_memory("tiny", config, bf16, torch.device("cpu"), 4, 50, packed=True, spread=False)
-    assert need == {"weights": weights, "packed_copies": linear, "kv_cache": 4 * 50 * 3 * 2 * 2 * 16 * 2, "add_ons": 0}
+    assert need == {"weights": weights, "packed_copies": linear, "kv_cache": 4 * 50 * 3 * 2 * 2 * 16 * 2, "add_ons": 0,
+                    "step": step_bytes(config, bf16, 4, 1, 50)}
+
+
+def test_the_decoders_widest_step_is_estimated_and_refused_where_it_does_not_fit(monkeypatch):
+    """Issue 43, item 8: decoder sizes had no bound but MAX_STEP_TOKENS; the estimate now counts the
+    widest step the decoder's settings allow, and a step that does not fit is one line before loading."""
+    from decoders.core.contract import widest_step
+    from decoders.methods.lookahead import Lookahead
+
+    assert widest_step(Lookahead(window=5, ngram=4, guess_set_size=5)) == 1 + 3 * (5 + 5)
+    assert widest_step(Lookahead(window="auto", auto_windows=[2, 9], ngram=3, guess_set_size=-1)) == 1 + 2 * 18
+    assert widest_step(Eagle(tree_size=24)) == 25 and widest_step(object()) == 1  # autoregressive: one token
+    config = TinyRandomModel(hidden_size=64, num_heads=4, intermediate_size=128).build(100).config
+    # rows x step x (vocab x (bytes + float32 copy) + (heads + 1) x (context + step) x bytes + 3 x MLP width x bytes)
+    assert step_bytes(config, torch.float32, batch=2, step=31, tokens=50) == \
+        2 * 31 * (100 * 8 + 5 * 81 * 4 + 3 * 128 * 4)
+
+    spec = TinyRandomModel(vocab_size=100, device="cpu", dtype="float32", fast_path="none")
+    cpu = torch.device("cpu")
+    narrow, wide = (sum(check_memory("tiny", config, torch.float32, cpu, 1, 2048, False, False, step=n).values())
+                    for n in (1, 4000))
+    monkeypatch.setattr("bench.models.free_bytes", lambda device, spread=False: (narrow + wide) // 2)
+    spec.load(step=1)
+    with pytest.raises(BenchError) as e:
+        spec.load(step=4000)
+    message = str(e.value)
+    assert "\n" not in message and "a step of 4000 tokens a row" in message and "the decoder's sizes" in message
 
 
 def test_memory_estimate_counts_the_decoders_add_on_files(tmp_path, monkeypatch):

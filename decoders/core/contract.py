@@ -141,10 +141,17 @@ def check(key: str, value: Any, *, at_least: int | None = None, one_of: Sequence
 MAX_STEP_TOKENS = 4096
 
 
-def check_step(tokens: int, how: str) -> None:
+def check_step(tokens: int, how: str) -> int:
     """One ValueError when the settings make a step feed more than MAX_STEP_TOKENS tokens; `how`
     says which settings, e.g. "window 5 x (ngram 4 - 1) + ...". Checked with the settings, before
-    any run directory or model."""
+    any run directory or model. Returns `tokens`: each decoder keeps it as its `widest_step`."""
     if tokens > MAX_STEP_TOKENS:
         raise ValueError(f"{how} = {tokens} tokens fed to the target in one step; at most "
                          f"{MAX_STEP_TOKENS} are allowed: lower them")
+    return tokens
+
+
+def widest_step(decoder) -> int:
+    """The most tokens `decoder` feeds the target in one step (its settings' largest; 1 for
+    autoregressive): the memory estimate counts that step's logits and activations."""
+    return getattr(decoder, "widest_step", 1)

@@ -109,7 +109,7 @@ class BPD:
         check("block", self.block, at_least=1, also=(None,))
         check("rescore", self.rescore, one_of=("none", "ngram", "neural"))
         block = self.num_heads if self.block is None else self.block
-        check_step(1 + self.paths * block, f"1 + paths {self.paths} x block {block}")
+        self.widest_step = check_step(1 + self.paths * block, f"1 + paths {self.paths} x block {block}")
         if not self.weight >= 0:
             raise ValueError(f"decoder.weight must be >= 0, got {self.weight}")
         if self.rescore == "ngram" and not self.ngram:

@@ -439,7 +439,7 @@ class Eagle:
                              f"{', '.join(published_trees()['eagle'])}) or a list of rank paths, got {self.tree!r}")
         check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES), also=(None,))
         size = len(self._given) if self._given is not None else self.tree_size
-        check_step(1 + size, f"1 + tree size {size}")
+        self.widest_step = check_step(1 + size, f"1 + tree size {size}")
         self.lossless = True
         self.tuning: dict = {}
         self._shape = None

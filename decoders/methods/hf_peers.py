@@ -36,7 +36,7 @@ class HFPromptLookup:
     def __post_init__(self):
         check("num_tokens", self.num_tokens, at_least=1)
         check("max_ngram", self.max_ngram, at_least=1)
-        check_step(1 + self.num_tokens, f"1 + num_tokens {self.num_tokens}")
+        self.widest_step = check_step(1 + self.num_tokens, f"1 + num_tokens {self.num_tokens}")
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return hf_generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids,
@@ -58,7 +58,8 @@ class HFAssisted:
         check("draft", self.draft, required=DRAFT_REQUIRED)
         check("num_assistant_tokens", self.num_assistant_tokens, at_least=1, also=(None,))
         if self.num_assistant_tokens is not None:
-            check_step(1 + self.num_assistant_tokens, f"1 + num_assistant_tokens {self.num_assistant_tokens}")
+            n = self.num_assistant_tokens
+            self.widest_step = check_step(1 + n, f"1 + num_assistant_tokens {n}")
 
     def load_addons(self, lm: LM) -> LM:
         return self._drafts.get(lm, lambda: build_draft(self.draft, lm))

@@ -63,7 +63,7 @@ class Jacobi:
     def __post_init__(self):
         check("block_size", self.block_size, at_least=1)
         check("init", self.init, one_of=GUESS_INITS)
-        check_step(1 + self.block_size, f"1 + block_size {self.block_size}")
+        self.widest_step = check_step(1 + self.block_size, f"1 + block_size {self.block_size}")
 
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         return JacobiWindow(self.block_size, self.init, prompt_ids, lm.vocab_size, sampler.sampling.seed), None

@@ -124,7 +124,7 @@ class Lookahead:
         w = max(self.auto_windows) if self.window == AUTO else self.window
         n = max(self.auto_ngrams) if self.ngram == AUTO else self.ngram
         g = w if self.guess_set_size in (AUTO, -1) else self.guess_set_size
-        check_step(1 + (n - 1) * (w + g), f"1 + (ngram {n} - 1) x (window {w} + guess_set_size {g})")
+        self.widest_step = check_step(1 + (n - 1) * (w + g), f"1 + (ngram {n} - 1) x (window {w} + guess_set_size {g})")
         self.tuning: dict | None = None  # the choice made for "auto", with its prediction
 
     @property

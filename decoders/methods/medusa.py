@@ -122,7 +122,7 @@ class Medusa:
                              f"{', '.join(published_trees()['medusa'])}) or a list of rank paths, got {self.choices!r}")
         size = len(self._given) if self._given is not None else (
             max(self.auto_sizes) if self.tree_size == "auto" else self.tree_size)
-        check_step(1 + size, f"1 + tree size {size}")
+        self.widest_step = check_step(1 + size, f"1 + tree size {size}")
         self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}
         self._shape = None

@@ -44,7 +44,7 @@ class PromptLookupDecoding:
     def __post_init__(self):
         check("num_tokens", self.num_tokens, at_least=1)
         check("max_ngram", self.max_ngram, at_least=1)
-        check_step(1 + self.num_tokens, f"1 + num_tokens {self.num_tokens}")
+        self.widest_step = check_step(1 + self.num_tokens, f"1 + num_tokens {self.num_tokens}")
 
     def proposer(self, lm, prompt_ids, sampler, stop_ids):
         return PromptLookup(self.num_tokens, self.max_ngram, stop_ids), None

@@ -81,7 +81,7 @@ class Recycling:
         for key in ("tree_size", "depth", "successors"):
             check(key, getattr(self, key), at_least=1)
         check("hot_start", self.hot_start, one_of=(True, False))
-        check_step(1 + self.tree_size, f"1 + tree_size {self.tree_size}")
+        self.widest_step = check_step(1 + self.tree_size, f"1 + tree_size {self.tree_size}")
         self._tables: PerTarget[dict] = PerTarget()  # per target, the table carried between its prompts
 
     def carried(self, lm: LM) -> dict:

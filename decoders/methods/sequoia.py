@@ -48,7 +48,7 @@ class Sequoia:
             check(key, getattr(self, key), at_least=1)
         check("tree", self.tree, one_of=("fixed", "auto"))
         budget = max(self.budget, *self.auto_budgets) if self.tree == "auto" and self.auto_budgets else self.budget
-        check_step(1 + budget, f"1 + budget {budget}")
+        self.widest_step = check_step(1 + budget, f"1 + budget {budget}")
         for key in ("auto_budgets", "auto_depths"):
             if not getattr(self, key):
                 raise ValueError(f"decoder.{key} must be a non-empty list of integers >= 1, got {getattr(self, key)!r}")

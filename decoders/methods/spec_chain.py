@@ -102,7 +102,7 @@ class SpecChain:
 
     def __post_init__(self):
         check("depth", self.depth, at_least=1)
-        check_step(1 + self.depth, f"1 + depth {self.depth}")
+        self.widest_step = check_step(1 + self.depth, f"1 + depth {self.depth}")
         check("draft", self.draft, required=DRAFT_REQUIRED)
 
     def load_addons(self, lm: LM) -> LM:

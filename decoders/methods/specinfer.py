@@ -71,7 +71,8 @@ class SpecInfer:
     def __post_init__(self):
         check("num_drafts", self.num_drafts, at_least=1)
         check("depth", self.depth, at_least=1)
-        check_step(1 + self.num_drafts * self.depth, f"1 + num_drafts {self.num_drafts} x depth {self.depth}")
+        self.widest_step = check_step(1 + self.num_drafts * self.depth,
+                                      f"1 + num_drafts {self.num_drafts} x depth {self.depth}")
         check("draft", self.draft, required=DRAFT_REQUIRED)
 
     def load_addons(self, lm: LM) -> LM:
