@@ -172,6 +172,12 @@ def with_drafts(board, model, labels: list[str]) -> dict[str, list[str]]:
     return entries
 
 
+def target_fit(decoders: list) -> dict:
+    """What the one target every entry shares must fit beside: all their drafts and heads, and the
+    widest step any of them takes."""
+    return {"add_ons": sum(map(addon_bytes, decoders)), "step": max(map(widest_step, decoders))}
+
+
 def check_resume(run_dir: Path, cfg) -> None:
     """A rerun into the same out_dir resumes only a run made with the same settings, so that no
     table mixes records of two configurations."""
@@ -222,8 +228,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
             return records()
         if "lm" not in lm_cache:
             # one target for every entry, beside all their drafts and heads: the estimate counts them all
-            lm_cache["lm"] = build(first.model, "model").load(add_ons=sum(addon_bytes(d) for d in decoders.values()),
-                                                              step=max(map(widest_step, decoders.values())))
+            lm_cache["lm"] = build(first.model, "model").load(**target_fit(list(decoders.values())))
         lm = lm_cache["lm"]
         rendering = rendering_for(lm.tokenizer, first.prompt_format)
         sampling, _ = check_config(first)
@@ -431,6 +436,9 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(base.threads)
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
             check_resume(out_dir / ds / label, cfg)
+        first = runs[board.datasets[0], REFERENCE]
+        build(first.model, "model").fit(**target_fit([check_config(runs[board.datasets[0], label])[1]
+                                                      for label in labels]))
         rundir.claim_board(out_dir)
         lm_cache: dict = {}
         records = {(ds, label): recs for ds in board.datasets

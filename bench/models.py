@@ -5,6 +5,7 @@ decoders' LM wrapper with its tokenizer.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import shutil
@@ -234,41 +235,22 @@ class PretrainedModel:
         return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template,
                                     self.system_message)
 
-    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
-        """Load for decoding up to `batch` rows at once, beside `add_ons` bytes of the decoder's drafts
-        or heads, with steps of up to `step` tokens a row (all in the memory estimate)."""
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        check_fast_path(self.name, self.fast_path)
-        check_compile(self.name, self.compile)
-        check_attention(self.name, self.attn_implementation)
-        device = resolve_device(self.device)
-        dtype = resolve_dtype(self.dtype, device)
+    def _source(self) -> tuple[Path, str]:
+        """(the local directory, what from_pretrained reads: it or the hub id), or one line why not."""
         local = Path(self.path).expanduser()
         if not local.is_dir() and self.path.startswith((".", "/", "~")):
             raise BenchError(f"model {self.name}: no directory at model.path={self.path}; "
                              "give an existing HF-format directory or a hub id")
-        source = str(local) if local.is_dir() else self.path
         if local.is_dir() and not (local / "config.json").is_file():
             raise BenchError(f"model {self.name}: model.path={self.path} is not a model directory (no config.json); "
                              "give a directory written by save_pretrained, or a hub id")
-        kwargs = dict(dtype=dtype, attn_implementation=self.attn_implementation, revision=self.revision)
-        device_map = "auto" if self.offload and self.device_map is None else self.device_map
-        if device_map is not None:
-            kwargs["device_map"] = device_map
-        if self.offload:
-            kwargs["offload_folder"] = str(Path(self.cache_dir or "~/.cache/decoding-bench").expanduser()
-                                           / "offload" / self.name)
+        return local, str(local) if local.is_dir() else self.path
+
+    @contextlib.contextmanager
+    def _reading(self, local: Path):
+        """transformers' errors while reading the checkpoint, as one line."""
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
-            config = AutoConfig.from_pretrained(source, revision=self.revision)
-            memory = None
-            if not self.offload:  # the runner admits prompts up to max_context: the cache may hold that many per row
-                tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
-                memory = check_memory(self.name, config, dtype, device, batch, tokens,
-                                      packed=device.type == "cpu" and self.fast_path != "none",
-                                      spread=device_map is not None, add_ons=add_ons, step=step)
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            yield
         except BenchError:
             raise
         except Exception as e:  # a missing hub id, or a damaged local file (truncated weights, bad JSON)
@@ -278,6 +260,47 @@ class PretrainedModel:
                                  "are damaged or incomplete: write the directory again with save_pretrained") from None
             raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); "
                              "without hub access, download it elsewhere and pass model.path=/local/dir") from None
+
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> dict | None:
+        """The settings' checks and the memory estimate from the checkpoint's config alone, before
+        anything is loaded (the runner calls it before claiming a run directory): `batch` rows at
+        once, beside `add_ons` bytes of the decoder's drafts or heads, with steps of up to `step`
+        tokens a row. Refuses in one line what will not fit; returns the estimate."""
+        from transformers import AutoConfig
+
+        check_fast_path(self.name, self.fast_path)
+        check_compile(self.name, self.compile)
+        check_attention(self.name, self.attn_implementation)
+        device = resolve_device(self.device)
+        local, source = self._source()
+        if self.offload:
+            return None
+        with self._reading(local):
+            config = AutoConfig.from_pretrained(source, revision=self.revision)
+        # the runner admits prompts up to max_context: the cache may hold that many per row
+        tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
+        return check_memory(self.name, config, resolve_dtype(self.dtype, device), device, batch, tokens,
+                            packed=device.type == "cpu" and self.fast_path != "none",
+                            spread=self.device_map is not None, add_ons=add_ons, step=step)
+
+    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
+        """Load for decoding, once `fit` with the same arguments allows it."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        memory = self.fit(batch, add_ons, step)
+        device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
+        local, source = self._source()
+        kwargs = dict(dtype=dtype, attn_implementation=self.attn_implementation, revision=self.revision)
+        device_map = "auto" if self.offload and self.device_map is None else self.device_map
+        if device_map is not None:
+            kwargs["device_map"] = device_map
+        if self.offload:
+            kwargs["offload_folder"] = str(Path(self.cache_dir or "~/.cache/decoding-bench").expanduser()
+                                           / "offload" / self.name)
+        with self._reading(local):
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         if device_map is None:
             model.to(device)
         check_placement(self.name, device, model, self.offload)
@@ -368,14 +391,19 @@ class GGUFPackageModel:
 
         return _apply_chat_template(AutoTokenizer.from_pretrained(self.local_dir()), self.chat_template)
 
-    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
+    def _dequantized(self) -> PretrainedModel:
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
-        spec = PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
+        return PretrainedModel(name=self.name, path=str(self.local_dir()), device=self.device, dtype=self.dtype,
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
                                max_context=self.max_context, fast_path=self.fast_path, compile=self.compile,
                                cache_dir=self.cache_dir)
-        lm = spec.load(batch, add_ons, step)
+
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> dict | None:
+        return self._dequantized().fit(batch, add_ons, step)
+
+    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
+        lm = self._dequantized().load(batch, add_ons, step)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
                      "gguf_file": self.gguf_file}
         return lm
@@ -459,21 +487,24 @@ class TinyRandomModel:
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
 
-    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, tokenizer=None) -> dict | None:
+        """The fit check a checkpoint gets (PretrainedModel.fit): a 7B shape on a GPU is refused in
+        one line, and provenance holds the estimate beside the run's measured peak."""
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
         check_attention(self.name, self.attn_implementation)
-        tokenizer = self.load_tokenizer()
-        vocab_size = self.vocab_size or len(tokenizer)
+        tokenizer = tokenizer or self.load_tokenizer()
         device = resolve_device(self.device)
-        # The fit check a checkpoint gets: a 7B shape on a GPU is refused in one line, and provenance
-        # holds the estimate beside the run's measured peak.
-        memory = check_memory(self.name, self.llama_config(vocab_size, tokenizer.eos_token_id),
-                              resolve_dtype(self.dtype, device), device, batch,
-                              self.max_context or self.max_position_embeddings,
-                              packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons,
-                              step=step)
-        model = self.build(vocab_size, tokenizer.eos_token_id)
+        return check_memory(self.name, self.llama_config(self.vocab_size or len(tokenizer), tokenizer.eos_token_id),
+                            resolve_dtype(self.dtype, device), device, batch,
+                            self.max_context or self.max_position_embeddings,
+                            packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons,
+                            step=step)
+
+    def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
+        tokenizer = self.load_tokenizer()
+        memory = self.fit(batch, add_ons, step, tokenizer)
+        model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}
         lm.memory_estimate = memory

@@ -299,6 +299,9 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         dataset.check_scoring()  # e.g. HumanEval's sandbox: refuse now, not after the first generation
 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
+    model = build(cfg.model, "model")
+    fit = dict(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder), step=widest_step(decoder))
+    model.fit(**fit)  # the memory estimate, the decoder's widest step included: refused before the claim too
     rundir.claim(run_dir)
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units},
@@ -313,8 +316,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
 
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
-            lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder),
-                                                step=widest_step(decoder))
+            lm = model.load(**fit)
             rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
             ctx = RunContext(lm, decoder, dataset, rendering_for(lm.tokenizer, cfg.prompt_format), cfg, sampling)
             _generate_all(ctx, units, log, logger)

@@ -535,3 +535,28 @@ def test_a_step_wider_than_the_bound_is_refused_before_the_run_directory(tmp_pat
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0].startswith("error: decoder: ") and how in lines[0] and "at most 4096" in lines[0], lines[0]
     assert not run_dir.exists()
+
+
+def test_a_step_that_does_not_fit_the_memory_is_refused_before_the_run_directory(tmp_path, monkeypatch):
+    """Issue 43, item 3: decoder sizes are bounded by what the memory estimate allows, checked before
+    the run directory is claimed. Lookahead's W=G=200, N=5 feeds 1601 tokens a step: on tiny-random
+    (SmolLM2's 49152-token vocabulary) about 0.6 GB of logits, refused with 200 MB free; W=G=2 fits."""
+    from hydra import compose, initialize_config_dir
+
+    from bench import runner
+    from bench.registry import CONF_DIR
+
+    monkeypatch.setattr("bench.models.free_bytes", lambda device, spread=False: 200 * 2**20)
+    sizes = {"wide": ["decoder.window=200", "decoder.guess_set_size=200", "decoder.ngram=5"],
+             "narrow": ["decoder.window=2", "decoder.guess_set_size=2", "decoder.ngram=5"]}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfgs = {name: compose("config", overrides=[*TINY, "decoder=lookahead", *size, "dataset=gsm8k",
+                                                   "dataset.limit=1", "gen.max_new_tokens=2", "quality=false"])
+                for name, size in sizes.items()}
+    with pytest.raises(BenchError) as e:
+        runner.run(cfgs["wide"], tmp_path / "wide")
+    message = str(e.value)
+    assert "\n" not in message and "a step of 1601 tokens a row" in message and "the decoder's sizes" in message
+    assert not (tmp_path / "wide").exists()
+    runner.run(cfgs["narrow"], tmp_path / "narrow")  # the negative control: the same run, narrower, fits
+    assert (tmp_path / "narrow" / "records.jsonl").read_text().count("\n") == 1

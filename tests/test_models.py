@@ -114,9 +114,10 @@ def test_pretrained_unreachable_hub(monkeypatch):
         raise OSError("We couldn't connect to huggingface.co to load the files\nCheck your connection.")
 
     def never(*args, **kwargs):
-        raise AssertionError("the model must not be loaded when the tokenizer failed")
+        raise AssertionError("nothing more is read once the config could not be")
 
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)  # read first, by the fit check
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", never)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
     with pytest.raises(BenchError) as e:
         PretrainedModel(name="codellama-7b", path="codellama/CodeLlama-7b-hf", device="cpu", dtype="float32").load()
