@@ -125,7 +125,6 @@ def check_trace(gen, max_new_tokens, stop_ids):
     check_generation(gen, max_new_tokens, stop_ids)  # the contract the runner enforces
     assert all(s.forward_tokens >= 1 and s.committed >= 0 for s in gen.steps)
     assert 0 <= sum(s.accepted_draft_tokens for s in gen.steps) <= sum(s.draft_tokens for s in gen.steps)
-    assert gen.stop_reason == ("eos" if gen.tokens[-1] in stop_ids else "length")
 
 
 def tiny_case(seed: int, kind: str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 
 import numpy as np
@@ -232,7 +233,7 @@ def test_standard_pairs_pin_a_revision_and_name_their_drafts(choice, path, revis
         cfg = compose("config", overrides=[f"model={choice}"])
     spec = instantiate(cfg.model, _convert_="all")  # builds the spec only: nothing is downloaded
     assert (spec.name, spec.path, spec.revision, spec.drafts) == (choice, path, revision, drafts)
-    assert len(spec.revision) == 40 and int(spec.revision, 16) >= 0  # a commit, not a branch that moves
+    assert re.fullmatch(r"[0-9a-f]{40}", spec.revision)  # a commit, not a branch that moves
 
 
 def test_configured_revision_reaches_from_pretrained_and_provenance(tmp_path, monkeypatch):
