@@ -68,12 +68,14 @@ def read_jsonl(path: Path) -> list[dict]:
     return [row for _, row in iter_jsonl(path)]
 
 
-def _limit(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
-    if limit is None:
-        return prompts
-    if isinstance(limit, bool) or not (isinstance(limit, int) and limit >= 1):
+def check_limit(limit) -> None:
+    if limit is not None and (isinstance(limit, bool) or not (isinstance(limit, int) and limit >= 1)):
         raise BenchError(f"dataset.limit must be a positive integer or null (all), got {limit!r}")
-    return prompts[:limit]
+
+
+def _limit(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
+    check_limit(limit)
+    return prompts if limit is None else prompts[:limit]
 
 
 def _locate(name: str, path: str | None, data_dir: str | None, relative: str, hub: Callable[[], list[dict]] | None,

@@ -26,6 +26,7 @@ from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
 from . import metrics, provenance, rundir, slurm
 from .errors import BenchError
+from .datasets import check_limit
 from .prompts import FORMATS, capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
 from .registry import CONF_DIR
@@ -119,6 +120,7 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
         raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
     build(cfg.model, "model")  # the spec only (nothing loads): its settings are checked before any directory is claimed
+    check_limit(cfg.dataset.get("limit"))  # the dataset's prompts are read after Hydra made the run's directory
     if not isinstance(cfg.get("prompt_format", "auto"), str) or cfg.get("prompt_format", "auto") not in FORMATS:
         raise BenchError(f"prompt_format={cfg.prompt_format!r} is not one of {', '.join(FORMATS)}")
     return sampling, decoder
@@ -299,9 +301,12 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         dataset.check_scoring()  # e.g. HumanEval's sandbox: refuse now, not after the first generation
 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
-    model = build(cfg.model, "model")
-    fit = dict(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder), step=widest_step(decoder))
-    model.fit(**fit)  # the memory estimate, the decoder's widest step included: refused before the claim too
+    # Loaded before the claim, so that a target that does not fit (the decoder's widest step and
+    # add-ons counted) or a draft, heads or n-gram file that does not load or match is refused with
+    # nothing written.
+    lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder),
+                                        step=widest_step(decoder))
+    load_addons(decoder, lm)
     rundir.claim(run_dir)
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units},
@@ -316,7 +321,6 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
 
     try:
         if any(f"{p.id}#{t}" not in log for p, t in units):
-            lm = model.load(**fit)
             rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
             ctx = RunContext(lm, decoder, dataset, rendering_for(lm.tokenizer, cfg.prompt_format), cfg, sampling)
             _generate_all(ctx, units, log, logger)
@@ -378,17 +382,23 @@ def calibration_candidates(dataset, scored: list) -> tuple[list, bool]:
     return (rest, False) if rest else (list(scored), True)
 
 
+def load_addons(decoder, lm) -> None:
+    """The decoder's drafts, heads or n-gram tables for `lm`: a bad one fails here, in one line."""
+    if isinstance(decoder, LoadsAddOns):
+        try:
+            with torch.inference_mode():
+                decoder.load_addons(lm)
+        except (ValueError, FileNotFoundError) as e:
+            message = str(e)  # heads and n-gram files name their own decoder.* key
+            raise BenchError(message if message.startswith("decoder.") else f"draft: {message}") from None
+
+
 def prepare_decoder(ctx: RunContext, scored: list) -> dict | None:
     """Before any timing: draft models are built (a bad draft fails here, in one line), and
     decoders that tune themselves to the device (e.g. lookahead with W/N/G = auto) get prompts
     that are not scored to calibrate on. Returns what records say about the calibration, if any."""
     lm, decoder, cfg = ctx.lm, ctx.decoder, ctx.cfg
-    if isinstance(decoder, LoadsAddOns):
-        try:
-            decoder.load_addons(lm)
-        except (ValueError, FileNotFoundError) as e:
-            message = str(e)  # heads and n-gram files name their own decoder.* key
-            raise BenchError(message if message.startswith("decoder.") else f"draft: {message}") from None
+    load_addons(decoder, lm)  # where not yet: each decoder keeps its add-ons per target
     wanted = decoder.calibration_prompts if isinstance(decoder, SelfTuning) else 0
     if not wanted:
         return None

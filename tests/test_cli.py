@@ -267,12 +267,15 @@ ERRORS = [
 
 @pytest.mark.parametrize("overrides,message", ERRORS, ids=[" ".join(o) for o, _ in ERRORS])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
-    out = run_cli(*TINY, *overrides, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}")
+    run = tmp_path / "run"
+    out = run_cli(*TINY, *overrides, f"hydra.run.dir={run}", f"hydra.sweep.dir={run}")
     assert out.returncode == 2
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("error: ") and message in lines[0], lines[0]
     assert "Traceback" not in out.stderr + out.stdout
+    # refused before the run claimed its directory (Hydra may have made it, for its log)
+    assert {p.name for p in run.glob("*")} <= {"__main__.log"}, sorted(p.name for p in run.rglob("*"))
 
 
 def test_missing_data_names_where_it_looked(tmp_path):
