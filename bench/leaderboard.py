@@ -78,8 +78,8 @@ from .__main__ import CONF_DIR, GROUPS, check_seed_and_device, check_writable, c
 from .errors import BenchError
 from .prompts import encode, rendering_for
 from .records import RecordLog
-from .runner import (RunContext, build, check_config, config_difference, judge_lossless, new_record, prepare_decoder,
-                     record_settings, run_unit, sampling_from, warmup)
+from .runner import (RunContext, build, check_config, config_difference, judge_lossless, load_addons, new_record,
+                     prepare_decoder, record_settings, run_unit, sampling_from, warmup)
 
 REFERENCE = "autoregressive"
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
@@ -436,13 +436,15 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(base.threads)
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
             check_resume(out_dir / ds / label, cfg)
-        first = runs[board.datasets[0], REFERENCE]
-        build(first.model, "model").fit(**target_fit([check_config(runs[board.datasets[0], label])[1]
-                                                      for label in labels]))
+        # The target and every entry's drafts and heads, loaded before anything is claimed: one that
+        # does not fit, load or match writes nothing.
+        decoders = [check_config(runs[board.datasets[0], label])[1] for label in labels]
+        lm = build(runs[board.datasets[0], REFERENCE].model, "model").load(**target_fit(decoders))
+        for decoder in decoders:
+            load_addons(decoder, lm)
         rundir.claim_board(out_dir)
-        lm_cache: dict = {}
         records = {(ds, label): recs for ds in board.datasets
-                   for label, recs in run_dataset(ds, labels, runs, out_dir, lm_cache, board.repeats,
+                   for label, recs in run_dataset(ds, labels, runs, out_dir, {"lm": lm}, board.repeats,
                                                   board.get("turns", "first")).items()}
         write_summaries(out_dir, records)
         greedy = sampling_from(runs[board.datasets[0], REFERENCE]).greedy
@@ -464,7 +466,6 @@ def main(argv: list[str] | None = None) -> None:
                 .to_markdown(index=False, floatfmt=".3g") + "\n")
         from .leaderboard_plots import plot_all
 
-        lm = lm_cache.get("lm") or build(runs[board.datasets[0], REFERENCE].model, "model").load()
         cost = verification_cost(lm, list(board.verification_tokens))
         rundir.write_atomic(out_dir / "verification_cost.csv", cost.to_csv(index=False))
         plot_all(out_dir, list(board.datasets), labels, df, list(board.sweeps), records)

@@ -227,6 +227,15 @@ def test_leaderboard_errors_are_one_line(tmp_path):
     result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[lookahead]",
                         f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 2 and "needs the autoregressive entry" in result.stderr
+    # a draft file that is not there: refused before anything is claimed (it was after each entry's
+    # config.yaml and an empty records.jsonl; issue 43, item 3)
+    board = tmp_path / "board"
+    result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[autoregressive,eagle]",
+                        'leaderboard.decoders.eagle=["decoder=eagle","decoder.draft_weights=/no/such.safetensors"]',
+                        "leaderboard.datasets=[gsm8k]", "leaderboard.limit=1", f"leaderboard.out_dir={board}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "/no/such.safetensors" in lines[0], result.stderr[-2000:]
+    assert not board.exists() or not any(board.iterdir())
 
 
 # Each preset's entries, in its order (conf/preset/<name>.yaml), and its repeats.
