@@ -30,6 +30,19 @@ def causal_mask(new: int, cached: int, device=None) -> torch.Tensor:
     return torch.ones(new, cached + new, dtype=torch.bool, device=device).tril(cached)
 
 
+def level_mask(cached: int, prefix: int, ancestors: list[list[int]]) -> torch.Tensor:
+    """bool (rows, cached + rows): one level of a tree fed to a draft's cache, a row per node. Each
+    row sees the committed text (cache slots below `prefix`), its own fed ancestors (their slots,
+    `ancestors[row]`) and itself; not its siblings, nor other branches' nodes."""
+    rows = len(ancestors)
+    mask = torch.zeros(rows, cached + rows, dtype=torch.bool)
+    mask[:, :prefix] = True
+    for row, slots in enumerate(ancestors):
+        mask[row, slots] = True
+        mask[row, cached + row] = True
+    return mask
+
+
 def passed_cache(kwargs: dict):
     """The cache a forward hook's kwargs carry, under either name."""
     return kwargs.get("cache", kwargs.get("past_key_values"))

@@ -113,6 +113,15 @@ class TokenTree:
 # A rank path (r0, r1, ...) names the node whose first token is rank r0 of its source at depth 0,
 # whose second is rank r1 at depth 1, and so on; a tree is a prefix-closed set of such paths.
 
+def ancestors(parents: Sequence[int], node: int) -> list[int]:
+    """`node`'s ancestors below the root (node 0), nearest first, in a tree given by each node's parent."""
+    found, a = [], parents[node]
+    while a > 0:
+        found.append(a)
+        a = parents[a]
+    return found
+
+
 def best_paths(accuracy: list[list[float]], size: int, top_k: int) -> list[tuple[int, ...]]:
     """The `size` rank paths of largest product of accuracies (a path's value never exceeds its
     prefix's, so growing from the root by a heap keeps the set closed under prefixes)."""

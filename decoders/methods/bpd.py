@@ -21,7 +21,7 @@ from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.weights_file import addon_path
 from .draft_model import DRAFT_REQUIRED, build_draft
 from .heads import HeadsProposer, heads_for
-from ..core.kv_cache import KVCache
+from ..core.kv_cache import KVCache, level_mask
 from ..core.lm import LM, forward_flops
 from .ngram_lm import NgramLM
 from ..core.sampling import Sampler, Sampling
@@ -69,12 +69,7 @@ class NeuralScorer:
 
     def step(self, beams: list[tuple[int, ...]]) -> tuple[torch.Tensor, float]:
         base = len(self.cache)
-        mask = torch.zeros(len(beams), base + len(beams), dtype=torch.bool)
-        mask[:, :self.committed] = True
-        for r, beam in enumerate(beams):
-            for j in range(1, len(beam)):
-                mask[r, self.slots[beam[:j]]] = True
-            mask[r, base + r] = True
+        mask = level_mask(base, self.committed, [[self.slots[beam[:j]] for j in range(1, len(beam))] for beam in beams])
         positions = [self.root_pos + len(b) for b in beams]
         logits = self.draft.forward([b[-1] for b in beams], self.cache, position_ids=positions, mask=mask)
         for r, beam in enumerate(beams):

@@ -12,11 +12,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..core.kv_cache import KVCache
+from ..core.kv_cache import KVCache, level_mask
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampling, probs
-from ..core.tree import TokenTree
+from ..core.tree import TokenTree, ancestors
 
 
 @dataclass
@@ -86,14 +86,7 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
             break
         # One forward for the level: each node sees the context and its own fed ancestors.
         base = len(cache)
-        mask = torch.zeros(len(level), base + len(level), dtype=torch.bool)
-        mask[:, :root_pos + 1] = True
-        for r, node in enumerate(level):
-            a = parents[node]
-            while a > 0:
-                mask[r, cache_index[a]] = True
-                a = parents[a]
-            mask[r, base + r] = True
+        mask = level_mask(base, root_pos + 1, [[cache_index[a] for a in ancestors(parents, node)] for node in level])
         positions = [root_pos + depth[n] for n in level]
         out = draft.forward([tokens[n] for n in level], cache, position_ids=positions, mask=mask)
         fed, flops = fed + len(level), flops + forward_flops(spec, len(level), base)

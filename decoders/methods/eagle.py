@@ -39,12 +39,12 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, check_step, decode_one
-from ..core.kv_cache import KVCache, cache_kwarg, causal_mask
+from ..core.kv_cache import KVCache, cache_kwarg, causal_mask, level_mask
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, Sampling
 from ..core.trace import Generation
-from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, tree_shape
+from ..core.tree import TokenTree, ancestors, best_paths, given_paths, prior_accuracy, published_trees, tree_shape
 from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
@@ -311,14 +311,8 @@ class FeatureDraftProposer:
             g = self.node_features[0][None]
         else:
             nodes, context = self.nodes, len(self.cache)
-            mask = torch.zeros(len(frontier), context + len(frontier), dtype=torch.bool)
-            mask[:, :base] = True
-            for row, node in enumerate(frontier):
-                mask[row, context + row] = True
-                parent = nodes["parent"][node]
-                while parent > 0:
-                    mask[row, self.slot[parent]] = True
-                    parent = nodes["parent"][parent]
+            mask = level_mask(context, base, [[self.slot[a] for a in ancestors(nodes["parent"], node)]
+                                              for node in frontier])
             parents = [nodes["parent"][x] for x in frontier]
             g = self._feed(torch.stack([self.node_features[p] for p in parents]),
                            token[torch.tensor(frontier, device=token.device)],
