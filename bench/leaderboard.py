@@ -78,8 +78,8 @@ from .__main__ import CONF_DIR, GROUPS, check_seed_and_device, check_writable, c
 from .errors import BenchError
 from .prompts import encode, rendering_for
 from .records import RecordLog
-from .runner import (RunContext, build, check_config, config_difference, judge_lossless, load_addons, new_record,
-                     prepare_decoder, record_settings, run_unit, sampling_from, warmup)
+from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons,
+                     prepare_decoder, record_settings, run_unit, sampling_from, skipped_turn, warmup)
 
 REFERENCE = "autoregressive"
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
@@ -178,22 +178,6 @@ def target_fit(decoders: list) -> dict:
     return {"add_ons": sum(map(addon_bytes, decoders)), "step": max(map(widest_step, decoders))}
 
 
-def check_resume(run_dir: Path, cfg) -> None:
-    """A rerun into the same out_dir resumes only a run made with the same settings, so that no
-    table mixes records of two configurations."""
-    if not (rundir.check_owned(run_dir, "leaderboard.out_dir") and rundir.has_records(run_dir)):
-        return  # new, or a run's directory without records
-    found = rundir.recorded_config(run_dir, "leaderboard.out_dir")
-    if found is None:
-        raise BenchError(f"{run_dir} holds records but no config.yaml saying how they were made; restore it, "
-                         "or choose a new leaderboard.out_dir")
-    # The leaderboard's own keys and the prompt count may change: raising the limit extends a run.
-    diff = config_difference(found[1], cfg, ignore=("leaderboard", "dataset.limit"))
-    if diff:
-        raise BenchError(f"{run_dir} holds records made with other settings ({diff}); rerun with the same "
-                         "settings to resume, or choose a new leaderboard.out_dir")
-
-
 def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict,
                 repeats: int = 1, turns: str = "first") -> dict[str, list[dict]]:
     """Runs what is missing of one dataset; returns per label the records of this run's prompts, in
@@ -243,7 +227,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         total = len(units) * len(labels) * repeats
         bar = tqdm(total=total, initial=total - len(todo) * repeats, unit="run", desc=f"leaderboard | {ds}",
                    dynamic_ncols=True, disable=not first.progress)
-        totals = {label: [0, 0, 0.0] for label in labels}
+        pace = {label: Pace() for label in labels}
         with torch.inference_mode():
             for i, (prompt, turn) in enumerate(units):
                 key = f"{prompt.id}#{turn}"
@@ -260,10 +244,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                         if key in logs[label]:
                             continue
                         earlier = [logs[label].get(f"{prompt.id}#{t}") for t in range(turn)]  # this label's own answers
-                        if any(r is None or r["status"] != "ok" for r in earlier):
-                            record = new_record(cfgs[label], prompt, turn, status="skipped",
-                                                reason="an earlier turn of this conversation was skipped")
-                        else:
+                        record = skipped_turn(cfgs[label], prompt, turn, earlier)
+                        if record is None:
                             if rep:
                                 carry(ctxs[label].decoder, lm, before[label])
                             record = run_unit(ctxs[label], prompt, turn, [r["text"] for r in earlier])
@@ -272,12 +254,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                         first_run.setdefault(label, record)
                         if record["status"] == "ok":
                             latencies.setdefault(label, []).append(record["latency_s"])
-                            t = totals[label]
-                            t[0] += record["new_tokens"]
-                            t[1] += record["steps"]
-                            t[2] += record["latency_s"]
-                            bar.set_postfix(decoder=label, tok_s=f"{t[0] / t[2]:.1f}",
-                                            tok_per_step=f"{t[0] / t[1]:.2f}", refresh=False)
+                            bar.set_postfix(decoder=label, **pace[label].add(record), refresh=False)
                         bar.update(1)
                 for label, state in after.items():
                     carry(ctxs[label].decoder, lm, state)
@@ -435,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
         if base.threads:
             torch.set_num_threads(base.threads)
         for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
-            check_resume(out_dir / ds / label, cfg)
+            # the leaderboard's own keys and the prompt count may change: raising the limit extends a run
+            rundir.check_resume(out_dir / ds / label, cfg, True, "leaderboard.out_dir",
+                                ignore=("leaderboard", "dataset.limit"))
         # The target and every entry's drafts and heads, loaded before anything is claimed: one that
         # does not fit, load or match writes nothing.
         decoders = [check_config(runs[board.datasets[0], label])[1] for label in labels]

@@ -155,8 +155,9 @@ def recorded_config(run_dir: Path, key: str):
 
 
 def check_resume(run_dir: Path, cfg, resume: bool, key: str, ignore: tuple[str, ...] = ()) -> None:
-    """May this run write into `run_dir`? Its records (if any) must be resumed, with the settings
-    they were made with (RESUME_FREE keys and `ignore` may differ). Writes nothing."""
+    """May this run (or leaderboard entry) write into `run_dir`? Its records (if any) must be
+    resumed, with the settings they were made with (RESUME_FREE keys and `ignore` may differ).
+    Writes nothing."""
     from .runner import config_difference
 
     if not check_owned(run_dir, key) or not has_records(run_dir):
@@ -170,8 +171,8 @@ def check_resume(run_dir: Path, cfg, resume: bool, key: str, ignore: tuple[str, 
                          f"made, so resuming could mix settings; restore it, or choose a new {key}")
     diff = config_difference(found[1], cfg, ignore=ignore)
     if diff:
-        raise BenchError(f"resume=true, but {run_dir} holds a run with another config ({diff}); resume with the same "
-                         f"settings or choose a new {key}")
+        raise BenchError(f"{run_dir} holds records made with other settings ({diff}); resume with the same settings, "
+                         f"or choose a new {key}")
 
 
 def claim(run_dir: Path) -> None:

@@ -192,6 +192,31 @@ def new_record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
             "category": prompt.meta.get("category"), "status": "ok", "reason": None, **fields}
 
 
+def skipped_turn(cfg: DictConfig, prompt, turn: int, earlier: list[dict | None]) -> dict | None:
+    """The record of a turn that cannot run because an earlier turn of its conversation (`earlier`:
+    their records, None where missing) was skipped; None where it can run."""
+    if any(r is None or r["status"] != "ok" for r in earlier):
+        return new_record(cfg, prompt, turn, status="skipped",
+                          reason="an earlier turn of this conversation was skipped")
+    return None
+
+
+@dataclasses.dataclass
+class Pace:
+    """The progress bar's running figures over the generations so far."""
+
+    tokens: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, record: dict) -> dict:
+        """Counts an "ok" record in; returns the bar's postfix."""
+        self.tokens += record["new_tokens"]
+        self.steps += record["steps"]
+        self.seconds += record["latency_s"]
+        return {"tok_s": f"{self.tokens / self.seconds:.1f}", "tok_per_step": f"{self.tokens / self.steps:.2f}"}
+
+
 def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
     """One prompt's turn, decoded and timed alone; `previous`: the run's own answers to the turns before."""
     record, ids, sampling = start_unit(ctx, prompt, turn, previous)
@@ -428,8 +453,7 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
     done = sum(f"{p.id}#{t}" in log for p, t in units)
     bar = tqdm(total=len(units), initial=done, unit="prompt", disable=not cfg.progress, dynamic_ncols=True,
                desc=f"{cfg.decoder.name} | {cfg.dataset.name}")
-    tokens = steps = 0
-    seconds = 0.0
+    pace = Pace()
     try:  # closed before any message after it (Ctrl-C's resume hint must come last)
         with torch.inference_mode():
             if cfg.warmup:
@@ -438,10 +462,9 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
                 slurm.raise_if_stopped()  # a SIGTERM whose own raise was lost stops the run here
                 ready, records = [], []
                 for prompt, turn in group:
-                    earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
-                    if any(r is None or r["status"] != "ok" for r in earlier):
-                        records.append(new_record(cfg, prompt, turn, status="skipped",
-                                                  reason="an earlier turn of this conversation was skipped"))
+                    skipped = skipped_turn(cfg, prompt, turn, [log.get(f"{prompt.id}#{t}") for t in range(turn)])
+                    if skipped:
+                        records.append(skipped)
                     else:
                         ready.append((prompt, turn))
                 if cfg.gen.batch_size > 1:
@@ -456,11 +479,7 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
                     if logger is not None:
                         logger.log_record(record)
                     if record["status"] == "ok":
-                        tokens += record["new_tokens"]
-                        steps += record["steps"]
-                        seconds += record["latency_s"]
-                        bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", tok_per_step=f"{tokens / steps:.2f}",
-                                        refresh=False)
+                        bar.set_postfix(**pace.add(record), refresh=False)
                     bar.update(1)
     finally:
         bar.close()
