@@ -73,7 +73,8 @@ from tqdm.auto import tqdm
 from decoders.core.contract import carried_copy, carry, widest_step
 from decoders.core.weights_file import addon_bytes
 
-from . import metrics, registry, rundir
+from . import metrics, registry, rundir, spec_bench_table
+from .metrics import REFERENCE, timed_runs
 from .__main__ import CONF_DIR, GROUPS, check_seed_and_device, check_writable, config_choices, error_reason
 from .errors import BenchError
 from .prompts import encode, rendering_for
@@ -81,7 +82,6 @@ from .records import RecordLog
 from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons,
                      prepare_decoder, record_settings, run_unit, sampling_from, skipped_turn, warmup)
 
-REFERENCE = "autoregressive"
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
 
 
@@ -291,11 +291,6 @@ def judge(lm, rendering: str, records: dict[str, dict], reference: dict | None) 
             record.update(judge_lossless(lm, ids, record["tokens"], reference["tokens"]))
 
 
-def timed_runs(record: dict) -> list[float]:
-    """Every timed run's latency of a record's prompt (leaderboard.repeats; one without repeats)."""
-    return record.get("repeat_latency_s") or [record["latency_s"]]
-
-
 def run_pairs(pairs: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
     """(decoder's, reference's) per-prompt records -> one {new_tokens, latency_s} pair per timed run,
     each repeat against the reference's same repeat."""
@@ -434,7 +429,6 @@ def main(argv: list[str] | None = None) -> None:
         rundir.write_atomic(out_dir / "leaderboard.csv", df.to_csv(index=False))
         # auto-tuners: forecast vs measured
         rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))
-        from . import spec_bench_table  # imports this module: loaded here, not at the top
 
         # Spec-Bench's layout, where prompts have categories
         spec_bench_table.write(out_dir, records, list(board.datasets), labels)

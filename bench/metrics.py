@@ -77,6 +77,13 @@ import torch
 from decoders.core.lm import forward_flops
 from decoders.core.trace import Generation
 
+REFERENCE = "autoregressive"  # the leaderboard's entry every speedup is against
+
+
+def timed_runs(record: dict) -> list[float]:
+    """Every timed run's latency of a record's prompt (leaderboard.repeats; one without repeats)."""
+    return record.get("repeat_latency_s") or [record["latency_s"]]
+
 
 def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dict:
     """Per-record totals from a decoder's trace."""

@@ -21,8 +21,11 @@ import os
 import time
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 from .errors import BenchError
 from .records import GZIPPED, link_refusal, open_own, records_path
+from .registry import CONF_DIR
 
 MARKER = ".bench-run"
 HYDRA_LOG = "__main__.log"  # Hydra's job log for python -m bench, created before the run starts
@@ -135,8 +138,6 @@ def has_records(run_dir: Path) -> bool:
 def recorded_config(run_dir: Path, key: str):
     """(file, config) of the settings the run recorded, or None if it recorded none. A damaged file
     (unparsable, empty, not a mapping) is refused: the records cannot be checked against it."""
-    from omegaconf import DictConfig, OmegaConf
-
     for name in CONFIG_FILES:
         path = Path(run_dir) / name
         if not os.path.lexists(path):
@@ -154,12 +155,52 @@ def recorded_config(run_dir: Path, key: str):
     return None
 
 
+# Keys (at any depth) that may change between a run and its resumption without changing its records:
+# those Hydra leaves out of a sweep run's directory name (conf/config.yaml's
+# override_dirname.exclude_keys, the one list), less Hydra's own.
+RESUME_FREE = frozenset(key for key in OmegaConf.load(CONF_DIR / "config.yaml").hydra.job.config.override_dirname
+                        .exclude_keys if not key.startswith("hydra."))
+
+
+def _comparable(cfg: DictConfig) -> dict:
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k not in RESUME_FREE}
+        return node
+
+    return strip(OmegaConf.to_container(cfg, resolve=True))
+
+
+def config_difference(saved: Path | DictConfig, cfg: DictConfig, ignore: tuple[str, ...] = ()) -> str | None:
+    """The first setting in which `cfg` differs from the run's saved config (a file or its
+    contents), or None. RESUME_FREE keys (at any depth) and the dotted paths in `ignore` may differ."""
+    if not isinstance(saved, DictConfig):
+        saved = OmegaConf.load(saved)
+    saved, now = _comparable(saved), _comparable(cfg)
+    for path in ignore:
+        *parents, leaf = path.split(".")
+        for tree in (saved, now):
+            for key in parents:
+                tree = tree.get(key, {}) if isinstance(tree, dict) else {}
+            if isinstance(tree, dict):
+                tree.pop(leaf, None)
+    return _first_difference(saved, now)
+
+
+def _first_difference(a, b, prefix="") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            diff = _first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
+            if diff:
+                return diff
+        return None
+    return None if a == b else f"{prefix[:-1]}: {a!r} then, {b!r} now"
+
+
 def check_resume(run_dir: Path, cfg, resume: bool, key: str, ignore: tuple[str, ...] = ()) -> None:
     """May this run (or leaderboard entry) write into `run_dir`? Its records (if any) must be
     resumed, with the settings they were made with (RESUME_FREE keys and `ignore` may differ).
     Writes nothing."""
-    from .runner import config_difference
-
     if not check_owned(run_dir, key) or not has_records(run_dir):
         return
     if not resume:
@@ -185,8 +226,6 @@ def write_run_files(run_dir: Path, cfg, hydra=None) -> None:
     """Once the run holds the directory's lock: config.yaml (resolved, as run) and, for python -m
     bench, what Hydra would have written into .hydra/ (conf/config.yaml turns Hydra's own writing
     off, so that a refused run cannot overwrite an existing run's)."""
-    from omegaconf import OmegaConf
-
     run_dir = Path(run_dir)
     write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if hydra is not None:

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from decoders.core.batch import decode_batch, latencies
@@ -29,15 +29,7 @@ from .errors import BenchError
 from .datasets import check_limit
 from .prompts import FORMATS, capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
-from .registry import CONF_DIR
 from .targets import check_targets
-
-# Keys (at any depth) that may change between a run and its resumption without changing its records:
-# those Hydra leaves out of a sweep run's directory name (conf/config.yaml's
-# override_dirname.exclude_keys, the one list), less Hydra's own.
-RESUME_FREE = frozenset(key for key in OmegaConf.load(CONF_DIR / "config.yaml").hydra.job.config.override_dirname
-                        .exclude_keys if not key.startswith("hydra."))
-
 
 def build(node: DictConfig, what: str):
     """hydra.utils.instantiate, with invalid hyper-parameters reported as one line; only this
@@ -129,41 +121,6 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
 def prompt_seed(seed: int, key: str) -> int:
     """Per-prompt seed, independent of order and of resumption."""
     return (seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63)
-
-
-def _comparable(cfg: DictConfig) -> dict:
-    def strip(node):
-        if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items() if k not in RESUME_FREE}
-        return node
-
-    return strip(OmegaConf.to_container(cfg, resolve=True))
-
-
-def config_difference(saved: Path | DictConfig, cfg: DictConfig, ignore: tuple[str, ...] = ()) -> str | None:
-    """The first setting in which `cfg` differs from the run's saved config (a file or its
-    contents), or None. RESUME_FREE keys (at any depth) and the dotted paths in `ignore` may differ."""
-    if not isinstance(saved, DictConfig):
-        saved = OmegaConf.load(saved)
-    saved, now = _comparable(saved), _comparable(cfg)
-    for path in ignore:
-        *parents, leaf = path.split(".")
-        for tree in (saved, now):
-            for key in parents:
-                tree = tree.get(key, {}) if isinstance(tree, dict) else {}
-            if isinstance(tree, dict):
-                tree.pop(leaf, None)
-    return _first_difference(saved, now)
-
-
-def _first_difference(a, b, prefix="") -> str | None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            diff = _first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
-            if diff:
-                return diff
-        return None
-    return None if a == b else f"{prefix[:-1]}: {a!r} then, {b!r} now"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from . import metrics, rundir
 from .datasets import SPEC_BENCH_GROUPS
-from .leaderboard import REFERENCE, timed_runs
+from .metrics import REFERENCE, timed_runs
 
 OVERALL = "Overall"
 

@@ -28,14 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.__main__ import fail  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
-from bench.metrics import judge_output, lossless_columns  # noqa: E402
+from bench.metrics import REFERENCE, judge_output, lossless_columns  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records, records_path, run_dirs  # noqa: E402
 from bench.rundir import recorded_config  # noqa: E402
 from bench.runner import recorded_spec  # noqa: E402
 from decoders.methods.autoregressive import step_logits  # noqa: E402
 
-REFERENCE = "autoregressive"
 COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
            "divergence_ulps", "first_real_divergence", "divergence_tie", "dtype"]
 

@@ -37,6 +37,52 @@ def test_imports_go_one_way(path):
     assert decoder_imports(path) <= ALLOWED[package], f"{package}/{path.name} imports {decoder_imports(path)}"
 
 
+def module_imports() -> dict[str, set[str]]:
+    """bench's and decoders' modules -> the modules of theirs each imports, at the top or inside a
+    function (a circle hidden in a function is still a circle)."""
+    modules = {}
+    for f in [*(REPO / "bench").rglob("*.py"), *DECODERS.rglob("*.py")]:
+        parts = f.relative_to(REPO).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    graph = {}
+    for name, f in modules.items():
+        package = name.split(".") if f.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]) if node.level \
+                    else node.module or ""
+                targets = [base.rstrip("."), *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            found.update(t for t in targets if t in modules and t != name)
+        graph[name] = found
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each group of two or more modules that reach one another."""
+    reach = {m: set() for m in graph}
+    for m in graph:
+        todo = list(graph[m])
+        while todo:
+            n = todo.pop()
+            if n not in reach[m]:
+                reach[m].add(n)
+                todo.extend(graph[n])
+    groups = {frozenset({m} | {n for n in reach[m] if m in reach[n]}) for m in graph}
+    return sorted(sorted(g) for g in groups if len(g) > 1)
+
+
+def test_no_import_circles():
+    """Issue 45: leaderboard <-> spec_bench_table, runner <-> rundir and heads <-> published imported
+    each other, some inside functions to get by."""
+    assert circles(module_imports()) == []
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check finds one
+
+
 @pytest.mark.parametrize("name", decoder_configs(EXTRA_CONF_DIRS))
 def test_every_method_config_builds_a_decoder(name):
     """Each method's YAML (conf/decoder/*.yaml, bench/registry.py) builds an object the runner

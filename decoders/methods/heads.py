@@ -27,6 +27,7 @@ from ..core.loop import Proposal, Scores
 from ..core.tree import TokenTree
 from ..core.weights_file import (addon_path, is_checkpoint_dir, load_checked, load_state, load_vocab, meta_int,
                                  save_weights)
+from .published import read_medusa
 
 HEADS_FORMAT = "medusa-heads-v1"
 
@@ -113,10 +114,15 @@ def save_heads(heads: Heads, path: str | Path, info: dict) -> None:
 
 def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
     """Our heads file, or a published Medusa-1 checkpoint (a directory or a hub id)."""
-    if is_checkpoint_dir(path):
-        from .published import load_medusa
-
-        return lm.accelerate(load_medusa(lm, path, check_base))
+    if is_checkpoint_dir(path):  # Medusa-1's layout: the checks and names are published.py's
+        shape, where, state = read_medusa(lm, path, check_base)
+        heads = Heads(lm.model.get_output_embeddings(), lm.config.get_text_config().hidden_size, shape["k"],
+                      shape["layers"], shape["own_outputs"])
+        load_state(heads, state, "decoder.heads", where, "the layout its config.json describes")
+        heads.info = {"layout": "medusa1", "source": str(path)}
+        ref = lm.model.get_input_embeddings().weight
+        heads.requires_grad_(False)
+        return lm.accelerate(heads.to(device=ref.device, dtype=ref.dtype).eval())
     meta, state, info = load_checked(
         lm, path, HEADS_FORMAT, "decoder.heads", "heads file",
         "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads", check_base)

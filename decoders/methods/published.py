@@ -34,7 +34,6 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaML
 from ..core.kv_cache import KVCache, cache_kwarg
 from ..core.lm import LM
 from ..core.weights_file import check_target, checkpoint_dir, load_state, read_config, read_state
-from .heads import Heads
 
 
 class Float32Rotary(LlamaRotaryEmbedding):
@@ -261,9 +260,11 @@ def load_eagle(lm: LM, name: str | Path, check_base: bool = True) -> nn.Module:
 _MEDUSA_KEY = re.compile(r"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
 
 
-def load_medusa(lm: LM, name: str | Path, check_base: bool = True) -> Heads:
-    """Published Medusa-1 heads. The number of heads and blocks is read from the tensors: some
-    published config.json files give fewer heads than their weights hold."""
+def read_medusa(lm: LM, name: str | Path, check_base: bool = True) -> tuple[dict, str, dict]:
+    """Published Medusa-1 heads, read and checked against `lm`: (their shape, as Heads takes it:
+    k, layers, own_outputs; the directory; the tensors under Heads' names). The number of heads
+    and blocks is read from the tensors: some published config.json files give fewer heads than
+    their weights hold. decoders/methods/heads.py builds them."""
     key = "decoder.heads"
     directory = checkpoint_dir(name, key, ["config.json", "medusa_lm_head.safetensors", "medusa_lm_head.pt"])
     config = read_config(directory, key)
@@ -279,7 +280,6 @@ def load_medusa(lm: LM, name: str | Path, check_base: bool = True) -> Heads:
     check_target(lm, key, directory, vocab=state[f"0.{layers}.weight"].shape[0] if own else None,
                  hidden=state["0.0.linear.weight"].shape[1], base=config.get("base_model_name_or_path"),
                  check_base=check_base)
-    heads = Heads(lm.model.get_output_embeddings(), lm.config.get_text_config().hidden_size, k, layers, own)
     renamed = {}
     for x, v in state.items():
         i, j, part = _MEDUSA_KEY.fullmatch(x).groups()
@@ -287,8 +287,4 @@ def load_medusa(lm: LM, name: str | Path, check_base: bool = True) -> Heads:
             renamed[f"outputs.{i}.weight"] = v
         else:
             renamed[f"blocks.{i}.{part}" if layers == 1 else f"blocks.{i}.{j}.{part}"] = v
-    _load(heads, renamed, key, directory)
-    heads.info = {"layout": "medusa1", "source": str(name)}
-    ref = lm.model.get_input_embeddings().weight
-    heads.requires_grad_(False)
-    return heads.to(device=ref.device, dtype=ref.dtype).eval()
+    return {"k": k, "layers": layers, "own_outputs": own}, directory, renamed
