@@ -263,9 +263,9 @@ class PretrainedModel:
 
     def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> dict | None:
         """The settings' checks and the memory estimate from the checkpoint's config alone, before
-        anything is loaded (the runner calls it before claiming a run directory): `batch` rows at
-        once, beside `add_ons` bytes of the decoder's drafts or heads, with steps of up to `step`
-        tokens a row. Refuses in one line what will not fit; returns the estimate."""
+        the weights are read (load calls it first): `batch` rows at once, beside `add_ons` bytes of
+        the decoder's drafts or heads, with steps of up to `step` tokens a row. Refuses in one line
+        what will not fit; returns the estimate."""
         from transformers import AutoConfig
 
         check_fast_path(self.name, self.fast_path)
@@ -398,9 +398,6 @@ class GGUFPackageModel:
                                attn_implementation=self.attn_implementation, chat_template=self.chat_template,
                                max_context=self.max_context, fast_path=self.fast_path, compile=self.compile,
                                cache_dir=self.cache_dir)
-
-    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> dict | None:
-        return self._dequantized().fit(batch, add_ons, step)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         lm = self._dequantized().load(batch, add_ons, step)
