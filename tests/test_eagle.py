@@ -65,10 +65,10 @@ def test_every_node_is_a_fresh_causal_run_along_its_path(tree, top_k, seed):
     predicted equal a run from scratch along the node's own path."""
     lm = tiny_lm(seed=seed)
     draft = new_draft(lm, seed=seed + 1)
-    shape = Eagle(draft_weights=None, tree="static", tree_size=12, depth=4,
-                  top_k=top_k).shape(draft)[1] if tree == "static" else None
+    template = Eagle(draft_weights=None, tree="static", tree_size=12, depth=4,
+                     top_k=top_k).static_tree_for(draft)[1] if tree == "static" else None
     proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4, 1, 7][:2 + seed], tree=tree, tree_size=12,
-                                                  depth=4, top_k=top_k, shape=shape)
+                                                  depth=4, top_k=top_k, template=template)
     proposal = proposer.propose(sequence, 10)
     nodes = proposer.nodes
     assert len(proposal.tree) > 1 and len(proposer.cache) == len(sequence) - 1  # tree rows cropped again
@@ -76,8 +76,8 @@ def test_every_node_is_a_fresh_causal_run_along_its_path(tree, top_k, seed):
     for node, g in proposer.node_features.items():
         chain, x = [], node
         while x > 0:
-            chain.append(nodes["token"][x])
-            x = nodes["parent"][x]
+            chain.append(nodes.token[x])
+            x = nodes.parent[x]
         with torch.inference_mode():
             ref = fresh(draft, feats, tokens, chain[::-1])
         assert close(g, ref), (node, chain)
@@ -92,9 +92,9 @@ def test_dynamic_tree_is_eagle2_selection():
     draft = new_draft(lm, seed=5)
     proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4], tree="dynamic", tree_size=7, depth=4, top_k=3)
     tree = proposer.propose(sequence, 10).tree
-    scores, nodes = proposer.nodes["score"], proposer.nodes
-    chosen = sorted(range(1, len(nodes["token"])), key=lambda i: -scores[i])[:7]
-    assert len(tree) == 8 and sorted(tree.tokens[1:]) == sorted(nodes["token"][i] for i in chosen)
+    scores, nodes = proposer.nodes.score, proposer.nodes
+    chosen = sorted(range(1, len(nodes.token)), key=lambda i: -scores[i])[:7]
+    assert len(tree) == 8 and sorted(tree.tokens[1:]) == sorted(nodes.token[i] for i in chosen)
     assert all(tree.parents[i] < i for i in range(1, len(tree)))
     # top_k = 1: a chain, each token the draft's argmax after the one before
     proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4], tree="dynamic", tree_size=4, depth=4, top_k=1)

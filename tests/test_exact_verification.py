@@ -208,7 +208,7 @@ def specinfer(k: int, depth: int, n: int, keep_draws: bool = True):
             tokens.append(x)
             prefix[i] = prefix[parent] + (x,)
         dtree = DraftTree(tokens=tokens, parents=list(parents), dists=[None] + [t.q[prefix[p]] for p in parents[1:]],
-                          cache_index={}, fed=0, flops=0.0)
+                          cache_index={}, forward_tokens=0, flops=0.0)
         tree, draft_probs, _, draws = merge_chains(dtree)
         path, bonus = verify_sampling(tree, t.target_rows(tree), draft_probs, None,
                                       draws=draws if keep_draws else None)

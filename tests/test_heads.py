@@ -20,7 +20,7 @@ from decoders.methods.bpd import BPD, NeuralScorer, lattice_beam_search
 from decoders.methods.draft_model import SelfDraft
 from bench.prompts import render
 from decoders.methods.heads import Heads, heads_for, load_heads, new_heads, restrict_readout, save_heads
-from decoders.core.tree import best_paths, prior_accuracy, tree_shape
+from decoders.core.tree import best_paths, prior_accuracy, rank_tree
 from decoders.methods.medusa import Medusa, choose_size, expected_tokens, typical_accept
 from decoders.methods.ngram_lm import NgramLM
 from decoders.core.sampling import Sampler, Sampling
@@ -280,7 +280,7 @@ def test_best_paths_are_the_top_products_and_prefix_closed(size):
     cut = sorted(value.values(), reverse=True)[len(paths) - 1]
     assert all(value[p] >= cut - 1e-12 for p in paths)
     assert all(p[:-1] in set(paths) | {()} for p in paths)  # closed under prefixes
-    parents, slots = tree_shape(paths)
+    parents, slots = rank_tree(paths)
     assert (len(parents) == len(paths) + 1
             and [h for h, _ in slots] == [len(p) - 1 for p in sorted(paths, key=lambda p: (len(p), p))])
 

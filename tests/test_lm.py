@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from decoders import TokenTree
+from decoders.core.loop import layout
 from helpers import tiny_lm
 
 PROMPT = [3, 17, 22, 5, 9, 41, 2, 33]
@@ -34,8 +35,8 @@ def test_tree_pass_equals_each_path_run_alone(attn, seed):
     tree = TokenTree(tokens, parents)
     cache = lm.new_cache()
     lm.forward(PROMPT, cache)
-    logits = lm.forward(tree.tokens, cache, position_ids=tree.position_ids(len(PROMPT)),
-                        mask=tree.attention_mask(len(PROMPT)))
+    mask, positions = layout(len(PROMPT), 1, tree)  # the root, uncached, then the tree
+    logits = lm.forward(tree.tokens, cache, position_ids=positions, mask=mask)
     for node in range(len(tree)):
         path = [tree.tokens[i] for i in tree.path(node)]
         assert torch.allclose(logits[node], fresh_logits(lm, PROMPT + path)[-1], atol=1e-5), node
@@ -47,7 +48,8 @@ def test_keep_accepted_path_then_continue_equals_recompute(seed):
     tree = TokenTree([7, 11, 12, 13, 14, 15], [-1, 0, 0, 2, 2, 4])
     cache = lm.new_cache()
     lm.forward(PROMPT, cache)
-    lm.forward(tree.tokens, cache, position_ids=tree.position_ids(len(PROMPT)), mask=tree.attention_mask(len(PROMPT)))
+    mask, positions = layout(len(PROMPT), 1, tree)
+    lm.forward(tree.tokens, cache, position_ids=positions, mask=mask)
     path = tree.path(5)  # nodes 0, 2, 4, 5: not contiguous in the cache
     cache.keep(list(range(len(PROMPT))) + [len(PROMPT) + i for i in path])
     assert len(cache) == len(PROMPT) + len(path)

@@ -57,7 +57,8 @@ def fake_profile(monkeypatch, per_token: float):
 def test_choice_maximises_compression_over_step_cost(monkeypatch, tmp_path, per_token):
     fake_profile(monkeypatch, per_token)
     lm = tiny_lm(seed=2)
-    out = tuning.tune(lm, PROMPTS, set(), "auto", "auto", "auto", (1, 3, 5), (2, 3, 4), tokens=24, run=runner(lm),
+    out = tuning.tune(lm, PROMPTS, set(), window="auto", ngram="auto", guess_set_size="auto", windows=(1, 3, 5),
+                      ngrams=(2, 3, 4), tokens=24, run=runner(lm),
                       cache_dir=tmp_path)
     table = pd.DataFrame(out["table"])
     assert len(table) == 9 and (table["guess_set_size"] == table["window"]).all()  # G follows W
@@ -76,11 +77,13 @@ def test_choice_maximises_compression_over_step_cost(monkeypatch, tmp_path, per_
 def test_compression_table_is_cached_and_fixed_parameters_are_kept(monkeypatch, tmp_path):
     fake_profile(monkeypatch, 0.05)
     lm = tiny_lm(seed=3)
-    first = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16, run=runner(lm),
+    first = tuning.tune(lm, PROMPTS, set(), window="auto", ngram=3, guess_set_size=2, windows=(1, 2, 4),
+                        ngrams=(2, 5), tokens=16, run=runner(lm),
                         cache_dir=tmp_path)
     assert {(r["ngram"], r["guess_set_size"]) for r in first["table"]} == {(3, 2)}  # only W searched
     assert [r["window"] for r in first["table"]] == [1, 2, 4]
-    again = tuning.tune(lm, PROMPTS, set(), "auto", 3, 2, (1, 2, 4), (2, 5), tokens=16,
+    again = tuning.tune(lm, PROMPTS, set(), window="auto", ngram=3, guess_set_size=2, windows=(1, 2, 4),
+                        ngrams=(2, 5), tokens=16,
                         run=lambda *a: pytest.fail("calibrated again"), cache_dir=tmp_path)
     assert again["window"] == first["window"] and again["table"] == first["table"]
 

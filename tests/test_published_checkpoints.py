@@ -303,7 +303,7 @@ def test_our_draft_keeps_float32_rotary_frequencies(dtype):
     from decoders.methods.eagle import new_draft
 
     draft = new_draft(tiny_lm(seed=0, vocab=64, layers=2, dtype=dtype), None)
-    rotary = draft.target[2]
+    rotary = draft.target.rotary
     assert rotary.inv_freq.dtype == torch.float32
     cos, _ = rotary(torch.zeros(1, dtype=getattr(torch, dtype)), torch.arange(4000, 4096)[None])
     exact = torch.arange(4000, 4096)[:, None].double() * rotary.inv_freq.double()
@@ -491,11 +491,11 @@ def test_published_trees_are_the_authors():
     from eagle.model.choices import mc_sim_7b_63 as authors
     from eagle.model.utils import generate_tree_buffers
 
-    from decoders.core.tree import published_trees, tree_shape
+    from decoders.core.tree import published_trees, rank_tree
 
     eagle, medusa = published_trees()["eagle"]["mc_sim_7b_63"], published_trees()["medusa"]["mc_sim_7b_63"]
     assert eagle == [tuple(p) for p in authors] and len(eagle) == 25
-    parents, slots = tree_shape(eagle)
+    parents, slots = rank_tree(eagle)
     buffers = generate_tree_buffers(authors, device="cpu")
     ancestors = torch.eye(len(parents))
     for node in range(1, len(parents)):
@@ -505,7 +505,7 @@ def test_published_trees_are_the_authors():
             ancestors[node, parent] = 1
     assert torch.equal(ancestors, buffers["tree_attn_mask"][0, 0].float())
     assert [0] + [depth + 1 for depth, _ in slots] == buffers["tree_position_ids"].tolist()
-    assert len(medusa) == 63 and max(map(len, medusa)) == 4 and tree_shape(medusa)[0][0] == -1
+    assert len(medusa) == 63 and max(map(len, medusa)) == 4 and rank_tree(medusa)[0][0] == -1
 
 
 def _edit_metadata(path, out, drop=(), state_edit=None, **set_meta):

@@ -340,17 +340,17 @@ def test_sampled_rank_accepts_the_first_child_with_one_minus_tv_and_commits_targ
 
 def test_cached_acceptance_measures_once_per_key(tmp_path, monkeypatch):
     target, draft = pair(5)
-    first = cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, tmp_path, info={"dataset": "toy"})
+    first = cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, cache_dir=tmp_path, info={"dataset": "toy"})
     files = list((tmp_path / "acceptance").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["info"]["dataset"] == "toy"
     monkeypatch.setattr("decoders.tuning.sequoia_acceptance.acceptance_counts",
                         lambda *a, **k: pytest.fail("measured again"))
-    assert cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, tmp_path) == first
+    assert cached_acceptance(target, draft, PROMPTS, 3, Sampling(), 8, cache_dir=tmp_path) == first
     # every part of the key separates entries
     for args in [(PROMPTS[:2], 3, Sampling(), 8), (PROMPTS, 4, Sampling(), 8),
                  (PROMPTS, 3, Sampling(temperature=0.5), 8), (PROMPTS, 3, Sampling(), 9)]:
         with pytest.raises(pytest.fail.Exception, match="measured again"):
-            cached_acceptance(target, draft, *args, tmp_path)
+            cached_acceptance(target, draft, *args, cache_dir=tmp_path)
 
 
 def test_fingerprint_tells_drafts_apart():

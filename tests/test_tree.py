@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from decoders import TokenTree
+from decoders.core.loop import layout
 
 
 def test_chain_tree():
@@ -32,9 +33,9 @@ def test_branching_tree_mask_positions_paths():
         [1, 0, 1, 0, 0, 1],
     ], dtype=torch.bool)
     assert torch.equal(tree.ancestor_mask(), expected)
-    full = tree.attention_mask(cache_len=3)
+    full, positions = layout(3, 1, tree)  # the root uncached after 3 cached tokens, then the tree
     assert full.shape == (6, 9) and full[:, :3].all() and torch.equal(full[:, 3:], expected)
-    assert tree.position_ids(7).tolist() == [7, 8, 8, 9, 9, 9]
+    assert positions.tolist() == [3, 4, 4, 5, 5, 5]
 
 
 def test_from_sequences_merges_shared_prefixes():

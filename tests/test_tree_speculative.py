@@ -8,7 +8,7 @@ import torch
 import decoders.methods.draft_tree as tree_draft_module
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
-from decoders.core.sampling import Sampling
+from decoders.core.sampling import Sampler, Sampling
 from decoders.methods.sequoia import Sequoia
 from decoders.tuning.sequoia_tree import optimal_tree
 from decoders.methods.specinfer import SpecInfer, chains
@@ -36,7 +36,7 @@ def test_draft_tree_tokens_are_the_drafts_own_choices(seed, replacement):
     sequence = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
     parents = optimal_tree([0.5, 0.2, 0.1], budget=9, max_depth=3).parents
     cache = draft.new_cache()
-    tree = draft_tree(draft, cache, sequence, parents, GREEDY, None, GREEDY.warpers(), replacement=replacement)
+    tree = draft_tree(draft, cache, sequence, parents, Sampler(GREEDY, "cpu"), replacement=replacement)
     assert tree.parents == list(parents) and tree.tokens[0] == sequence[-1]
     kids = [[c for c, p in enumerate(tree.parents) if p == n] for n in range(len(tree.parents))]
     for node, children in enumerate(kids):
@@ -66,8 +66,7 @@ def test_sampling_without_replacement_drops_children_it_cannot_draw():
     draft = SelfDraft(layers=1).build(lm)
     sampling = Sampling(temperature=1.0, top_k=2, seed=0)
     parents = (-1, 0, 0, 0, 3)
-    tree = draft_tree(draft, draft.new_cache(), [1, 2, 3], parents, sampling, sampling.generator("cpu"),
-                      sampling.warpers(), replacement=False)
+    tree = draft_tree(draft, draft.new_cache(), [1, 2, 3], parents, Sampler(sampling, "cpu"), replacement=False)
     assert tree.parents == [-1, 0, 0] and len(set(tree.tokens[1:])) == 2
 
 

@@ -16,15 +16,14 @@ own totals: forwards, wall time, and the padding its forwards computed.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from .contract import Batches
 from .lm import LM
-from .loop import Accept, Proposer, feed, propose, split, verify_and_commit
+from .loop import Accept, Decoding, Feed, Proposal, Proposer, feed, propose, split, verify_and_commit
 from .sampling import Sampler, Sampling
-from .trace import Generation, Step, stop_reason
+from .trace import Clock, Generation, Step, stop_reason
 
 
 @dataclass
@@ -37,6 +36,13 @@ class BatchStats:
     padded_tokens: int = 0  # (active rows x widest feed), summed over forwards: what was computed
     rows_per_step: list[int] = field(default_factory=list)
 
+    def count_forward(self, feeds: list, width: int) -> None:
+        """One batched forward: the rows' feeds, each padded to `width` tokens."""
+        self.steps += 1
+        self.fed_tokens += sum(len(f.tokens) for f in feeds)
+        self.padded_tokens += len(feeds) * width
+        self.rows_per_step.append(len(feeds))
+
     @property
     def padding_waste(self) -> float:
         """Share of the computed token slots that were padding."""
@@ -48,97 +54,71 @@ class BatchStats:
 
 
 @dataclass
-class _Row:
-    proposer: Proposer
-    sampler: Sampler
-    sequence: list[int]
-    tokens: list[int] = field(default_factory=list)
+class _Row(Decoding):
     steps: list[Step] = field(default_factory=list)
     cached: int = 0  # committed tokens in this row's cache
-    done: bool = False
-
-
-class _Clock:
-    """Seconds spent in timed regions, summed; the device is synced at both ends, as Tracer does."""
-
-    def __init__(self, sync):
-        self.sync, self.seconds = sync, 0.0
-
-    @contextmanager
-    def __call__(self):
-        self.sync()
-        t0 = time.perf_counter()
-        yield
-        self.sync()
-        self.seconds += time.perf_counter() - t0
 
 
 def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Sequence[Sequence[int]],
-                             max_new_tokens: int | Sequence[int], samplers: Sequence[Sampler], stop_ids,
+                             max_new_tokens: int | Sequence[int], samplers: Sequence[Sampler], stop_ids, *,
                              accept: Accept | None = None) -> tuple[list[Generation], BatchStats]:
     """Decode prompts[r] with proposers[r] and samplers[r], all rows in one target forward per step.
     Under greedy each row's tokens are what speculative_decode gives for its prompt alone (up to
     float ties: a batched GEMM may sum in another order). max_new_tokens: one for every row, or
     row r's own (a long prompt's is cut by the context)."""
     limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    rows = [_Row(p, s, list(ids)) for p, s, ids in zip(proposers, samplers, prompts)]
+    rows = [_Row(p, s, accept, list(ids), limit, stop_ids)
+            for p, s, ids, limit in zip(proposers, samplers, prompts, limits)]
     stats = BatchStats(rows=len(rows))
     cache = lm.new_batch_cache(len(rows))
-    active = list(range(len(rows)))  # rows still decoding, in cache order
+    active = rows  # rows still decoding, in cache order
     start = step_start = time.perf_counter()
-    first_token: dict[int, float] = {}
+    first_token: dict[int, float] = {}  # by id(row)
     while active:
-        drafting, target = _Clock(lm.sync), _Clock(lm.sync)  # this step's: every row's drafting, the forward
+        drafting, target = Clock(lm.sync), Clock(lm.sync)  # this step's: every row's drafting, the forward
         proposals, feeds = [], []
-        for r in active:
-            row = rows[r]
+        for row in active:
             with drafting():
-                proposals.append(propose(row.proposer, row.sequence, limits[r] - len(row.tokens) - 1,
-                                         prefill=not row.tokens))
+                proposals.append(propose(row.proposer, row.sequence, row.room, prefill=not row.tokens))
             feeds.append(feed(row.cached, row.sequence, proposals[-1]))
         with target():
-            outputs = lm.forward_batch(
-                [f.tokens for f in feeds], cache,
-                [f.positions if f.positions is not None else range(f.cached, f.cached + len(f.tokens)) for f in feeds],
-                [f.mask[:, f.cached:] if f.mask is not None else None for f in feeds], [f.logits_rows for f in feeds],
-                hidden=any(p.hidden for p in proposals),
-                features=next((p.feature_layers for p in proposals if p.feature_layers), False))
+            outputs = _forward(lm, cache, proposals, feeds)
         width = max(len(f.tokens) for f in feeds)
         slot0 = len(cache) - width  # where this forward's slots begin; row r's tokens are right-aligned in them
-        stats.steps += 1
-        stats.fed_tokens += sum(len(f.tokens) for f in feeds)
-        stats.padded_tokens += len(feeds) * width
-        stats.rows_per_step.append(len(active))
+        stats.count_forward(feeds, width)
         kept, fields = [], []
-        for r, proposal, fed, (logits, extra) in zip(active, proposals, feeds, outputs):
-            row = rows[r]
-            scores = split(proposal, logits, extra, fed.uncached)
-            step, path = verify_and_commit(row.proposer, proposal, fed, scores, row.sampler, accept, row.sequence,
-                                           row.tokens, limits[r], stop_ids, drafting)
+        for row, proposal, fed, (logits, extra) in zip(active, proposals, feeds, outputs):
+            step, path = verify_and_commit(row, proposal, fed, split(proposal, logits, extra, fed.uncached), drafting)
             fields.append(step)
-            row.done = row.tokens[-1] in stop_ids or len(row.tokens) >= limits[r]
-            pad = width - len(fed.tokens)
-            kept.append([pad + i for i in fed.kept(path)])
+            kept.append([width - len(fed.tokens) + i for i in fed.kept(path)])  # after the row's left padding
             row.cached += len(kept[-1])
-        going = [i for i, r in enumerate(active) if not rows[r].done]
+        going = [i for i, row in enumerate(active) if not row.done]
         if len(going) < len(active) and going:
             cache.select_rows(going)
         if going:
             cache.keep_tail(slot0, [kept[i] for i in going])
         now = time.perf_counter()
         stats.draft_s += drafting.seconds
-        for r, f in zip(active, fields):  # every row took part in the whole step
-            rows[r].steps.append(Step(target_time=target.seconds, draft_time=drafting.seconds,
-                                      overhead_time=max(0.0, now - step_start - target.seconds - drafting.seconds),
-                                      **f))
-            first_token.setdefault(r, now - start)
+        overhead = max(0.0, now - step_start - target.seconds - drafting.seconds)
+        for row, f in zip(active, fields):  # every row took part in the whole step
+            row.steps.append(Step(target_time=target.seconds, draft_time=drafting.seconds, overhead_time=overhead, **f))
+            first_token.setdefault(id(row), now - start)
         active = [active[i] for i in going]
         step_start = now
     stats.wall_s = time.perf_counter() - start
-    gens = [Generation(tokens=row.tokens, steps=row.steps, ttft=first_token[r],
-                       stop_reason=stop_reason(row.tokens, stop_ids))
-            for r, row in enumerate(rows)]
+    gens = [Generation(tokens=row.tokens, steps=row.steps, ttft=first_token[id(row)],
+                       stop_reason=stop_reason(row.tokens, stop_ids)) for row in rows]
     return gens, stats
+
+
+def _forward(lm: LM, cache, proposals: list[Proposal], feeds: list[Feed]) -> list:
+    """One padded target forward over every active row's feed: per row, (logits, extra)."""
+    return lm.forward_batch(
+        [f.tokens for f in feeds], cache,
+        [f.positions if f.positions is not None else range(f.cached, f.cached + len(f.tokens)) for f in feeds],
+        [f.mask[:, f.cached:] if f.mask is not None else None for f in feeds], [f.logits_rows for f in feeds],
+        hidden=any(p.hidden for p in proposals),
+        features=next((p.feature_layers for p in proposals if p.feature_layers), False))
 
 
 def decode_batch(decoder: "Batches", lm: LM, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
@@ -146,7 +126,8 @@ def decode_batch(decoder: "Batches", lm: LM, prompts: Sequence[Sequence[int]], m
     """Run a decoder that batches on these prompts together; samplings[r] is row r's (its own seed)."""
     samplers = [Sampler(s, lm.output_device) for s in samplings]
     built = [decoder.proposer(lm, ids, sampler, stop_ids) for ids, sampler in zip(prompts, samplers)]
-    return speculative_decode_batch(lm, [p for p, _ in built], prompts, max_new_tokens, samplers, stop_ids, built[0][1])
+    return speculative_decode_batch(lm, [p for p, _ in built], prompts, max_new_tokens, samplers, stop_ids,
+                                    accept=built[0][1])
 
 
 def latencies(gens: Sequence[Generation]) -> list[float]:

@@ -97,7 +97,7 @@ def decode_one(decoder: Batches, lm: LM, prompt_ids: Sequence[int], max_new_toke
     """A Batches decoder's generate(): its proposer on one prompt (core/batch.py runs B of them)."""
     sampler = Sampler(sampling, lm.output_device)
     proposer, accept = decoder.proposer(lm, prompt_ids, sampler, stop_ids)
-    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids, accept)
+    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids, accept=accept)
 
 
 T = TypeVar("T")

@@ -6,6 +6,8 @@ generate()'s config merging lives here and nowhere else.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -29,82 +31,118 @@ def hf_generate(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling
     with exactly the tokens that step committed). With an assistant (assisted
     generation with the draft LM `assistant`), its forwards are charged to the next target step
     as draft time, tokens and FLOPs; its first pass over the prompt as draft_prefill_flops."""
-    steps: list[Step] = []
-    pending: dict = {}
-    drafted = {"time": 0.0, "tokens": 0, "flops": 0.0, "prefill": 0.0}
+    hooks = _StepHooks(lm, len(prompt_ids), assistant)
     assistant_model = assistant.model if assistant is not None else None
-    draft_spec = assistant.flops_spec() if assistant is not None else None
-    if not sampling.greedy:  # generate() draws from the device's global RNG; seed it before the clock starts
-        if lm.device.type == "cuda":
-            # it draws on the head's GPU, which a device_map may make another one
-            torch.cuda.manual_seed_all(sampling.seed)
-        else:
-            torch.default_generator.manual_seed(sampling.seed)
+    _seed_generate(lm, sampling)
     lm.sync()
     start = time.perf_counter()
-
-    def pre_hook(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = passed_cache(kwargs)
-        lm.sync()  # generate()'s own work before this forward is overhead, not target time
-        pending.update(t0=time.perf_counter(), tokens=int(ids.shape[-1]),
-                       context=cache.get_seq_length() if cache is not None else 0)
-
-    def post_hook(module, args, kwargs, output):
-        lm.sync()
-        steps.append(Step(committed=0, forward_tokens=pending["tokens"], context_tokens=pending["context"],
-                          target_time=time.perf_counter() - pending["t0"], draft_time=drafted["time"],
-                          draft_forward_tokens=drafted["tokens"], draft_flops=drafted["flops"],
-                          draft_prefill_flops=drafted["prefill"]))
-        drafted.update(time=0.0, tokens=0, flops=0.0, prefill=0.0)
-
-    def draft_pre_hook(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = passed_cache(kwargs)
-        lm.sync()
-        drafted["t0"] = time.perf_counter()
-        n = int(ids.shape[-1]) if ids is not None else 0
-        context = cache.get_seq_length() if cache is not None else 0
-        drafted["tokens"] += n
-        drafted["flops"] += forward_flops(draft_spec, n, context)
-        if context == 0:  # the assistant's first pass reads the prompt: its prefill
-            drafted["prefill"] += forward_flops(draft_spec, min(n, len(prompt_ids)), 0)
-
-    def draft_post_hook(module, args, kwargs, output):
-        lm.sync()
-        drafted["time"] += time.perf_counter() - drafted.pop("t0")
-
-    streamer = _StepStreamer(steps)
+    streamer = _StepStreamer(hooks.steps)
     config = _generation_config(max_new_tokens, sampling, stop_ids, **generate_kwargs)
-    handles = [lm.model.register_forward_pre_hook(pre_hook, with_kwargs=True),
-               lm.model.register_forward_hook(post_hook, with_kwargs=True)]
-    if assistant_model is not None:
-        handles += [assistant_model.register_forward_pre_hook(draft_pre_hook, with_kwargs=True),
-                    assistant_model.register_forward_hook(draft_post_hook, with_kwargs=True)]
-    try:
+    with hooks.attached(lm.model, assistant_model):
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=lm.device)
         out = lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                 generation_config=config, streamer=streamer, assistant_model=assistant_model)
-    finally:
-        for h in handles:
-            h.remove()
     lm.sync()
     total = time.perf_counter() - start
     tokens = truncate_at_stop(out[0, ids.shape[1]:].tolist(), stop_ids, max_new_tokens)
+    steps = hooks.steps
     _fit_committed(steps, len(tokens))
-    committed = 0
-    for s in steps:
-        # Tokens fed = committed tokens not yet in the cache + candidates to verify.
-        uncached = len(prompt_ids) + committed - s.context_tokens
-        s.draft_tokens = max(0, s.forward_tokens - uncached)
-        s.accepted_draft_tokens = max(0, min(s.committed - 1, s.draft_tokens))
-        committed += s.committed
+    _count_drafts(steps, len(prompt_ids))
     # Whatever generate() did outside the forwards is overhead; spread it per step.
     outside = max(0.0, total - sum(s.target_time + s.draft_time for s in steps))
     for s in steps:
         s.overhead_time = outside / len(steps)
     ttft = streamer.first_token_time - start if streamer.first_token_time else total
     return Generation(tokens=tokens, steps=steps, ttft=ttft, stop_reason=stop_reason(tokens, stop_ids))
+
+
+def _seed_generate(lm: LM, sampling: Sampling) -> None:
+    """generate() draws from the device's global RNG: seed it before the clock starts."""
+    if sampling.greedy:
+        return
+    if lm.device.type == "cuda":
+        torch.cuda.manual_seed_all(sampling.seed)  # it draws on the head's GPU, which a device_map may make another
+    else:
+        torch.default_generator.manual_seed(sampling.seed)
+
+
+@dataclass
+class _Drafted:
+    """The assistant's forwards since the last target step, charged to the next one."""
+
+    time: float = 0.0
+    tokens: int = 0
+    flops: float = 0.0
+    prefill: float = 0.0  # of flops, its first pass over the prompt
+
+
+class _StepHooks:
+    """Forward hooks on the target (one Step per forward) and on the assistant (its drafting)."""
+
+    def __init__(self, lm: LM, prompt_len: int, assistant: "LM | None"):
+        self.lm, self.prompt_len = lm, prompt_len
+        self.draft_spec = assistant.flops_spec() if assistant is not None else None
+        self.steps: list[Step] = []
+        self.drafted = _Drafted()
+        self._forward: dict = {}  # the target forward under way: its start, tokens fed, cache length
+        self._draft_start = 0.0
+
+    @contextmanager
+    def attached(self, model, assistant_model):
+        handles = [model.register_forward_pre_hook(self.target_pre, with_kwargs=True),
+                   model.register_forward_hook(self.target_post, with_kwargs=True)]
+        if assistant_model is not None:
+            handles += [assistant_model.register_forward_pre_hook(self.draft_pre, with_kwargs=True),
+                        assistant_model.register_forward_hook(self.draft_post, with_kwargs=True)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def target_pre(self, module, args, kwargs):
+        ids, context = _fed(args, kwargs)
+        self.lm.sync()  # generate()'s own work before this forward is overhead, not target time
+        self._forward = dict(t0=time.perf_counter(), tokens=ids, context=context)
+
+    def target_post(self, module, args, kwargs, output):
+        self.lm.sync()
+        d = self.drafted
+        self.steps.append(Step(committed=0, forward_tokens=self._forward["tokens"],
+                               context_tokens=self._forward["context"],
+                               target_time=time.perf_counter() - self._forward["t0"], draft_time=d.time,
+                               draft_forward_tokens=d.tokens, draft_flops=d.flops, draft_prefill_flops=d.prefill))
+        self.drafted = _Drafted()
+
+    def draft_pre(self, module, args, kwargs):
+        n, context = _fed(args, kwargs)
+        self.lm.sync()
+        self._draft_start = time.perf_counter()
+        self.drafted.tokens += n
+        self.drafted.flops += forward_flops(self.draft_spec, n, context)
+        if context == 0:  # the assistant's first pass reads the prompt: its prefill
+            self.drafted.prefill += forward_flops(self.draft_spec, min(n, self.prompt_len), 0)
+
+    def draft_post(self, module, args, kwargs, output):
+        self.lm.sync()
+        self.drafted.time += time.perf_counter() - self._draft_start
+
+
+def _fed(args, kwargs) -> tuple[int, int]:
+    """A forward's tokens fed and the length of the cache it was passed."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    cache = passed_cache(kwargs)
+    return (int(ids.shape[-1]) if ids is not None else 0), (cache.get_seq_length() if cache is not None else 0)
+
+
+def _count_drafts(steps: list[Step], prompt_len: int) -> None:
+    """Each step's drafted and accepted tokens: what it fed beyond the committed tokens not yet cached."""
+    committed = 0
+    for s in steps:
+        uncached = prompt_len + committed - s.context_tokens
+        s.draft_tokens = max(0, s.forward_tokens - uncached)
+        s.accepted_draft_tokens = max(0, min(s.committed - 1, s.draft_tokens))
+        committed += s.committed
 
 
 @torch.inference_mode()

@@ -5,6 +5,7 @@ features by hook) live here; its caches in kv_cache, generate() in hf_trace, ker
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -233,7 +234,7 @@ class LM:
                          f"not {self.attn_implementation!r}")
 
     @torch.inference_mode()
-    def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None,
+    def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None, *,
                 last_only: bool = False, hidden: bool = False, logits_last: int | None = None,
                 logits_rows: Sequence[int] | None = None, features: bool | tuple[int, ...] = False):
         """Feed new tokens after the cache; they are appended to it.
@@ -264,8 +265,8 @@ class LM:
         if last_only:
             logits_last = 1
         if self.compiled is not None:
-            return self._forward_compiled(ids, cache, kwargs.get("position_ids"), mask, logits_last, logits_rows,
-                                          hidden, features)
+            return self._forward_compiled(ids, cache, kwargs.get("position_ids"), mask, logits_last=logits_last,
+                                          logits_rows=logits_rows, hidden=hidden, features=features)
         if logits_last is not None:
             kwargs["logits_to_keep"] = int(logits_last)
         if logits_rows is not None:
@@ -293,7 +294,7 @@ class LM:
             return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
 
-    def _forward_compiled(self, ids, cache: KVCache, positions, mask, logits_last, logits_rows, hidden, features):
+    def _forward_compiled(self, ids, cache: KVCache, positions, mask, *, logits_last, logits_rows, hidden, features):
         """LM.forward through the compiled base model: the same outputs, the head applied here to the rows wanted."""
         q, cached = ids.shape[1], len(cache)
         if positions is None:
@@ -318,7 +319,7 @@ class LM:
 
     @torch.inference_mode()
     def forward_batch(self, feeds: Sequence[Sequence[int]], cache: BatchKVCache, positions: Sequence[torch.Tensor],
-                      masks: Sequence[torch.Tensor | None], rows: Sequence[Sequence[int]], hidden: bool = False,
+                      masks: Sequence[torch.Tensor | None], rows: Sequence[Sequence[int]], *, hidden: bool = False,
                       features: bool | tuple[int, ...] = False) -> list[tuple]:
         """One forward over B rows, each feeding its own tokens after its own cached ones.
 
@@ -375,3 +376,14 @@ class LM:
             extra = h[r, [o + i for i in want]] if hidden else f[r, o:] if features else None
             results.append((logits, extra))
         return results
+
+
+@dataclass
+class TargetParts:
+    """What a draft borrows from its target. Held in a plain object, not as submodules, so that the
+    draft's state dict, training, .to() and dtype casts leave them alone."""
+
+    lm: LM
+    embedding: nn.Module | None = None  # the target's input embedding, for a draft file without its own
+    readout: nn.Module | None = None  # ours: the head's rows over the draft vocabulary
+    rotary: nn.Module | None = None  # ours: the rotary table, float32 whatever the draft's dtype

@@ -15,8 +15,8 @@ are shared; only the forward differs (LM.forward here, the fast path; LM.forward
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, ContextManager, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Collection, ContextManager, Protocol, Sequence
 
 import torch
 
@@ -210,21 +210,44 @@ def propose(proposer: Proposer, sequence: Sequence[int], room: int, prefill: boo
     return proposer.propose(sequence, room)
 
 
-def verify_and_commit(proposer: Proposer, proposal: Proposal, fed: Feed, scores: Scores, sampler: Sampler,
-                      accept: Accept | None, sequence: list[int], tokens: list[int], max_new_tokens: int, stop_ids,
+@dataclass
+class Decoding:
+    """One prompt being decoded: its proposer, how its drafts are accepted, and what it has
+    committed. speculative_decode keeps one; batch.py one per row."""
+
+    proposer: Proposer
+    sampler: Sampler
+    accept: Accept | None  # None: exact verification
+    sequence: list[int]  # every committed token: the prompt, then the new ones
+    max_new_tokens: int
+    stop_ids: Collection[int]
+    tokens: list[int] = field(default_factory=list)  # the new ones
+
+    @property
+    def room(self) -> int:
+        """Drafts this step could still commit before its bonus token."""
+        return self.max_new_tokens - len(self.tokens) - 1
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) >= self.max_new_tokens or self.tokens[-1] in self.stop_ids
+
+
+def verify_and_commit(d: Decoding, proposal: Proposal, fed: Feed, scores: Scores,
                       timed: Callable[[], ContextManager]) -> tuple[dict, list[int]]:
     """Verify the proposal, append the step's tokens (the accepted path and the bonus, cut at a stop
-    token and max_new_tokens) to `tokens` and `sequence`, let the proposer commit (its time counted
-    by `timed`, as drafting); return the step's Step fields and the accepted path."""
-    tree, prefill = proposal.tree, not tokens
-    path, bonus = (accept(tree, scores.logits, sampler) if accept is not None
-                   else verify(proposal, scores.logits, sampler))
-    new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], stop_ids, max_new_tokens - len(tokens))
-    tokens += new
-    sequence += new
+    token and max_new_tokens) to `d`, let the proposer commit (its time counted by `timed`, as
+    drafting); return the step's Step fields and the accepted path."""
+    tree, prefill = proposal.tree, not d.tokens
+    path, bonus = (d.accept(tree, scores.logits, d.sampler) if d.accept is not None
+                   else verify(proposal, scores.logits, d.sampler))
+    new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], d.stop_ids,
+                           d.max_new_tokens - len(d.tokens))
+    d.tokens += new
+    d.sequence += new
     with timed():
-        info = proposer.commit(proposal, scores, path, sequence)
-    if prefill and waits_for_prefill(proposer):
+        info = d.proposer.commit(proposal, scores, path, d.sequence)
+    if prefill and waits_for_prefill(d.proposer):
         info = {}  # nothing was drafted
     return dict(committed=len(new), forward_tokens=len(fed.tokens), context_tokens=fed.cached,
                 draft_tokens=len(tree) - 1, accepted_draft_tokens=min(len(path) - 1, len(new)),
@@ -233,23 +256,21 @@ def verify_and_commit(proposer: Proposer, proposal: Proposal, fed: Feed, scores:
 
 
 def speculative_decode(lm: LM, proposer: Proposer, prompt_ids: Sequence[int], max_new_tokens: int,
-                       sampler: Sampler, stop_ids, accept: Accept | None = None) -> Generation:
+                       sampler: Sampler, stop_ids, *, accept: Accept | None = None) -> Generation:
     """Decode with `proposer`'s drafts, one target forward per step. `accept` replaces exact
     verification (Medusa's typical acceptance: lossy)."""
     tracer = Tracer(lm.sync)
     cache = lm.new_cache()
-    sequence = list(prompt_ids)  # every committed token: the prompt, then the new ones
-    tokens: list[int] = []
+    d = Decoding(proposer, sampler, accept, list(prompt_ids), max_new_tokens, stop_ids)
     while True:
         with tracer.draft():
-            proposal = propose(proposer, sequence, max_new_tokens - len(tokens) - 1, prefill=not tokens)
+            proposal = propose(proposer, d.sequence, d.room, prefill=not d.tokens)
         # the prompt at the first step, then the last bonus token, and the drafts
-        fed = feed(len(cache), sequence, proposal)
+        fed = feed(len(cache), d.sequence, proposal)
         with tracer.target():
             scores = score(lm, cache, fed, proposal)
-        step, path = verify_and_commit(proposer, proposal, fed, scores, sampler, accept, sequence, tokens,
-                                       max_new_tokens, stop_ids, tracer.draft)
+        step, path = verify_and_commit(d, proposal, fed, scores, tracer.draft)
         tracer.end_step(**step)
-        if tokens[-1] in stop_ids or len(tokens) >= max_new_tokens:
-            return tracer.finish(tokens, stop_ids)
+        if d.done:
+            return tracer.finish(d.tokens, stop_ids)
         cache.keep(list(range(fed.cached)) + [fed.cached + i for i in fed.kept(path)])

@@ -58,48 +58,53 @@ def output_positions(committed: list[int]) -> list[int]:
     return positions
 
 
-class Tracer:
-    """Times steps and splits each into target / draft / overhead.
-
-    `sync` is called before reading the clock (torch.cuda.synchronize on GPU) so that
-    asynchronous kernels are charged to the region that launched them.
-    """
+class Clock:
+    """Seconds spent in timed regions, summed. `sync` is called before each reading of the clock
+    (torch.cuda.synchronize on GPU) so that asynchronous kernels are charged to the region that
+    launched them, and work launched before a region is not."""
 
     def __init__(self, sync: Callable[[], None] | None = None):
         self.sync = sync or (lambda: None)
+        self.seconds = 0.0
+
+    @contextmanager
+    def __call__(self):
+        self.sync()
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self.seconds += time.perf_counter() - t0
+
+
+class Tracer:
+    """Times steps and splits each into target / draft / overhead."""
+
+    def __init__(self, sync: Callable[[], None] | None = None):
         self.steps: list[Step] = []
         self.start = time.perf_counter()
         self.ttft: float | None = None
         self._step_start = self.start
-        self._spent = {"target": 0.0, "draft": 0.0}
-
-    @contextmanager
-    def _timed(self, region: str):
-        self.sync()  # work launched before the region is not charged to it
-        t0 = time.perf_counter()
-        yield
-        self.sync()
-        self._spent[region] += time.perf_counter() - t0
+        self._target, self._draft = Clock(sync), Clock(sync)
 
     def target(self):
         """Time spent in the target forward."""
-        return self._timed("target")
+        return self._target()
 
     def draft(self):
         """Time spent drafting (draft model, heads, n-gram lookups)."""
-        return self._timed("draft")
+        return self._draft()
 
     def end_step(self, **fields) -> Step:
         """Close the current step; its overhead is whatever was not target or draft time."""
         now = time.perf_counter()
-        target, draft = self._spent["target"], self._spent["draft"]
+        target, draft = self._target.seconds, self._draft.seconds
         step = Step(target_time=target, draft_time=draft,
                     overhead_time=max(0.0, (now - self._step_start) - target - draft), **fields)
         self.steps.append(step)
         if self.ttft is None:
             self.ttft = now - self.start
         self._step_start = now
-        self._spent = {"target": 0.0, "draft": 0.0}
+        self._target.seconds = self._draft.seconds = 0.0
         return step
 
     def finish(self, tokens: list[int], stop_ids) -> Generation:

@@ -11,7 +11,7 @@ import heapq
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -101,13 +101,6 @@ class TokenTree:
                 j = self.parents[j]
         return torch.frombuffer(rows, dtype=torch.uint8).view(n, n).bool()
 
-    def attention_mask(self, cache_len: int) -> torch.Tensor:
-        """(n, cache_len + n) bool for LM.forward: the whole cache plus the node's own ancestry."""
-        return torch.cat([torch.ones(len(self), cache_len, dtype=torch.bool), self.ancestor_mask()], dim=1)
-
-    def position_ids(self, cache_len: int) -> torch.Tensor:
-        return cache_len + torch.tensor(self.depths, dtype=torch.long)
-
 
 # ---- trees of rank paths (Medusa's choices, token recycling's template) ----------------------
 # A rank path (r0, r1, ...) names the node whose first token is rank r0 of its source at depth 0,
@@ -159,12 +152,20 @@ def given_paths(key: str, value, method: str) -> list[tuple[int, ...]] | None:
     paths = [tuple(int(r) for r in p) for p in value]
     if not paths or any(not p or min(p) < 0 for p in paths):
         raise ValueError(f"decoder.{key}: a list of non-empty rank paths of integers >= 0, e.g. [[0], [1], [0, 0]]")
-    tree_shape(paths, key)  # prefix-closed, or a clear error now
+    rank_tree(paths, key)  # prefix-closed, or a clear error now
     return paths
 
 
-def tree_shape(paths: list[tuple[int, ...]], key: str = "choices") -> tuple[list[int], list[tuple[int, int]]]:
-    """parents (node 0 = root) and, per node after the root, (head, rank) that supplies its token."""
+class RankTree(NamedTuple):
+    """A tree of rank paths without its tokens: each node's parent (node 0 = the root) and, per node
+    after the root, the slot (depth - 1, rank) that supplies its token (Medusa: (head, rank))."""
+
+    parents: list[int]
+    slots: list[tuple[int, int]]
+
+
+def rank_tree(paths: list[tuple[int, ...]], key: str = "choices") -> RankTree:
+    """The rank tree of a prefix-closed set of paths (`key` names the setting in errors)."""
     paths = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
     index = {(): 0}
     parents, slots = [-1], []
@@ -174,4 +175,4 @@ def tree_shape(paths: list[tuple[int, ...]], key: str = "choices") -> tuple[list
         index[p] = len(parents)
         parents.append(index[p[:-1]])
         slots.append((len(p) - 1, p[-1]))
-    return parents, slots
+    return RankTree(parents, slots)

@@ -192,7 +192,7 @@ def check_target(lm, key: str, where, *, vocab: int | None = None, hidden: int |
                              f"under another name")
 
 
-def load_checked(lm, path: str | Path, fmt: str, key: str, kind: str, hint: str,
+def load_checked(lm, path: str | Path, fmt: str, key: str, kind: str, hint: str, *,
                  check_base: bool = True) -> tuple[dict[str, str], dict, dict]:
     """One of our add-on files (load_weights), checked against the target it is loaded for
     (check_target): its metadata, tensors and recorded info."""

@@ -24,8 +24,7 @@ from .heads import HeadsProposer, heads_for
 from ..core.kv_cache import KVCache, level_mask
 from ..core.lm import LM, forward_flops
 from .ngram_lm import NgramLM
-from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
+from ..core.sampling import Sampler
 from ..core.tree import TokenTree
 
 def lattice_beam_search(head_logp: torch.Tensor, top_k: int, width: int, weight: float,
@@ -166,6 +165,5 @@ class BPD:
 
         return HeadsProposer(heads, build), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop
 

@@ -15,7 +15,7 @@ import torch
 from ..core.kv_cache import KVCache, level_mask
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
-from ..core.sampling import Sampling, probs
+from ..core.sampling import Sampler
 from ..core.tree import TokenTree, ancestors
 
 
@@ -25,7 +25,7 @@ class DraftTree:
     parents: list[int]
     dists: list[torch.Tensor | None]  # per node: the draft distribution its token was drawn from (None: root / greedy)
     cache_index: dict[int, int]  # node -> its position in the draft cache (inner nodes only: leaves are never fed)
-    fed: int  # tokens fed to the draft
+    forward_tokens: int  # tokens fed to the draft
     flops: float
 
 
@@ -36,22 +36,22 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
     return kids
 
 
-def _draw(logits: torch.Tensor, n: int, sampling: Sampling, generator, warpers, replacement: bool):
+def _draw(logits: torch.Tensor, n: int, sampler: Sampler, replacement: bool):
     """n child tokens from one draft distribution: greedy = the top n in order; sampling =
     n draws with or without replacement. Returns the tokens (possibly fewer, when the
     distribution has fewer than n tokens left to draw) and the distribution (sampling only)."""
     if n == 0:  # e.g. Sequoia's tree for an all-zero acceptance vector is the root alone
         return [], None
-    if sampling.greedy:
+    if sampler.greedy:
         return torch.topk(logits, min(n, logits.numel())).indices.tolist(), None
-    q = probs(logits[None], sampling, warpers)[0]
+    q = sampler.probs(logits[None])[0]
     if not replacement:
         n = min(n, int((q > 0).sum()))
-    return torch.multinomial(q, n, replacement=replacement, generator=generator).tolist(), q
+    return torch.multinomial(q, n, replacement=replacement, generator=sampler.generator).tolist(), q
 
 
-def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequence[int], sampling: Sampling,
-               generator, warpers, replacement: bool = False) -> DraftTree:
+def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequence[int], sampler: Sampler, *,
+               replacement: bool = False) -> DraftTree:
     """Fill the shape `parents` (level order) with draft tokens after the committed `sequence`
     (whose last token is the root). Children are drawn without replacement (Sequoia) or
     independently with replacement (SpecInfer's independent sequences)."""
@@ -68,14 +68,14 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
     context = len(cache)
     feed = list(sequence[context:])
     logits = draft.forward(feed, cache, last_only=True)
-    fed, flops = len(feed), forward_flops(spec, len(feed), context)
+    forward_tokens, flops = len(feed), forward_flops(spec, len(feed), context)
     cache_index = {0: len(cache) - 1}
     frontier = {0: logits[-1]}  # node -> the draft's logits after it
     while frontier:
         level: list[int] = []  # nodes drawn this round that have children of their own
         for node, row in frontier.items():
             children = kids[node]
-            drawn, q = _draw(row, len(children), sampling, generator, warpers, replacement)
+            drawn, q = _draw(row, len(children), sampler, replacement)
             for child, token in zip(children, drawn):
                 tokens[child], dists[child] = int(token), q
                 if kids[child]:
@@ -89,7 +89,7 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
         mask = level_mask(base, root_pos + 1, [[cache_index[a] for a in ancestors(parents, node)] for node in level])
         positions = [root_pos + depth[n] for n in level]
         out = draft.forward([tokens[n] for n in level], cache, position_ids=positions, mask=mask)
-        fed, flops = fed + len(level), flops + forward_flops(spec, len(level), base)
+        forward_tokens, flops = forward_tokens + len(level), flops + forward_flops(spec, len(level), base)
         for r, node in enumerate(level):
             cache_index[node] = base + r
         frontier = {node: out[r] for r, node in enumerate(level)}
@@ -102,7 +102,8 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
     new = {old: j for j, old in enumerate(keep)}
     return DraftTree(tokens=[tokens[i] for i in keep], parents=[-1] + [new[parents[i]] for i in keep[1:]],
                      dists=[dists[i] for i in keep],
-                     cache_index={new[i]: c for i, c in cache_index.items() if i in new}, fed=fed, flops=flops)
+                     cache_index={new[i]: c for i, c in cache_index.items() if i in new}, forward_tokens=forward_tokens,
+                     flops=flops)
 
 
 def rollback(cache: KVCache, committed_len: int, tree: DraftTree, path_nodes: Sequence[int]) -> None:
@@ -142,9 +143,10 @@ class DraftTreeProposer:
         first = not len(self.cache)  # the draft's first catch-up reads the prompt: its prefill
         tree, draft_probs, self.to_draft, self.dtree, draws = self.grow(self.draft, self.cache, sequence)
         self.committed = len(sequence)
-        prefill = forward_flops(self.draft.flops_spec(), self.prompt_len, 0) if first and self.dtree.fed else 0.0
+        fed_to_draft = self.dtree.forward_tokens
+        prefill = forward_flops(self.draft.flops_spec(), self.prompt_len, 0) if first and fed_to_draft else 0.0
         return Proposal(tree, draft_probs=draft_probs, draws=draws, without_replacement=self.without_replacement,
-                        draft_forward_tokens=self.dtree.fed, draft_flops=self.dtree.flops, draft_prefill_flops=prefill)
+                        draft_forward_tokens=fed_to_draft, draft_flops=self.dtree.flops, draft_prefill_flops=prefill)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
         rollback(self.cache, self.committed, self.dtree, [self.to_draft[i] for i in path])

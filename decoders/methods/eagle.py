@@ -40,11 +40,11 @@ from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.kv_cache import KVCache, cache_kwarg, causal_mask, level_mask
-from ..core.lm import LM
+from ..core.lm import LM, TargetParts
 from ..core.loop import Proposal, Scores
-from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
-from ..core.tree import TokenTree, ancestors, best_paths, given_paths, prior_accuracy, published_trees, tree_shape
+from ..core.sampling import Sampler
+from ..core.tree import (RankTree, TokenTree, ancestors, best_paths, given_paths, prior_accuracy, published_trees,
+                         rank_tree)
 from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
@@ -89,8 +89,8 @@ class FeatureDraft(nn.Module):
             if head.bias is not None:
                 readout.bias = nn.Parameter(head.bias[self.vocab].clone())
         readout.requires_grad_(False)
-        # Lists: the target's modules and the readout (a slice of the target's head) are neither trained nor saved.
-        self.target = [lm, readout, type(base.rotary_emb)(config=cfg)]
+        # The readout (a slice of the target's head) and the rotary table: target parts, neither trained nor saved.
+        self.target = TargetParts(lm, readout=readout, rotary=type(base.rotary_emb)(config=cfg))
         self.info: dict = {}
         self.dense_params = sum(m.weight.numel() for m in (self.fuse, *self.layer.modules())
                                 if isinstance(m, nn.Linear))
@@ -108,14 +108,14 @@ class FeatureDraft(nn.Module):
 
     @property
     def readout(self) -> nn.Linear:
-        return self.target[1]
+        return self.target.readout
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:
         """features (..., q, d) and tokens (..., q) at `positions` (q,), each row seeing the keys
         `mask` (q, len(cache) + q) allows -> predicted next features (..., q, d). Rows are appended
         to `cache` when given."""
-        lm, _, rotary = self.target
+        lm, rotary = self.target.lm, self.target.rotary
         batched = features.dim() == 3
         if not batched:
             features, tokens = features[None], tokens[None]
@@ -131,7 +131,7 @@ class FeatureDraft(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Over the draft vocabulary (column j is token self.vocab[j])."""
         readout = self.readout  # the target's norm (its dtype) before it: a draft_dtype draft casts here
-        return readout(self.target[0].final_norm(features).to(readout.weight.dtype))
+        return readout(self.target.lm.final_norm(features).to(readout.weight.dtype))
 
     def flops(self, rows: int, context: int, logit_rows: int) -> float:
         """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
@@ -159,7 +159,7 @@ def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = Non
 
 
 def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:
-    full = draft.target[0].vocab_size
+    full = draft.target.lm.vocab_size
     vocab = (None if len(draft.vocab) == full and bool((draft.vocab == torch.arange(full)).all())
              else draft.vocab.tolist())
     save_weights(draft, path, EAGLE_FORMAT, {"hidden_size": str(draft.fuse.weight.shape[0]), "vocab_size": str(full),
@@ -177,7 +177,7 @@ def load_draft(lm: LM, path: str | Path, check_base: bool = True, dtype: str | N
         meta, state, info = load_checked(
             lm, path, EAGLE_FORMAT, "decoder.draft_weights", "EAGLE draft file",
             "train one with scripts/train_eagle.py or set decoder.draft_weights=null for an untrained draft",
-            check_base)
+            check_base=check_base)
         where = addon_path(path)
         vocab = meta_json(meta, "vocab", "decoder.draft_weights", where, "null")
         if vocab is not None and not (isinstance(vocab, list) and all(isinstance(t, int) for t in vocab)):
@@ -213,10 +213,20 @@ def draft_in_dtype(draft: nn.Module, dtype: torch.dtype) -> nn.Module:
     stays in the target's dtype, and the draft casts at those seams. Every layer it runs reads half
     the bytes in bfloat16: on a CPU the draft's cost is the time to read its weights."""
     draft.to(dtype=dtype)
-    readout, head = draft.readout, draft.target[0].model.get_output_embeddings()
+    readout, head = draft.readout, draft.target.lm.model.get_output_embeddings()
     if readout is not head and readout.weight is not head.weight:
         readout.to(dtype=dtype)
     return draft
+
+
+@dataclass
+class DraftNodes:
+    """One proposal's drafted nodes in the order they were made (node 0: the root), as columns."""
+
+    token: list[int]
+    parent: list[int]  # -1 for the root
+    depth: list[int]
+    score: list[float]  # cumulative log-probability under the draft
 
 
 class FeatureDraftProposer:
@@ -226,25 +236,26 @@ class FeatureDraftProposer:
     hidden = False
 
     def __init__(self, draft: FeatureDraft, tree: str, tree_size: int, depth: int, top_k: int,
-                 shape: tuple[list[int], list[tuple[int, int]]] | None = None):
+                 template: RankTree | None = None):
         self.draft, self.kind, self.tree_size, self.depth, self.top_k = draft, tree, tree_size, depth, top_k
-        self.shape = shape  # static: (parents, per node (depth - 1, rank))
+        self.template = template  # static: the tree whose slots the draft's ranks fill
         self.feature_layers = draft.reads  # what every pass returns: the features the draft reads
         self.cache = KVCache(DynamicCache())
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # committed rows not yet fed to the draft
         # One proposal's drafting state (_draft): tokens fed and FLOPs; the nodes (token, parent, depth,
         # cumulative log-probability); each fed node's predicted features and its draft cache slot.
-        self.fed, self.flops = 0, 0.0
+        self.forward_tokens, self.flops = 0, 0.0
         self.prune = True  # on a CPU, feed no frontier node that can no longer reach the tree (_dynamic)
         self._vocab: torch.Tensor | None = None  # the draft vocabulary on the draft's device
-        self.nodes: dict[str, list] = {}
+        self.nodes = DraftNodes([], [], [], [])
         self.node_features: dict[int, torch.Tensor] = {}
         self.slot: dict[int, int] = {}
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         with torch.inference_mode():
             tree = self._draft(sequence, room)
-        return Proposal(tree, feature_layers=self.feature_layers, draft_forward_tokens=self.fed, draft_flops=self.flops)
+        return Proposal(tree, feature_layers=self.feature_layers, draft_forward_tokens=self.forward_tokens,
+                        draft_flops=self.flops)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
         # The committed positions scored this step (the uncached tokens, then the accepted nodes), each
@@ -261,12 +272,12 @@ class FeatureDraftProposer:
         context = len(self.cache)
         out = self.draft(features, torch.as_tensor(tokens, dtype=torch.long, device=features.device),
                          torch.as_tensor(positions, dtype=torch.long), mask, self.cache)
-        self.fed += len(tokens)
+        self.forward_tokens += len(tokens)
         self.flops += self.draft.flops(len(tokens), context, len(tokens))
         return out
 
     def _draft(self, sequence: Sequence[int], room: int) -> TokenTree:
-        self.fed, self.flops = 0, 0.0  # counted by _feed
+        self.forward_tokens, self.flops = 0, 0.0  # counted by _feed
         feats, tokens = self.pending
         self.pending = None
         base = len(self.cache)
@@ -283,7 +294,7 @@ class FeatureDraftProposer:
         if depth <= 0 or self.tree_size <= 0:
             return TokenTree.chain(root, [])
         # Nodes: token, parent, depth, cumulative log-probability; features and cache slot once fed.
-        self.nodes = {"token": [root], "parent": [-1], "depth": [0], "score": [0.0]}
+        self.nodes = DraftNodes(token=[root], parent=[-1], depth=[0], score=[0.0])
         self.node_features, self.slot = {0: root_g}, {}
         try:
             if self.kind == "dynamic":
@@ -293,9 +304,9 @@ class FeatureDraftProposer:
         finally:
             self.cache.crop(base)
         nodes = self.nodes
-        order = [0] + sorted(chosen, key=lambda i: (nodes["depth"][i], i))  # parents first
+        order = [0] + sorted(chosen, key=lambda i: (nodes.depth[i], i))  # parents first
         index = {node: i for i, node in enumerate(order)}
-        return TokenTree([nodes["token"][i] for i in order], [-1] + [index[nodes["parent"][i]] for i in order[1:]])
+        return TokenTree([nodes.token[i] for i in order], [-1] + [index[nodes.parent[i]] for i in order[1:]])
 
     def _vocab_on(self, device: torch.device) -> torch.Tensor:
         """The draft vocabulary (draft id -> token id) on `device`: copied once, not per step."""
@@ -311,12 +322,12 @@ class FeatureDraftProposer:
             g = self.node_features[0][None]
         else:
             nodes, context = self.nodes, len(self.cache)
-            mask = level_mask(context, base, [[self.slot[a] for a in ancestors(nodes["parent"], node)]
+            mask = level_mask(context, base, [[self.slot[a] for a in ancestors(nodes.parent, node)]
                                               for node in frontier])
-            parents = [nodes["parent"][x] for x in frontier]
+            parents = [nodes.parent[x] for x in frontier]
             g = self._feed(torch.stack([self.node_features[p] for p in parents]),
                            token[torch.tensor(frontier, device=token.device)],
-                           [base - 1 + nodes["depth"][x] for x in frontier], mask)
+                           [base - 1 + nodes.depth[x] for x in frontier], mask)
             for row, node in enumerate(frontier):
                 self.node_features[node], self.slot[node] = g[row], context + row
         return torch.log_softmax(self.draft.logits(g).float(), dim=-1)
@@ -332,14 +343,14 @@ class FeatureDraftProposer:
         device = g.device
         k = min(self.top_k, len(self.draft.vocab))
         vocab = self._vocab_on(device)
-        token = torch.tensor([self.nodes["token"][0]], device=device)  # (N,) every node so far
+        token = torch.tensor([self.nodes.token[0]], device=device)  # (N,) every node so far
         parent = torch.tensor([-1], device=device)
         depth_of = torch.zeros(1, dtype=torch.long, device=device)
         score = torch.zeros(1, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)  # (F,) nodes to expand
         ancestry = torch.zeros(1, 0, dtype=torch.bool, device=device)  # (F, S): frontier rows' fed ancestors
         parent_g = g  # (F, d): the frontier's parents' predicted features
-        fed = []  # (frontier, its predicted features) per depth fed
+        fed_levels = []  # (frontier, its predicted features) per depth fed
         prune = self.prune and device.type == "cpu"
         for d in range(1, depth + 1):
             if d > 1:  # feed the frontier: its tokens, after its parents' features; one new cache row each
@@ -348,7 +359,7 @@ class FeatureDraftProposer:
                                   torch.eye(f, dtype=torch.bool, device=device)], 1)  # (F, cache + F)
                 g = self._feed(parent_g, token[frontier], base - 1 + depth_of[frontier], rows)  # (F, d)
                 ancestry = rows[:, base:]
-                fed.append((frontier, g))
+                fed_levels.append((frontier, g))
             logp = torch.log_softmax(self.draft.logits(g).float(), dim=-1)  # (F, V')
             top, idx = logp.topk(k, dim=-1)  # (F, k)
             n = len(token)
@@ -367,9 +378,9 @@ class FeatureDraftProposer:
             parent_g, ancestry = g[best // k], ancestry[best // k]
             frontier = n + best
         chosen = torch.sort(-score[1:], stable=True).indices[:self.tree_size] + 1  # ties: the older (shallower)
-        self.nodes = {"token": token.tolist(), "parent": parent.tolist(), "depth": depth_of.tolist(),
-                      "score": score.tolist()}
-        for nodes, features in fed:  # what each fed node predicted (read by tests: a fresh run along its path)
+        self.nodes = DraftNodes(token=token.tolist(), parent=parent.tolist(), depth=depth_of.tolist(),
+                                score=score.tolist())
+        for nodes, features in fed_levels:  # what each fed node predicted (read by tests: a fresh run along its path)
             self.node_features.update(zip(nodes.tolist(), features))
         return chosen.tolist()
 
@@ -377,14 +388,14 @@ class FeatureDraftProposer:
         """EAGLE-1's tree: the template's nodes, each its template parent's rank-r child. Where each
         node goes is the template's, known here; only tokens and scores come from the draft, and they
         stay on its device until the tree is built."""
-        parents, slots = self.shape
+        parents, slots = self.template
         keep = [i for i in range(1, len(parents)) if slots[i - 1][0] < depth]
         placed = {0: 0}  # template node -> node
         has_children = {parents[i] for i in keep}
         nodes = self.nodes  # parent and depth: host lists (the template's); token and score: device tensors
         device = self.node_features[0].device
         vocab = self._vocab_on(device)
-        token, score = torch.tensor(nodes["token"], device=device), torch.zeros(1, device=device)  # (N,)
+        token, score = torch.tensor(nodes.token, device=device), torch.zeros(1, device=device)  # (N,)
         level = [0]
         for d in range(1, depth + 1):
             ask = [t for t in level if t in has_children]
@@ -403,10 +414,10 @@ class FeatureDraftProposer:
             token = torch.cat([token, vocab[idx[rows, ranks]]])
             score = torch.cat([score, score[above] + top[rows, ranks]])
             for i, parent in zip(level, above):
-                placed[i] = len(nodes["parent"])
-                nodes["parent"].append(parent)
-                nodes["depth"].append(nodes["depth"][parent] + 1)
-        nodes["token"], nodes["score"] = token.tolist(), score.tolist()
+                placed[i] = len(nodes.parent)
+                nodes.parent.append(parent)
+                nodes.depth.append(nodes.depth[parent] + 1)
+        nodes.token, nodes.score = token.tolist(), score.tolist()
         return [placed[i] for i in keep if i in placed]
 
 
@@ -436,37 +447,36 @@ class Eagle:
         self.widest_step = check_step(1 + size, f"1 + tree size {size}")
         self.lossless = True
         self.tuning: dict = {}
-        self._shape = None
+        self._static_tree = None  # (draft, the static tree built for it, its source)
 
     def load_addons(self, lm: LM) -> FeatureDraft:
         """The draft, built before any timing (a bad file fails in one line)."""
         return self._draft.get(lm, lambda: draft_for(lm, self.draft_weights, self.draft_seed, self.check_base,
                                                       self.draft_dtype))
 
-    def shape(self, draft: FeatureDraft):
-        """Static tree: (parents, slots) from the draft's measured accuracy, or the prior."""
+    def static_tree_for(self, draft: FeatureDraft) -> tuple[FeatureDraft, RankTree, str]:
+        """The static tree: given, or from the draft's measured accuracy, or the prior; and its source."""
         if self._given is not None:  # the authors' tree, or one given: tree_size / depth / top_k do not apply
-            return draft, tree_shape(self._given, "tree"), "published" if isinstance(self.tree, str) else "given"
-        if self._shape is None or self._shape[0] is not draft:
+            return draft, rank_tree(self._given, "tree"), "published" if isinstance(self.tree, str) else "given"
+        if self._static_tree is None or self._static_tree[0] is not draft:
             measured = draft.accuracy()
             accuracy = [row[:self.top_k] for row in measured[:self.depth]] if measured else None
             accuracy = accuracy or prior_accuracy(self.depth, self.top_k)
-            parents, slots = tree_shape(best_paths(accuracy, self.tree_size, self.top_k))
-            self._shape = (draft, (parents, slots), "measured" if measured else "prior")
-        return self._shape
+            tree = rank_tree(best_paths(accuracy, self.tree_size, self.top_k))
+            self._static_tree = (draft, tree, "measured" if measured else "prior")
+        return self._static_tree
 
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         draft = self.load_addons(lm)
-        shape = None
+        template = None
         kind, depth = ("dynamic" if self.tree == "dynamic" else "static"), self.depth
         self.tuning = {"tree": self.tree if isinstance(self.tree, str) else "list", "tree_size": self.tree_size,
                        "depth": self.depth, "top_k": self.top_k,
                        "draft_vocab": len(draft.vocab), "draft_dtype": str(draft.dtype).replace("torch.", "")}
         if kind == "static":
-            _, shape, source = self.shape(draft)
-            depth = max((s[0] + 1 for s in shape[1]), default=0)  # a given tree's own, which may pass self.depth
-            self.tuning.update(source=source, tree_size=len(shape[0]) - 1, depth=depth)
-        return FeatureDraftProposer(draft, kind, self.tree_size, depth, self.top_k, shape), None
+            _, template, source = self.static_tree_for(draft)
+            depth = max((d + 1 for d, _ in template.slots), default=0)  # a given tree's own: it may pass self.depth
+            self.tuning.update(source=source, tree_size=len(template.parents) - 1, depth=depth)
+        return FeatureDraftProposer(draft, kind, self.tree_size, depth, self.top_k, template), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

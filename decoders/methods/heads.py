@@ -125,7 +125,7 @@ def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
         return lm.accelerate(heads.to(device=ref.device, dtype=ref.dtype).eval())
     meta, state, info = load_checked(
         lm, path, HEADS_FORMAT, "decoder.heads", "heads file",
-        "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads", check_base)
+        "train one with scripts/train_heads.py or set decoder.heads=null for untrained heads", check_base=check_base)
     where = addon_path(path)
     heads = new_heads(lm, meta_int(meta, "k", "decoder.heads", where))
     load_state(heads, {k: v.to(heads.blocks[0].linear.weight.dtype) for k, v in state.items()}, "decoder.heads",

@@ -11,8 +11,7 @@ from typing import Sequence
 from ..core.contract import check, check_step, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
-from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
+from ..core.sampling import Sampler
 from ..core.tree import TokenTree
 
 GUESS_INITS = ("prompt", "vocab", "repeat")
@@ -68,5 +67,4 @@ class Jacobi:
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         return JacobiWindow(self.block_size, self.init, prompt_ids, lm.vocab_size, sampler.sampling.seed), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

@@ -26,7 +26,6 @@ from ..core.contract import check, check_step, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, SideBranch
 from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
 from ..core.tree import TokenTree
 from ..tuning.lookahead_tuning import AUTO, tune
 from .jacobi import GUESS_INITS, initial_guesses
@@ -57,7 +56,7 @@ class LookaheadWindow:
 
     waits_for_prefill = False  # the pool and the window start from the prompt
 
-    def __init__(self, window: int, ngram: int, guess_set_size: int, prompt: Sequence[int], vocab_size: int,
+    def __init__(self, window: int, ngram: int, guess_set_size: int, prompt: Sequence[int], *, vocab_size: int,
                  seed: int, pool_from_prompt: bool = True, pool_from_output: bool = True, init: str = "prompt"):
         self.width, self.ngram, self.pool_from_output = window, ngram, pool_from_output
         self.pool = NGramPool(ngram, guess_set_size)
@@ -144,9 +143,10 @@ class Lookahead:
                               pool_from_prompt=self.pool_from_prompt,
                               pool_from_output=self.pool_from_output, init=self.init)
             return fixed.generate(lm, ids, max_new_tokens, sampling, stop_ids)
-        self.tuning = tune(lm, [list(p) for p in prompts[:self.auto_prompts]], stop_ids, self.window, self.ngram,
-                           self.guess_set_size, self.auto_windows, self.auto_ngrams, self.auto_tokens, decode,
-                           self.cache_dir, sampling=sampling,
+        self.tuning = tune(lm, [list(p) for p in prompts[:self.auto_prompts]], stop_ids, window=self.window,
+                           ngram=self.ngram, guess_set_size=self.guess_set_size, windows=self.auto_windows,
+                           ngrams=self.auto_ngrams, tokens=self.auto_tokens, run=decode, cache_dir=self.cache_dir,
+                           sampling=sampling,
                            settings_key={"pool_from_prompt": self.pool_from_prompt,
                                          "pool_from_output": self.pool_from_output, "init": self.init})
 
@@ -155,8 +155,8 @@ class Lookahead:
             self.prepare(lm, [list(prompt_ids)], stop_ids, sampler.sampling)
         settings = (self.window, self.ngram, self.guess_set_size) if self.tuning is None else (
             self.tuning["window"], self.tuning["ngram"], self.tuning["guess_set_size"])
-        return LookaheadWindow(*settings, prompt_ids, lm.vocab_size, sampler.sampling.seed, self.pool_from_prompt,
-                               self.pool_from_output, self.init), None
+        return LookaheadWindow(*settings, prompt_ids, vocab_size=lm.vocab_size, seed=sampler.sampling.seed,
+                               pool_from_prompt=self.pool_from_prompt, pool_from_output=self.pool_from_output,
+                               init=self.init), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

@@ -30,9 +30,8 @@ import torch
 from ..core.contract import PerTarget, check, check_step, decode_one
 from .heads import HeadsProposer, heads_for
 from ..core.lm import LM
-from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
-from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, tree_shape
+from ..core.sampling import Sampler
+from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, rank_tree
 from ..tuning.profile import forward_latency, step_cost
 
 
@@ -125,7 +124,7 @@ class Medusa:
         self.widest_step = check_step(1 + size, f"1 + tree size {size}")
         self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}
-        self._shape = None
+        self._tree = None  # (heads, the rank tree built for them)
         self._readout: dict = {}  # the heads' readout vocabulary, as tuning reports it
 
     def load_addons(self, lm: LM):
@@ -160,22 +159,22 @@ class Medusa:
         profile = forward_latency(lm, self.cache_dir, max_tokens=max(self.auto_sizes) + 1)
         return functools.partial(step_cost, profile), heads_seconds(lm, heads) / profile["autoregressive_s"]
 
-    def shape(self, lm: LM):
+    def tree_for(self, lm: LM):
+        """The heads and the rank tree they fill, built once per heads."""
         heads = self.load_addons(lm)
-        if self._shape is None or self._shape[0] is not heads:
+        if self._tree is None or self._tree[0] is not heads:
             self.tuning = {}
             paths, source, expected = self.paths(heads, lm)
-            parents, slots = tree_shape(paths)
-            self._shape = (heads, parents, slots)
-            self.tuning = {**self.tuning, **self._readout, "tree_size": len(slots),
+            self._tree = (heads, rank_tree(paths))
+            self.tuning = {**self.tuning, **self._readout, "tree_size": len(self._tree[1].slots),
                            "depth": max((len(p) for p in paths), default=0),
                            "choices": self.choices if isinstance(self.choices, str) else "list", "source": source}
             if expected is not None:
                 self.tuning["expected_tokens"] = expected
-        return self._shape
+        return self._tree
 
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
-        heads, parents, slots = self.shape(lm)
+        heads, (parents, slots) = self.tree_for(lm)
         max_rank = max((r for _, r in slots), default=0) + 1
 
         def build(sequence, head_logits):
@@ -188,5 +187,4 @@ class Medusa:
             accept = functools.partial(typical_accept, threshold=self.posterior_threshold, alpha=self.posterior_alpha)
         return HeadsProposer(heads, build), accept
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

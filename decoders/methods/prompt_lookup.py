@@ -49,5 +49,4 @@ class PromptLookupDecoding:
     def proposer(self, lm, prompt_ids, sampler, stop_ids):
         return PromptLookup(self.num_tokens, self.max_ngram, stop_ids), None
 
-    def generate(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids):
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

@@ -32,7 +32,7 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaML
                                                       apply_rotary_pos_emb)
 
 from ..core.kv_cache import KVCache, cache_kwarg
-from ..core.lm import LM
+from ..core.lm import LM, TargetParts
 from ..core.weights_file import check_target, checkpoint_dir, load_state, read_config, read_state
 
 
@@ -71,7 +71,7 @@ def _embedding(module: nn.Module, lm: LM, state: dict, key: str, where) -> None:
         check_target(lm, key, where, vocab=state["embed_tokens.weight"].shape[0])
         module.embed_tokens = nn.Embedding(*state["embed_tokens.weight"].shape)
     else:
-        module.target.append(lm.model.get_input_embeddings())
+        module.target.embedding = lm.model.get_input_embeddings()
 
 
 class Eagle1Draft(nn.Module):
@@ -83,7 +83,7 @@ class Eagle1Draft(nn.Module):
         super().__init__()
         cfg = _llama_config(config, lm)
         d = cfg.hidden_size
-        self.target = [lm]  # not submodules: neither loaded nor moved
+        self.target = TargetParts(lm)  # not submodules: neither loaded nor moved
         _embedding(self, lm, state, "decoder.draft_weights", where)
         self.fc = nn.Linear(2 * d, d, bias=bool(config.get("bias", True)))
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, layer_idx=i) for i in range(cfg.num_hidden_layers))
@@ -100,13 +100,13 @@ class Eagle1Draft(nn.Module):
 
     @property
     def readout(self) -> nn.Module:
-        return self.target[0].model.get_output_embeddings()
+        return self.target.lm.model.get_output_embeddings()
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return (self.embed_tokens if hasattr(self, "embed_tokens") else self.target[1])(tokens)
+        return (self.embed_tokens if hasattr(self, "embed_tokens") else self.target.embedding)(tokens)
 
     def from_target(self, features: torch.Tensor) -> torch.Tensor:
-        return self.target[0].final_norm(features)
+        return self.target.lm.final_norm(features)
 
     def forward(self, features, tokens, positions, mask, cache: KVCache | None = None) -> torch.Tensor:
         batched = features.dim() == 3
@@ -114,7 +114,7 @@ class Eagle1Draft(nn.Module):
             features, tokens = features[None], tokens[None]
         x = self.fc(torch.cat([self.embed(tokens).to(features.dtype), features], -1))  # embedding first
         pos = positions.reshape(1, -1).to(x.device)
-        rope, mask4 = self.rotary(x, pos), self.target[0].mask_4d(mask)
+        rope, mask4 = self.rotary(x, pos), self.target.lm.mask_4d(mask)
         for layer in self.layers:
             out = layer(x, attention_mask=mask4, position_ids=pos, position_embeddings=rope,
                         use_cache=cache is not None, **{cache_kwarg(layer): cache.hf if cache is not None else None})
@@ -169,7 +169,7 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"decoder.draft_weights: {where} is an EAGLE-3 draft, "
                              "which reads the inputs of the target's "
                              f"layers 2, L/2 and L-3; {lm.name} has {layers} layers (at least 7 are needed)")
-        self.target = [lm]
+        self.target = TargetParts(lm)
         _embedding(self, lm, state, "decoder.draft_weights", where)
         target_hidden = int(config.get("target_hidden_size", d))
         self.fc = nn.Linear(3 * target_hidden, d, bias=False)
@@ -201,7 +201,7 @@ class Eagle3Draft(nn.Module):
         return self.lm_head
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return (self.embed_tokens if hasattr(self, "embed_tokens") else self.target[1])(tokens)
+        return (self.embed_tokens if hasattr(self, "embed_tokens") else self.target.embedding)(tokens)
 
     def from_target(self, features: torch.Tensor) -> torch.Tensor:
         return self.fc(features)  # low, mid, high (3d) -> d

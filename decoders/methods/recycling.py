@@ -24,9 +24,8 @@ import torch
 from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
-from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
-from ..core.tree import TokenTree, best_paths, prior_accuracy, tree_shape
+from ..core.sampling import Sampler
+from ..core.tree import TokenTree, best_paths, prior_accuracy, rank_tree
 
 
 class AdjacencyDraft:
@@ -64,7 +63,7 @@ def template(tree_size: int, depth: int, successors: int) -> tuple[list[int], li
     """The static tree: the `tree_size` rank paths of depth <= `depth` most likely under a prior
     that halves with each rank (Medusa's prior), as (parents, rank of each node after the root)."""
     paths = best_paths(prior_accuracy(depth, successors), tree_size, successors)
-    parents, slots = tree_shape(paths)
+    parents, slots = rank_tree(paths)
     return parents, [rank for _, rank in slots]
 
 
@@ -95,5 +94,4 @@ class Recycling:
         parents, ranks = template(self.tree_size, self.depth, self.successors)
         return AdjacencyDraft(parents, ranks, self.successors, table), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

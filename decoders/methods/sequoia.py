@@ -18,7 +18,6 @@ from typing import Any
 from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
 from ..core.tree import TokenTree
 from ..tuning.sequoia_acceptance import cached_acceptance, device_latency, load_acceptance
 from ..tuning.sequoia_tree import choose_tree, optimal_tree
@@ -83,7 +82,7 @@ class Sequoia:
         else:
             # at the run's sampling settings: acceptance at T > 0 is not greedy acceptance
             acceptance = cached_acceptance(lm, draft, prompts[:self.auto_prompts], self.K, sampling or Sampling(),
-                                           self.auto_tokens, self.cache_dir)
+                                           self.auto_tokens, cache_dir=self.cache_dir)
         acceptance = list(acceptance)[:self.K]
         if self.tree == "auto":
             target_s, draft_s, ar_s = device_latency(lm, draft, self.cache_dir)
@@ -106,12 +105,10 @@ class Sequoia:
         parents = self._shape.parents
 
         def grow(draft_lm, cache, sequence):
-            dtree = draft_tree(draft_lm, cache, sequence, parents, sampler.sampling, sampler.generator, sampler.warpers,
-                               replacement=False)
+            dtree = draft_tree(draft_lm, cache, sequence, parents, sampler, replacement=False)
             tree = TokenTree(dtree.tokens, dtree.parents)
             return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree, None
 
         return DraftTreeProposer(self.load_addons(lm), len(prompt_ids), grow, without_replacement=True), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

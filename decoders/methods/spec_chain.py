@@ -17,8 +17,7 @@ from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.kv_cache import KVCache
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
-from ..core.sampling import Sampler, Sampling, probs
-from ..core.trace import Generation
+from ..core.sampling import Sampler
 from ..core.tree import TokenTree
 from .draft_model import DRAFT_REQUIRED, build_draft
 
@@ -32,30 +31,30 @@ def catch_up(draft: LM, cache: KVCache, sequence: Sequence[int]) -> tuple[torch.
     return draft.forward(feed, cache, last_only=True)[-1], len(feed)
 
 
-def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int, sampling: Sampling, generator,
-                warpers) -> tuple[list[int], list[torch.Tensor], int, float]:
+def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int,
+                sampler: Sampler) -> tuple[list[int], list[torch.Tensor], int, float]:
     """k draft tokens after `sequence`, each drawn from the draft (argmax when greedy).
     Returns the tokens, the distributions they were drawn from (sampling only), the tokens
     fed to the draft and its FLOPs."""
     spec = draft.flops_spec()
     tokens: list[int] = []
     dists: list[torch.Tensor] = []
-    fed, flops = 0, 0.0
+    forward_tokens, flops = 0, 0.0
     context = len(cache)
     logits, n = catch_up(draft, cache, sequence)
-    fed, flops = n, forward_flops(spec, n, context)
+    forward_tokens, flops = n, forward_flops(spec, n, context)
     for i in range(k):
         if i:
             context = len(cache)
             logits = draft.forward([tokens[-1]], cache, last_only=True)[-1]
-            fed, flops = fed + 1, flops + forward_flops(spec, 1, context)
-        if sampling.greedy:
+            forward_tokens, flops = forward_tokens + 1, flops + forward_flops(spec, 1, context)
+        if sampler.greedy:
             tokens.append(int(torch.argmax(logits)))
         else:
-            q = probs(logits[None], sampling, warpers)[0]
+            q = sampler.probs(logits[None])[0]
             dists.append(q)
-            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
-    return tokens, dists, fed, flops
+            tokens.append(int(torch.multinomial(q, 1, generator=sampler.generator)))
+    return tokens, dists, forward_tokens, flops
 
 
 class DraftChain:
@@ -79,10 +78,10 @@ class DraftChain:
         # The draft's first catch-up reads the prompt: its prefill, left out of decode FLOPs.
         prefill = forward_flops(self.draft.flops_spec(), self.prompt_len, 0) if not len(self.cache) else 0.0
         s = self.sampler
-        drafts, dists, fed, flops = draft_chain(self.draft, self.cache, sequence, n, s.sampling, s.generator, s.warpers)
+        drafts, dists, forward_tokens, flops = draft_chain(self.draft, self.cache, sequence, n, s)
         draft_probs = torch.stack([torch.zeros_like(dists[0]), *dists]) if dists else None
-        return Proposal(TokenTree.chain(sequence[-1], drafts), draft_probs=draft_probs, draft_forward_tokens=fed,
-                        draft_flops=flops, draft_prefill_flops=prefill)
+        return Proposal(TokenTree.chain(sequence[-1], drafts), draft_probs=draft_probs,
+                        draft_forward_tokens=forward_tokens, draft_flops=flops, draft_prefill_flops=prefill)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
         if self.n_draft:  # the draft saw the committed tokens and drafts[:-1]
@@ -112,5 +111,4 @@ class SpecChain:
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         return DraftChain(self.load_addons(lm), self.depth, len(prompt_ids), sampler), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

@@ -14,8 +14,7 @@ import torch
 
 from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
-from ..core.sampling import Sampler, Sampling
-from ..core.trace import Generation
+from ..core.sampling import Sampler
 from ..core.tree import TokenTree
 from .draft_model import DRAFT_REQUIRED, build_draft
 from .draft_tree import DraftTree, DraftTreeProposer, children_of, draft_tree, stacked_dists
@@ -82,12 +81,10 @@ class SpecInfer:
         parents = chains(self.num_drafts, self.depth)
 
         def grow(draft_lm, cache, sequence):
-            dtree = draft_tree(draft_lm, cache, sequence, parents, sampler.sampling, sampler.generator, sampler.warpers,
-                               replacement=True)
+            dtree = draft_tree(draft_lm, cache, sequence, parents, sampler, replacement=True)
             tree, dists, to_draft, draws = merge_chains(dtree)
             return tree, dists, to_draft, dtree, draws
 
         return DraftTreeProposer(self.load_addons(lm), len(prompt_ids), grow, without_replacement=False), None
 
-    def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
-        return decode_one(self, lm, prompt_ids, max_new_tokens, sampling, stop_ids)
+    generate = decode_one  # one prompt through the shared loop

@@ -25,7 +25,7 @@ AUTO = "auto"
 Run = Callable[[list[int], int, Sampling, int, int, int], Generation]
 
 
-def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_size, windows, ngrams,
+def tune(lm: LM, prompts: list[list[int]], stop_ids, *, window, ngram, guess_set_size, windows, ngrams,
          tokens: int, run: Run, cache_dir=None, profile_tokens: int = 64, sampling: Sampling | None = None,
          settings_key: dict | None = None) -> dict:
     """The grid point maximising predicted tokens/s, with the whole table. Parameters given
@@ -51,16 +51,16 @@ def tune(lm: LM, prompts: list[list[int]], stop_ids, window, ngram, guess_set_si
             return _choose(table, profile)
     table = []
     for w, n, g in grid:
-        committed = steps = fed = 0
+        committed = steps = forward_tokens = 0
         for ids in prompts:
             gen = run(ids, tokens, sampling, w, n, g)
             decode = gen.steps[1:]  # the prefill step costs the same for every method
             committed += sum(s.committed for s in decode)
             steps += len(decode)
-            fed += sum(s.forward_tokens for s in decode)
+            forward_tokens += sum(s.forward_tokens for s in decode)
         table.append({"window": w, "ngram": n, "guess_set_size": g,
                       "compression": committed / steps if steps else 1.0,
-                      "forward_tokens": fed / steps if steps else 1.0})
+                      "forward_tokens": forward_tokens / steps if steps else 1.0})
     if path is not None:
         _save_json(path, table)  # atomic: a concurrent run (sweep job, test worker) reads it whole or not at all
     return _choose(table, profile)

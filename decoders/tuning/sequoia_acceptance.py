@@ -148,7 +148,7 @@ def model_fingerprint(lm: LM, shared_with: LM | None = None) -> str:
 
 
 def cached_acceptance(lm: LM, draft: LM, prompt_ids_list: Sequence[Sequence[int]], K: int,
-                      sampling: Sampling | None, max_new_tokens: int, cache_dir=None, info: dict | None = None
+                      sampling: Sampling | None, max_new_tokens: int, *, cache_dir=None, info: dict | None = None
                       ) -> list[float]:
     """measure_acceptance, cached under cache_dir/acceptance/ keyed by target, draft, the
     calibration prompts' hash, temperature/top_p/top_k (and seed when sampling), K and length."""
