@@ -55,7 +55,8 @@ def main() -> None:
         raise SystemExit(f"error: --size must be >= 1, got {args.size}")
     cfg, lm = frozen_target(target_overrides(args, overrides), seed=0)
     start = time.perf_counter()
-    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
+                  answer_tokens=args.answer_tokens)
     generated, heldout = split_answers(data)
     own = fixed_chunks([[t for s in generated for t in s]], args.seq_len)
     other = fixed_chunks(data["stdlib"], args.seq_len) + fixed_chunks(data["gsm8k"], args.seq_len)

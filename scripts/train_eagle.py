@@ -233,8 +233,8 @@ def main() -> None:
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-eagle.safetensors")
 
     start = time.perf_counter()
-    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens,
-                  n_functions=args.function_requests, n_general=args.general_requests)
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
+                  answer_tokens=args.answer_tokens, n_functions=args.function_requests, n_general=args.general_requests)
     generated, heldout = split_answers(data)
     families = data["family"][::10]
     counts = {name: families.count(name) for name in dict.fromkeys(families)}

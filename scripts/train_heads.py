@@ -107,7 +107,8 @@ def main() -> None:
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-heads{args.heads}.safetensors")
 
     start = time.perf_counter()
-    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
+                  answer_tokens=args.answer_tokens)
     generated, heldout = split_answers(data)
     stream = [t for s in generated for t in s]
     sources = {"generated": fixed_chunks([stream], args.seq_len), "stdlib": fixed_chunks(data["stdlib"], args.seq_len),

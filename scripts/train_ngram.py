@@ -37,7 +37,8 @@ def main() -> None:
     lm = instantiate(cfg.model, compile="none").load()
     out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-ngram{args.order}.json.gz")
     start = time.perf_counter()
-    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, args.gsm8k_questions, args.answer_tokens)
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
+                  answer_tokens=args.answer_tokens)
     answers, heldout = split_answers(data)
     train = data["stdlib"] + data["gsm8k"] + answers
     ngram = NgramLM.train(train, args.order, lm.vocab_size, args.min_count)

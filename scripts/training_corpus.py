@@ -193,7 +193,7 @@ def self_distilled(lm, texts: list[str], max_new_tokens: int, batch: int, cache:
     return [known[k] for k in keys]
 
 
-def corpus(lm, model_name: str, data_dir: str | None, cache_dir: str, n_gsm8k: int = 48, answer_tokens: int = 192,
+def corpus(lm, model_name: str, data_dir: str | None, cache_dir: str, *, n_gsm8k: int = 48, answer_tokens: int = 192,
            batch: int = 8, n_functions: int = 0, n_general: int = 0) -> dict[str, list[list[int]]]:
     """Token-id sequences: {"stdlib", "gsm8k", "generated", "heldout"} (heldout: other stdlib modules),
     and "family": each generated answer's request family."""
