@@ -41,6 +41,7 @@ import random
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -185,7 +186,8 @@ def print_accuracy(label: str, by_family: dict[str, list[float]], counts: dict[s
         print(f"  {name:<13} ({counts[name]:>3} answers) " + " ".join(f"{a:.3f}" for a in row), flush=True)
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """This script's options, checked, and the Hydra overrides after them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunks", type=int, default=1200,
                         help="stdlib + GSM8K chunks (beside all self-distilled ones)")
@@ -227,6 +229,211 @@ def main() -> None:
     for key in ("function_requests", "general_requests"):
         if getattr(args, key) < 0:
             raise SystemExit(f"error: --{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
+    return args, overrides
+
+
+@dataclass
+class HeldOut:
+    """The held-out self-distilled answers (every 10th) and each one's request family."""
+    sequences: list[list[int]]
+    families: list[str]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {name: self.families.count(name) for name in dict.fromkeys(self.families)}
+
+    def accuracy(self, lm, draft, args: argparse.Namespace):
+        """depth_accuracy at --depth: (acc[j][r], vocabulary coverage, top-1 by depth per family)."""
+        return depth_accuracy(lm, draft, self.sequences, args.depth, args.bf16, self.families)
+
+
+def evaluate(lm, path: str, held: HeldOut, args: argparse.Namespace) -> None:
+    """--evaluate: a trained draft's held-out top-1 by depth, in all and per family, and its vocabulary's coverage."""
+    acc, coverage, by_family = held.accuracy(lm, load_draft(lm, path), args)
+    print_accuracy(path, {"all": [round(row[0], 4) for row in acc], **by_family},
+                   {"all": len(held.sequences), **held.counts})
+    print(f"held-out greedy tokens inside its draft vocabulary: {coverage:.3f}", flush=True)
+
+
+def training_chunks(data: dict, generated: list[list[int]], args: argparse.Namespace,
+                    rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    """(own, other): the self-distilled answers as one stream cut in chunks, and --chunks of the
+    stdlib + GSM8K chunks, drawn in an order from `rng`."""
+    own = fixed_chunks([[t for s in generated for t in s]], args.seq_len)
+    other = fixed_chunks(data["stdlib"], args.seq_len) + fixed_chunks(data["gsm8k"], args.seq_len)
+    rng.shuffle(other)
+    return own, other[:args.chunks]
+
+
+@dataclass
+class TrainingSet:
+    """The training chunks as tokens and as the target's features (computed once, reused every epoch)."""
+    tokens: torch.Tensor
+    feats: torch.Tensor
+    scale: float  # the features' RMS: the unit of the regression loss
+    order: list[int]  # one epoch's chunks before shuffling: each self-distilled one --generated-repeats times
+    steps: int  # of the whole run
+
+
+def training_set(lm, own: list[list[int]], other: list[list[int]], args: argparse.Namespace) -> TrainingSet:
+    chunks = own + other
+    feats = target_features(lm, chunks, args.batch, args.bf16)
+    order = list(range(len(own))) * args.generated_repeats + list(range(len(own), len(chunks)))
+    return TrainingSet(torch.tensor(chunks), feats, float(feats[:64].float().pow(2).mean().sqrt()), order,
+                       args.epochs * (len(order) // args.batch))
+
+
+@dataclass
+class Trainer:
+    """The draft in training and what a checkpoint saves with it: optimizer, schedule, loss scaler and
+    the generator that orders the data."""
+    lm: object
+    draft: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    rng: random.Random
+
+    def step(self, feats: torch.Tensor, tokens: torch.Tensor, scale: float, unroll: int) -> list[float]:
+        """One optimizer step on a batch; each level's KL."""
+        with precision(self.lm):
+            parts = level_losses(self.draft, feats, tokens, teacher(self.draft, feats), scale, unroll)
+            loss = sum(0.8 ** j * (kl + reg) for j, (kl, reg) in enumerate(parts))
+        optimizer_step(self.scaler, self.optimizer, loss, clip=1.0)
+        self.schedule.step()
+        return [float(kl.detach()) for kl, _ in parts]
+
+    def save(self, path: Path, state: dict) -> None:
+        state.update(draft=self.draft.state_dict(), optimizer=self.optimizer.state_dict(),
+                     schedule=self.schedule.state_dict(), scaler=self.scaler.state_dict(), rng=self.rng.getstate())
+        save_checkpoint(path, state)
+
+    def restore(self, state: dict) -> None:
+        self.draft.load_state_dict(state["draft"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.rng.setstate(state["rng"])
+
+
+def new_trainer(lm, vocab: list[int] | None, args: argparse.Namespace, steps: int, rng: random.Random) -> Trainer:
+    torch.manual_seed(args.seed)  # the same draft whether the answers were generated now or read from the cache
+    draft = new_draft(lm, vocab).float()  # float32 master weights; forwards run under precision()
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
+    scaler = grad_scaler(lm)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=steps, pct_start=0.05)
+    return Trainer(lm, draft, optimizer, schedule, scaler, rng)
+
+
+def resumed_state(ckpt: Path, trainer: Trainer, vocab: list[int] | None, steps: int) -> dict:
+    """The saved run's progress, its draft, optimizer, schedule, scaler and generator restored into `trainer`."""
+    state = torch.load(ckpt, weights_only=True)  # tensors and plain containers only: nothing executes
+    if state["vocab"] != (list(vocab) if vocab else None):
+        raise SystemExit(f"error: {ckpt} was made from other training text (its draft vocabulary differs); "
+                         "pass --restart to start afresh")
+    trainer.restore(state)
+    print(f"resuming from {ckpt}: step {state['step']} of {steps}", flush=True)
+    return state
+
+
+def fresh_state(lm, draft, held: HeldOut, args: argparse.Namespace, vocab: list[int] | None) -> dict:
+    """A new run's progress: nothing trained, and the untrained draft's held-out accuracy (the report's "before")."""
+    before, _, before_by_family = held.accuracy(lm, draft, args)
+    return {"step": 0, "epoch": 0, "pos": 0, "order": None, "losses": [], "before": before,
+            "before_by_family": before_by_family, "train_seconds": 0.0, "vocab": list(vocab) if vocab else None}
+
+
+def train(trainer: Trainer, data: TrainingSet, state: dict, ckpt: Path, args: argparse.Namespace) -> None:
+    """The epochs left from `state`, checkpointed every --checkpoint-minutes; told to stop (SIGTERM,
+    --stop-after-*) with steps left, it checkpoints and exits with STOPPED."""
+    trainer.draft.requires_grad_(True)
+    trainer.draft.train()
+    stop = {"term": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(term=True))  # a preempted job checkpoints, then exits
+    losses = state["losses"]
+    session_start = saved_at = time.perf_counter()
+    session_steps = 0
+    bar = tqdm(total=data.steps, initial=state["step"], desc=f"EAGLE draft, {args.unroll} levels")
+    order = data.order
+    while state["epoch"] < args.epochs:
+        if state["order"] is None:
+            trainer.rng.shuffle(order)
+            state["order"], state["pos"] = list(order), 0
+        order = state["order"]
+        for i in range(state["pos"], len(order) - args.batch + 1, args.batch):
+            idx = torch.tensor(order[i:i + args.batch])
+            losses.append(trainer.step(data.feats[idx].float(), data.tokens[idx], data.scale, args.unroll))
+            state["step"], state["pos"] = state["step"] + 1, i + args.batch
+            session_steps += 1
+            recent = losses[-20:]
+            bar.update()
+            bar.set_postfix(kl=" ".join(f"{sum(p[j] for p in recent) / len(recent):.2f}"
+                                        for j in range(len(losses[-1]))))
+            now = time.perf_counter()
+            stopping = stop["term"] or (args.stop_after_steps is not None and session_steps >= args.stop_after_steps) \
+                or (args.stop_after_minutes is not None and now - session_start >= 60 * args.stop_after_minutes)
+            if stopping or now - saved_at >= 60 * args.checkpoint_minutes:
+                state["train_seconds"] += now - saved_at
+                saved_at = now
+                trainer.save(ckpt, state)
+            if stopping and state["step"] < data.steps:
+                bar.close()
+                print(f"stopped at step {state['step']} of {data.steps}; the state is in {ckpt}: run the same "
+                      "command to go on", flush=True)
+                sys.exit(STOPPED)
+        state["epoch"], state["order"], state["pos"] = state["epoch"] + 1, None, 0
+    bar.close()
+    state["train_seconds"] += time.perf_counter() - saved_at
+
+
+def final_report(lm, draft, held: HeldOut, state: dict, args: argparse.Namespace, start: float):
+    """The trained draft's held-out accuracy (returned as HeldOut.accuracy's), printed beside the
+    untrained one's, with the time spent."""
+    draft.eval()
+    draft.requires_grad_(False)
+    after, coverage, after_by_family = held.accuracy(lm, draft, args)
+    before = state["before"]
+    for j in range(args.depth):
+        print(f"depth {j + 1}: top-1 {before[j][0]:.3f} -> {after[j][0]:.3f}, "
+              f"top-5 {sum(before[j][:5]):.3f} -> {sum(after[j][:5]):.3f}", flush=True)
+    print_accuracy("untrained", state["before_by_family"], held.counts)
+    print_accuracy("trained", after_by_family, held.counts)
+    print(f"held-out greedy tokens inside the draft vocabulary: {coverage:.3f}; "
+          f"{state['train_seconds'] / 60:.1f} min of training, {(time.perf_counter() - start) / 60:.1f} min "
+          "in this process", flush=True)
+    return after, coverage, after_by_family
+
+
+def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab: int, chunks: tuple[int, int],
+               families: list[str], state: dict, held: HeldOut, measured) -> dict:
+    """What the draft file records of its making: settings, data (`chunks`: self-distilled and other
+    chunks; `families`: every request's), time, held-out accuracy (`measured`: final_report's) and final KL."""
+    after, coverage, after_by_family = measured
+    losses = state["losses"]
+    return {"model": model, "epochs": args.epochs, "unroll": args.unroll, "batch": args.batch,
+            "seq_len": args.seq_len, "lr": args.lr, "steps": steps,
+            "draft_vocab": draft_vocab, "vocab_coverage": round(coverage, 4),
+            "chunks": {"self_distilled": chunks[0], "self_distilled_repeats": args.generated_repeats,
+                       "stdlib_gsm8k": chunks[1]},
+            "requests": {name: families.count(name) for name in dict.fromkeys(families)},
+            "data": "the model's own greedy answers to requests written for scripts/training_corpus.py (every 10th "
+                    "held out), Python stdlib source (train split), GSM8K train split",
+            "seconds": round(state["train_seconds"], 1), "accuracy": [[round(a, 4) for a in row] for row in after],
+            "accuracy_untrained": [[round(a, 4) for a in row] for row in state["before"]],
+            "heldout_top1_by_family": after_by_family, "heldout_answers_by_family": held.counts,
+            "final_kl": [round(sum(p[j] for p in losses[-20:]) / len(losses[-20:]), 4) for j in range(len(losses[-1]))],
+            "command": " ".join(["python", "scripts/train_eagle.py", *sys.argv[1:]])}
+
+
+def save_trained(draft, out: Path, info: dict, losses: list[list[float]]) -> None:
+    """The draft file and its loss curve beside it."""
+    save_draft(draft, out, info)
+    save_loss_curve(out, {f"level {j} (depth {j + 1})": [p[j] if j < len(p) else float("nan") for p in losses]
+                          for j in range(len(losses[-1]))}, "KL(target || draft)", f"{info['model']}: EAGLE draft")
+
+
+def main() -> None:
+    args, overrides = parse_args()
     cfg, lm = frozen_target(target_overrides(args, overrides), args.seed)
     lm.set_fast_path("none")  # training needs autograd through the draft's linears
     rng = random.Random(args.seed)
@@ -236,19 +443,11 @@ def main() -> None:
     data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
                   answer_tokens=args.answer_tokens, n_functions=args.function_requests, n_general=args.general_requests)
     generated, heldout = split_answers(data)
-    families = data["family"][::10]
-    counts = {name: families.count(name) for name in dict.fromkeys(families)}
+    held = HeldOut(heldout, data["family"][::10])
     if args.evaluate:
-        acc, coverage, by_family = depth_accuracy(lm, load_draft(lm, args.evaluate), heldout, args.depth, args.bf16,
-                                                  families)
-        print_accuracy(args.evaluate, {"all": [round(row[0], 4) for row in acc], **by_family},
-                       {"all": len(heldout), **counts})
-        print(f"held-out greedy tokens inside its draft vocabulary: {coverage:.3f}", flush=True)
+        evaluate(lm, args.evaluate, held, args)
         return
-    own = fixed_chunks([[t for s in generated for t in s]], args.seq_len)
-    other = fixed_chunks(data["stdlib"], args.seq_len) + fixed_chunks(data["gsm8k"], args.seq_len)
-    rng.shuffle(other)
-    other = other[:args.chunks]
+    own, other = training_chunks(data, generated, args, rng)
     vocab = None
     if args.draft_vocab and args.draft_vocab < lm.vocab_size:
         vocab = draft_vocabulary(own, other, args.draft_vocab)
@@ -256,110 +455,19 @@ def main() -> None:
           f"stdlib + GSM8K {len(other)}; held out: {len(heldout)} self-distilled answers; draft vocabulary "
           f"{len(vocab) if vocab else lm.vocab_size}", flush=True)
 
-    chunks = own + other
-    feats = target_features(lm, chunks, args.batch, args.bf16)
-    tokens = torch.tensor(chunks)
-    scale = float(feats[:64].float().pow(2).mean().sqrt())
-    torch.manual_seed(args.seed)  # the same draft whether the answers were generated now or read from the cache
-    draft = new_draft(lm, vocab).float()  # float32 master weights; forwards run under precision()
-    order = list(range(len(own))) * args.generated_repeats + list(range(len(own), len(chunks)))
-    steps = args.epochs * (len(order) // args.batch)
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
-    scaler = grad_scaler(lm)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=steps, pct_start=0.05)
+    train_set = training_set(lm, own, other, args)
+    trainer = new_trainer(lm, vocab, args, train_set.steps, rng)
     ckpt = checkpoint_path(cfg.cache_dir, out, args, overrides)
     if ckpt.is_file() and not args.restart:
-        state = torch.load(ckpt, weights_only=True)  # tensors and plain containers only: nothing executes
-        if state["vocab"] != (list(vocab) if vocab else None):
-            raise SystemExit(f"error: {ckpt} was made from other training text (its draft vocabulary differs); "
-                             "pass --restart to start afresh")
-        draft.load_state_dict(state["draft"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        scaler.load_state_dict(state["scaler"])
-        rng.setstate(state["rng"])
-        print(f"resuming from {ckpt}: step {state['step']} of {steps}", flush=True)
+        state = resumed_state(ckpt, trainer, vocab, train_set.steps)
     else:
-        before, _, before_by_family = depth_accuracy(lm, draft, heldout, args.depth, args.bf16, families)
-        state = {"step": 0, "epoch": 0, "pos": 0, "order": None, "losses": [], "before": before,
-                 "before_by_family": before_by_family, "train_seconds": 0.0, "vocab": list(vocab) if vocab else None}
-    draft.requires_grad_(True)
-    draft.train()
-    stop = {"term": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(term=True))  # a preempted job checkpoints, then exits
-
-    def checkpoint() -> None:
-        state.update(draft=draft.state_dict(), optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
-                     scaler=scaler.state_dict(), rng=rng.getstate())
-        save_checkpoint(ckpt, state)
-
-    losses = state["losses"]
-    session_start = saved_at = time.perf_counter()
-    session_steps = 0
-    bar = tqdm(total=steps, initial=state["step"], desc=f"EAGLE draft, {args.unroll} levels")
-    while state["epoch"] < args.epochs:
-        if state["order"] is None:
-            rng.shuffle(order)
-            state["order"], state["pos"] = list(order), 0
-        order = state["order"]
-        for i in range(state["pos"], len(order) - args.batch + 1, args.batch):
-            idx = torch.tensor(order[i:i + args.batch])
-            f, x = feats[idx].float(), tokens[idx]
-            with precision(lm):
-                parts = level_losses(draft, f, x, teacher(draft, f), scale, args.unroll)
-                loss = sum(0.8 ** j * (kl + reg) for j, (kl, reg) in enumerate(parts))
-            optimizer_step(scaler, optimizer, loss, clip=1.0)
-            schedule.step()
-            losses.append([float(kl.detach()) for kl, _ in parts])
-            state["step"], state["pos"] = state["step"] + 1, i + args.batch
-            session_steps += 1
-            recent = losses[-20:]
-            bar.update()
-            bar.set_postfix(kl=" ".join(f"{sum(p[j] for p in recent) / len(recent):.2f}" for j in range(len(parts))))
-            now = time.perf_counter()
-            stopping = stop["term"] or (args.stop_after_steps is not None and session_steps >= args.stop_after_steps) \
-                or (args.stop_after_minutes is not None and now - session_start >= 60 * args.stop_after_minutes)
-            if stopping or now - saved_at >= 60 * args.checkpoint_minutes:
-                state["train_seconds"] += now - saved_at
-                saved_at = now
-                checkpoint()
-            if stopping and state["step"] < steps:
-                bar.close()
-                print(f"stopped at step {state['step']} of {steps}; the state is in {ckpt}: run the same command "
-                      "to go on", flush=True)
-                sys.exit(STOPPED)
-        state["epoch"], state["order"], state["pos"] = state["epoch"] + 1, None, 0
-    bar.close()
-    state["train_seconds"] += time.perf_counter() - saved_at
-    draft.eval()
-    draft.requires_grad_(False)
-    after, coverage, after_by_family = depth_accuracy(lm, draft, heldout, args.depth, args.bf16, families)
-    before = state["before"]
-    for j in range(args.depth):
-        print(f"depth {j + 1}: top-1 {before[j][0]:.3f} -> {after[j][0]:.3f}, "
-              f"top-5 {sum(before[j][:5]):.3f} -> {sum(after[j][:5]):.3f}", flush=True)
-    print_accuracy("untrained", state["before_by_family"], counts)
-    print_accuracy("trained", after_by_family, counts)
-    print(f"held-out greedy tokens inside the draft vocabulary: {coverage:.3f}; "
-          f"{state['train_seconds'] / 60:.1f} min of training, {(time.perf_counter() - start) / 60:.1f} min "
-          "in this process", flush=True)
-
-    info = {"model": cfg.model.name, "epochs": args.epochs, "unroll": args.unroll, "batch": args.batch,
-            "seq_len": args.seq_len, "lr": args.lr, "steps": steps,
-            "draft_vocab": len(vocab) if vocab else lm.vocab_size, "vocab_coverage": round(coverage, 4),
-            "chunks": {"self_distilled": len(own), "self_distilled_repeats": args.generated_repeats,
-                       "stdlib_gsm8k": len(other)},
-            "requests": {name: data["family"].count(name) for name in dict.fromkeys(data["family"])},
-            "data": "the model's own greedy answers to requests written for scripts/training_corpus.py (every 10th "
-                    "held out), Python stdlib source (train split), GSM8K train split",
-            "seconds": round(state["train_seconds"], 1), "accuracy": [[round(a, 4) for a in row] for row in after],
-            "accuracy_untrained": [[round(a, 4) for a in row] for row in before],
-            "heldout_top1_by_family": after_by_family, "heldout_answers_by_family": counts,
-            "final_kl": [round(sum(p[j] for p in losses[-20:]) / len(losses[-20:]), 4) for j in range(len(losses[-1]))],
-            "command": " ".join(["python", "scripts/train_eagle.py", *sys.argv[1:]])}
-    save_draft(draft, out, info)
-    save_loss_curve(out, {f"level {j} (depth {j + 1})": [p[j] if j < len(p) else float("nan") for p in losses]
-                          for j in range(len(losses[-1]))}, "KL(target || draft)", f"{cfg.model.name}: EAGLE draft")
+        state = fresh_state(lm, trainer.draft, held, args, vocab)
+    train(trainer, train_set, state, ckpt, args)
+    measured = final_report(lm, trainer.draft, held, state, args, start)
+    info = draft_info(cfg.model.name, args, steps=train_set.steps, draft_vocab=len(vocab) if vocab else lm.vocab_size,
+                      chunks=(len(own), len(other)), families=data["family"], state=state, held=held,
+                      measured=measured)
+    save_trained(trainer.draft, out, info, state["losses"])
     ckpt.unlink(missing_ok=True)  # finished: the same command trains afresh
 
 
