@@ -38,6 +38,7 @@ from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  
 from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 
 RANKS = 10  # top-r accuracy recorded per head
+MIX = {"generated": 0.5, "stdlib": 0.25, "gsm8k": 0.25}  # what decoding sees most: the model's own answers
 
 
 def teacher(lm, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +85,8 @@ def accuracy(lm, heads, sequences: list[list[int]], ranks: int = RANKS) -> list[
     return (hits / total.clamp(min=1)[:, None]).tolist()
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """This script's options, checked, and the Hydra overrides after them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--steps", type=int, default=400)
@@ -102,23 +104,20 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     if args.heads < 1 or args.steps < 1:
         raise SystemExit(f"error: --heads and --steps must be >= 1, got {args.heads} and {args.steps}")
-    cfg, lm = frozen_target(target_overrides(args, overrides), args.seed)
-    rng = random.Random(args.seed)
-    out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-heads{args.heads}.safetensors")
+    return args, overrides
 
-    start = time.perf_counter()
-    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
-                  answer_tokens=args.answer_tokens)
-    generated, heldout = split_answers(data)
+
+def training_sources(data: dict, generated: list[list[int]], seq_len: int) -> dict[str, list[list[int]]]:
+    """Each of MIX's sources cut in chunks of `seq_len` tokens (the self-distilled answers as one stream)."""
     stream = [t for s in generated for t in s]
-    sources = {"generated": fixed_chunks([stream], args.seq_len), "stdlib": fixed_chunks(data["stdlib"], args.seq_len),
-               "gsm8k": fixed_chunks(data["gsm8k"], args.seq_len)}
-    mix = {"generated": 0.5, "stdlib": 0.25, "gsm8k": 0.25}  # what decoding sees most: the model's own answers
-    print("train chunks of " + str(args.seq_len) + " tokens: " + ", ".join(f"{k} {len(v)}" for k, v in sources.items())
-          + f"; held out: {len(heldout)} self-distilled answers", flush=True)
+    return {"generated": fixed_chunks([stream], seq_len), "stdlib": fixed_chunks(data["stdlib"], seq_len),
+            "gsm8k": fixed_chunks(data["gsm8k"], seq_len)}
 
-    heads = new_heads(lm, args.heads).float()  # float32 master weights; forwards run under precision()
-    before = accuracy(lm, heads, heldout)
+
+def train(lm, heads, sources: dict[str, list[list[int]]], args: argparse.Namespace,
+          rng: random.Random) -> list[list[float]]:
+    """--steps optimizer steps, each on --batch chunks drawn from the sources as MIX weighs them;
+    each step's KL per head."""
     heads.requires_grad_(True)
     heads.train()
     optimizer = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
@@ -127,7 +126,7 @@ def main() -> None:
     losses = []
     bar = tqdm(range(args.steps), desc=f"{args.heads} heads")
     for _ in bar:
-        names = rng.choices(list(mix), weights=list(mix.values()), k=args.batch)
+        names = rng.choices(list(MIX), weights=list(MIX.values()), k=args.batch)
         batch = torch.tensor([rng.choice(sources[n]) for n in names], device=lm.device)
         with precision(lm, args.bf16):
             logp, hidden = teacher(lm, batch)
@@ -137,23 +136,54 @@ def main() -> None:
         losses.append(parts)
         recent = losses[-20:]
         bar.set_postfix(kl=" ".join(f"{sum(p[i] for p in recent) / len(recent):.2f}" for i in range(len(parts))))
-    heads.eval()
-    after = accuracy(lm, heads, heldout)
-    seconds = time.perf_counter() - start
-    for i in range(args.heads):
+    return losses
+
+
+def print_gains(before: list[list[float]], after: list[list[float]]) -> None:
+    """Each head's held-out top-1 and top-5 accuracy, untrained -> trained."""
+    for i in range(len(after)):
         print(f"head {i} (token t+{i + 2}): top-1 {before[i][0]:.3f} -> {after[i][0]:.3f}, "
               f"top-5 {sum(before[i][:5]):.3f} -> {sum(after[i][:5]):.3f}", flush=True)
-    print(f"{seconds / 60:.1f} min in all", flush=True)
 
-    info = {"model": cfg.model.name, "heads": args.heads, "steps": args.steps, "batch": args.batch,
-            "seq_len": args.seq_len, "lr": args.lr, "mix": mix, "chunks": {k: len(v) for k, v in sources.items()},
+
+def heads_info(model: str, args: argparse.Namespace, sources: dict[str, list[list[int]]], losses: list[list[float]],
+               *, seconds: float, before: list[list[float]], after: list[list[float]]) -> dict:
+    """What the heads file records of its making: settings, data, time, held-out accuracy and final KL."""
+    return {"model": model, "heads": args.heads, "steps": args.steps, "batch": args.batch,
+            "seq_len": args.seq_len, "lr": args.lr, "mix": MIX, "chunks": {k: len(v) for k, v in sources.items()},
             "data": "Python stdlib source (train split), GSM8K train split, the model's own greedy answers to "
                     "requests written for scripts/training_corpus.py (every 10th held out)",
             "seconds": round(seconds, 1), "accuracy": [[round(a, 4) for a in row] for row in after],
             "accuracy_untrained": [[round(a, 4) for a in row] for row in before],
             "final_kl": [round(sum(p[i] for p in losses[-20:]) / len(losses[-20:]), 4) for i in range(args.heads)],
             "command": " ".join(["python", "scripts/train_heads.py", *sys.argv[1:]])}
-    save_heads(heads, out, info)
+
+
+def main() -> None:
+    args, overrides = parse_args()
+    cfg, lm = frozen_target(target_overrides(args, overrides), args.seed)
+    rng = random.Random(args.seed)
+    out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-heads{args.heads}.safetensors")
+
+    start = time.perf_counter()
+    data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
+                  answer_tokens=args.answer_tokens)
+    generated, heldout = split_answers(data)
+    sources = training_sources(data, generated, args.seq_len)
+    print("train chunks of " + str(args.seq_len) + " tokens: " + ", ".join(f"{k} {len(v)}" for k, v in sources.items())
+          + f"; held out: {len(heldout)} self-distilled answers", flush=True)
+
+    heads = new_heads(lm, args.heads).float()  # float32 master weights; forwards run under precision()
+    before = accuracy(lm, heads, heldout)
+    losses = train(lm, heads, sources, args, rng)
+    heads.eval()
+    after = accuracy(lm, heads, heldout)
+    seconds = time.perf_counter() - start
+    print_gains(before, after)
+    print(f"{seconds / 60:.1f} min in all", flush=True)
+
+    save_heads(heads, out, heads_info(cfg.model.name, args, sources, losses, seconds=seconds, before=before,
+                                      after=after))
     save_loss_curve(out, {f"head {i} (t+{i + 2})": [p[i] for p in losses] for i in range(args.heads)},
                     "KL(target || head)", f"{cfg.model.name}: Medusa heads")
 
