@@ -124,7 +124,8 @@ def agreement(lm, adapter, data: list[list[int]], layers: int, batch: int) -> fl
     return hits / total
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """This script's options and the Hydra overrides after them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -135,7 +136,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: adapters/<model>-self<k>.safetensors")
     parser.add_argument("--seed", type=int, default=0)
     add_target_args(parser)
-    args, overrides = parser.parse_known_args()
+    return parser.parse_known_args()
+
+
+def target_and_exit_layer(args: argparse.Namespace, overrides: list[str]):
+    """(config, LM, k): the run's config (threads set, torch and random seeded), the target loaded with
+    every parameter frozen, and draft.layers checked against its depth."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=target_overrides(args, overrides))
     if cfg.threads:
@@ -149,16 +155,23 @@ def main() -> None:
     total_layers = len(lm.model.base_model.layers)
     if not 1 <= layers < total_layers:
         raise SystemExit(f"error: draft.layers must be in [1, {total_layers - 1}], got {layers}")
-    out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-self{layers}.safetensors")
+    return cfg, lm, layers
 
-    start = time.perf_counter()
+
+def training_text(lm, args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:
+    """(train, held out) chunks of --seq-len tokens: stdlib modules and the target's own answers;
+    --heldout chunks of other stdlib modules."""
     train = text_chunks(lm.tokenizer, stdlib_files("train"), args.seq_len, limit=10**9)
     train += generated_chunks(lm, args.generated, args.seq_len)
     heldout = text_chunks(lm.tokenizer, stdlib_files("heldout"), args.seq_len, limit=args.heldout)
     print(f"train chunks: {len(train)} x {args.seq_len} tokens (stdlib + {args.generated} self-distilled answers); "
           f"held-out: {len(heldout)} chunks of other stdlib modules", flush=True)
-    before = agreement(lm, None, heldout, layers, args.batch)
+    return train, heldout
 
+
+def train(lm, layers: int, data: list[list[int]], args: argparse.Namespace):
+    """(adapter, each step's KL): a new adapter on layer `layers`, trained --steps steps on --batch
+    chunks drawn from `data`; left in eval mode."""
     adapter = new_exit_adapter(lm.model, layers).float()  # float32 master weights; forwards run under precision()
     for p in adapter.parameters():  # its norm is a copy of the (frozen) final norm: train it too
         p.requires_grad_(True)
@@ -168,8 +181,8 @@ def main() -> None:
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.steps)
     losses = []
     bar = tqdm(range(args.steps), desc=f"exit adapter, layer {layers}")
-    for step in bar:
-        batch = torch.tensor(random.sample(train, args.batch), device=lm.device)
+    for _ in bar:
+        batch = torch.tensor(random.sample(data, args.batch), device=lm.device)
         with precision(lm):
             target, hidden = teacher(lm, batch, layers)
             logits = draft_logits(lm, adapter, hidden)
@@ -180,13 +193,25 @@ def main() -> None:
         losses.append(float(loss.detach()))
         bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     adapter.eval()
+    return adapter, losses
+
+
+def main() -> None:
+    args, overrides = parse_args()
+    cfg, lm, layers = target_and_exit_layer(args, overrides)
+    out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-self{layers}.safetensors")
+
+    start = time.perf_counter()
+    data, heldout = training_text(lm, args)
+    before = agreement(lm, None, heldout, layers, args.batch)
+    adapter, losses = train(lm, layers, data, args)
     after = agreement(lm, adapter, heldout, layers, args.batch)
     seconds = time.perf_counter() - start
     print(f"held-out top-1 agreement with the full model: {before:.3f} without the adapter, {after:.3f} with it "
           f"({seconds / 60:.1f} min in all)", flush=True)
 
     info = {"model": cfg.model.name, "layers": layers, "steps": args.steps, "batch": args.batch,
-            "seq_len": args.seq_len, "lr": args.lr, "train_chunks": len(train),
+            "seq_len": args.seq_len, "lr": args.lr, "train_chunks": len(data),
             "data": "Python stdlib source (train split) + self-distilled answers",
             "seconds": round(seconds, 1), "final_kl": round(sum(losses[-20:]) / len(losses[-20:]), 4),
             "heldout_agreement_before": round(before, 4), "heldout_agreement_after": round(after, 4),
