@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -68,7 +69,8 @@ def read_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5)
 STEP_GOAL = 1.3  # issue 32: the 1-token step within 1.3x of its weight-read floor
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]]:
+    """This script's options, the Hydra overrides after them, and each --paths entry with its fast-path choice."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
@@ -79,78 +81,137 @@ def main() -> None:
     parser.add_argument("--refresh", action="store_true", help="measure again even if cached")
     parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
     args, overrides = parser.parse_known_args()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    lm = instantiate(cfg.model, fast_path="none", compile="none").load()
     paths = [p for p in args.paths.split(",") if p]
     try:
-        choices = {p: parse_candidate(p.removesuffix("+inductor")) for p in paths}
+        choices = [(p, parse_candidate(p.removesuffix("+inductor"))) for p in paths]
     except ValueError as e:
         parser.error(str(e))
-    curves, steps, keys, compile_s = {}, {}, {}, {}
-    for path in paths:
+    return args, overrides, choices
+
+
+@dataclass
+class Profiles:
+    """Per fast path measured: latency of a forward of 1..--max-tokens tokens, the autoregressive
+    step, the cached profile's key and (+inductor) the compile time."""
+    curves: dict[str, list[float]] = field(default_factory=dict)
+    steps: dict[str, float] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    compile_s: dict[str, float] = field(default_factory=dict)
+
+
+def profile_paths(lm, cache_dir: str, args: argparse.Namespace, choices: list[tuple[str, tuple]]) -> Profiles:
+    """Each fast path's profile (cached under cache_dir/latency/); a path the model cannot take is skipped."""
+    profiles = Profiles()
+    for path, choice in choices:
         lm.set_compile("none")  # before the kernels change: a graph is traced over them
-        if lm.set_fast_path(*choices[path]) != choices[path][0]:
+        if lm.set_fast_path(*choice) != choice[0]:
             print(f"{path}: skipped ({lm.fast_path_note})")
             continue
         if path.endswith("+inductor"):
             if lm.set_compile("inductor") != "inductor":
                 print(f"{path}: skipped ({lm.compile_note})")
                 continue
-            compile_s[path] = lm.compile_seconds
-            print(f"{path}: compiled in {compile_s[path]:.1f} s (not in any timing)")
-        profile = forward_latency(lm, cfg.cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)
-        curves[path] = profile["latency_s"][:args.max_tokens]  # a longer cached profile serves a shorter ask
-        steps[path], keys[path] = profile["autoregressive_s"], profile["key"]
+            profiles.compile_s[path] = lm.compile_seconds
+            print(f"{path}: compiled in {profiles.compile_s[path]:.1f} s (not in any timing)")
+        profile = forward_latency(lm, cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)
+        profiles.curves[path] = profile["latency_s"][:args.max_tokens]  # a longer cached profile serves a shorter ask
+        profiles.steps[path], profiles.keys[path] = profile["autoregressive_s"], profile["key"]
+    return profiles
+
+
+def latency_table(profiles: Profiles, max_tokens: int) -> pd.DataFrame:
+    """Per path: ms by tokens, relative to its own 1-token step and to the native (none) path's."""
+    steps = profiles.steps
     base = steps["none"] if "none" in steps else next(iter(steps.values()))
-    table = pd.DataFrame({"tokens": range(1, args.max_tokens + 1)})
-    for path, latency in curves.items():
+    table = pd.DataFrame({"tokens": range(1, max_tokens + 1)})
+    for path, latency in profiles.curves.items():
         table[f"{path}_ms"] = [s * 1e3 for s in latency]
         table[f"{path}_vs_own_step"] = [s / steps[path] for s in latency]
         table[f"{path}_vs_native_step"] = [s / base for s in latency]
+    return table
+
+
+@dataclass
+class Floor:
+    """The 1-token step's floor: the model's weights read once at the measured read bandwidth."""
+    weight_bytes: int
+    copy_bandwidth: float  # bytes per second moved (read + written) by a copy
+    read_bandwidth: float  # bytes per second of a read-only stream
+
+    @property
+    def seconds(self) -> float:
+        return self.weight_bytes / self.read_bandwidth
+
+
+def measure_floor(lm) -> Floor:
     weight_bytes = lm.flops_spec()["matmul_params"] * lm.model.get_input_embeddings().weight.element_size()
-    bandwidth, reading = copy_bandwidth(lm.device), read_bandwidth(lm.device)
-    floor = weight_bytes / reading
+    return Floor(weight_bytes, copy_bandwidth(lm.device), read_bandwidth(lm.device))
+
+
+def print_steps_against_floor(lm, args: argparse.Namespace, steps: dict[str, float], floor: Floor) -> None:
+    """The floor, and each path's 1-token step against it and against the memory-copy bandwidth."""
     print(f"{lm.name}, {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
           f"{args.context} cached tokens, fastest of {args.repeats} rounds per size; "
-          f"weights {weight_bytes / 1e6:.0f} MB, read once at {reading / 1e9:.1f} GB/s (read-only stream) "
-          f"in {floor * 1e3:.1f} ms: the step's floor")
-    for path in curves:
-        read = weight_bytes / steps[path]
-        ratio = steps[path] / floor
-        print(f"  {path}: one autoregressive step {steps[path] * 1e3:.1f} ms = {ratio:.2f}x the floor "
+          f"weights {floor.weight_bytes / 1e6:.0f} MB, read once at {floor.read_bandwidth / 1e9:.1f} GB/s "
+          f"(read-only stream) in {floor.seconds * 1e3:.1f} ms: the step's floor")
+    for path, step in steps.items():
+        read = floor.weight_bytes / step
+        ratio = step / floor.seconds
+        print(f"  {path}: one autoregressive step {step * 1e3:.1f} ms = {ratio:.2f}x the floor "
               f"({'within' if ratio <= STEP_GOAL else 'outside'} the {STEP_GOAL}x goal); {read / 1e9:.1f} GB/s of "
-              f"weights read, {read / bandwidth:.0%} of memory-copy bandwidth {bandwidth / 1e9:.1f} GB/s")
-    for path in curves:
-        table[f"{path}_vs_floor"] = [s / floor for s in curves[path]]
-    shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
-    print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+              f"weights read, {read / floor.copy_bandwidth:.0%} of memory-copy bandwidth "
+              f"{floor.copy_bandwidth / 1e9:.1f} GB/s")
+
+
+def plot(lm, table: pd.DataFrame, steps: dict[str, float]):
+    """Each path's latency relative to the native autoregressive step, by tokens in one forward."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for path in curves:
+    for path, step in steps.items():
         ax.plot(table["tokens"], table[f"{path}_vs_native_step"], marker=".",
-                label=f"{path} (1-token step {steps[path] * 1e3:.1f} ms)")
+                label=f"{path} (1-token step {step * 1e3:.1f} ms)")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="new tokens in one forward", ylabel="latency / native autoregressive step",
            title=f"{lm.name} {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads", ylim=(0, None))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def provenance_info(lm, args: argparse.Namespace, profiles: Profiles, floor: Floor) -> dict:
+    info = provenance.collect(lm)
+    info.update(fast_path="see columns", packed_min_rows="see columns", profiles=profiles.keys,
+                autoregressive_s=profiles.steps, weight_bytes=floor.weight_bytes,
+                copy_bandwidth_bytes_per_s=floor.copy_bandwidth, read_bandwidth_bytes_per_s=floor.read_bandwidth,
+                floor_s=floor.seconds, step_vs_floor={p: s / floor.seconds for p, s in profiles.steps.items()},
+                compile_seconds=profiles.compile_s, context=args.context, repeats=args.repeats,
+                command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
+    return info
+
+
+def main() -> None:
+    args, overrides, choices = parse_args()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    lm = instantiate(cfg.model, fast_path="none", compile="none").load()
+    profiles = profile_paths(lm, cfg.cache_dir, args, choices)
+    table = latency_table(profiles, args.max_tokens)
+    floor = measure_floor(lm)
+    print_steps_against_floor(lm, args, profiles.steps, floor)
+    for path, latency in profiles.curves.items():
+        table[f"{path}_vs_floor"] = [s / floor.seconds for s in latency]
+    shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    fig = plot(lm, table, profiles.steps)
     out = Path(args.out) if args.out else Path(cfg.cache_dir).expanduser() / "latency"
     out.mkdir(parents=True, exist_ok=True)
     stem = "profile" if args.out else profile_key(lm, fast_path=False)
     fig.savefig(out / f"{stem}.png", dpi=120)
     table.to_csv(out / f"{stem}.csv", index=False)
     if args.out:
-        info = provenance.collect(lm)
-        info.update(fast_path="see columns", packed_min_rows="see columns", profiles=keys, autoregressive_s=steps,
-                    weight_bytes=weight_bytes,
-                    copy_bandwidth_bytes_per_s=bandwidth, read_bandwidth_bytes_per_s=reading, floor_s=floor,
-                    step_vs_floor={p: steps[p] / floor for p in steps}, compile_seconds=compile_s,
-                    context=args.context, repeats=args.repeats,
-                    command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
-        (out / "provenance.json").write_text(json.dumps(info, indent=2))
+        (out / "provenance.json").write_text(json.dumps(provenance_info(lm, args, profiles, floor), indent=2))
     print(f"table: {out / f'{stem}.csv'}\nplot: {out / f'{stem}.png'}")
 
 
