@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,8 @@ def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, title: str) -> No
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """This script's options, checked, and the Hydra overrides after them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -126,79 +128,124 @@ def main() -> None:
         parser.error("--prompts, --max-new-tokens, --repeats and every batch size must be >= 1")
     if "autoregressive" not in args.decoders:
         parser.error("--decoders must include autoregressive: every speedup is against it")
+    return args, overrides
 
+
+def run_config(overrides: list[str], names: list[str]):
+    """(config, decoders): the run's config and each named decoder built from it (add-ons not loaded yet)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
         decoders = {}
-        for name in args.decoders:
+        for name in names:
             dcfg = compose("config", overrides=[*overrides, f"decoder={name}"])
             decoders[name] = instantiate(dcfg.decoder, _convert_="all")
+    return cfg, decoders
+
+
+def loaded_target(cfg, decoders: dict):
+    """The target, on the config's threads, with every decoder's add-ons loaded for it."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     lm = instantiate(cfg.model).load()
     for decoder in decoders.values():
         if isinstance(decoder, LoadsAddOns):
             decoder.load_addons(lm)
+    return lm
+
+
+def dataset_prompts(lm, cfg, limit: int) -> list[list[int]]:
+    """The dataset's first `limit` prompts, rendered as a benchmark run renders a first turn."""
     rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
-    prompts = [render(lm.tokenizer, p, 0, [], rendering)[1]
-               for p in instantiate(cfg.dataset, limit=args.prompts).load()]
-    greedy, stop, max_new = Sampling(), lm.stop_ids, args.max_new_tokens
-    args.out.mkdir(parents=True, exist_ok=True)
+    return [render(lm.tokenizer, p, 0, [], rendering)[1] for p in instantiate(cfg.dataset, limit=limit).load()]
 
-    with torch.inference_mode():
-        reference = [autoregressive_decode(lm, p, max_new, greedy, stop).tokens
-                     for p in tqdm(prompts, desc="batch-1 reference")]
-        for decoder in decoders.values():  # warm-up: first-call costs are not charged to B=1
-            decode_batch(decoder, lm, prompts[:2], 8, [greedy] * 2, stop)
-        hf_generate_batch(lm, prompts[:2], 8, stop)
-        runs = []
-        bar = tqdm(total=args.repeats * len(args.batch_sizes) * (len(decoders) + 1), desc="batched runs")
-        for repeat in range(args.repeats):
-            for b in args.batch_sizes:
-                batches = [prompts[i:i + b] for i in range(0, len(prompts), b)]
-                if repeat == 0:  # untimed: each batch's prefill shape runs once before any timing
-                    for batch in batches:
-                        decode_batch(decoders["autoregressive"], lm, batch, 2, [greedy] * len(batch), stop)
-                        hf_generate_batch(lm, batch, 2, stop)
-                for name in [*decoders, "hf_generate"]:
-                    wall, tokens, steps, row_steps, fed, padded, same, ttft, latency = 0.0, 0, 0, 0, 0, 0, 0, [], []
-                    # tokens each row fed per decode step (prefill left out); drafting seconds
-                    widths, drafting = [], 0.0
-                    for i, batch in enumerate(batches):
-                        refs = reference[i * b:i * b + len(batch)]
-                        lm.sync()
-                        t0 = time.perf_counter()
-                        if name == "hf_generate":
-                            outs = hf_generate_batch(lm, batch, max_new, stop)
-                            lm.sync()
-                            wall += time.perf_counter() - t0
-                        else:
-                            gens, stats = decode_batch(decoders[name], lm, batch, max_new, [greedy] * len(batch), stop)
-                            wall += time.perf_counter() - t0
-                            outs = [g.tokens for g in gens]
-                            steps += stats.steps
-                            row_steps += sum(len(g.steps) for g in gens)
-                            fed, padded = fed + stats.fed_tokens, padded + stats.padded_tokens
-                            ttft += [g.ttft for g in gens]
-                            latency += [sum(s.target_time + s.draft_time + s.overhead_time for s in g.steps)
-                                        for g in gens]
-                            widths += [s.forward_tokens for g in gens for s in g.steps[1:]]
-                            drafting += stats.draft_s
-                        tokens += sum(map(len, outs))
-                        same += sum(o == r for o, r in zip(outs, refs))
-                    runs.append({"repeat": repeat, "batch_size": b, "decoder": name, "wall_s": wall,
-                                 "new_tokens": tokens, "tokens_per_s": tokens / wall, "batch_steps": steps or None,
-                                 "tokens_per_step_per_row": tokens / row_steps if row_steps else None,
-                                 "padding_waste": 1 - fed / padded if padded else None,
-                                 "tokens_fed_per_row_step": statistics.mean(widths) if widths else None,
-                                 "draft_s_per_row_step": drafting / row_steps if row_steps else None,
-                                 "median_ttft_s": statistics.median(ttft) if ttft else None,
-                                 "median_row_latency_s": statistics.median(latency) if latency else None,
-                                 "rows_equal_batch1": same, "rows": len(prompts)})
-                    bar.update(1)
-        bar.close()
-        curve = cost_curve(lm, args.batch_sizes, args.widths)
 
+GREEDY = Sampling()
+
+
+@dataclass
+class Bench:
+    """What every batched run shares: the target, the decoders by name, the prompts and their batch-1
+    autoregressive outputs (filled in by batch1_reference), the token budget and the stop ids."""
+    lm: object
+    decoders: dict
+    prompts: list[list[int]]
+    max_new: int
+    stop: set[int]
+    reference: list[list[int]] = field(default_factory=list)
+
+
+def batch1_reference(bench: Bench) -> list[list[int]]:
+    return [autoregressive_decode(bench.lm, p, bench.max_new, GREEDY, bench.stop).tokens
+            for p in tqdm(bench.prompts, desc="batch-1 reference")]
+
+
+def warm_up(bench: Bench) -> None:
+    """First-call costs are not charged to B=1: every decoder and generate() run once on two prompts."""
+    for decoder in bench.decoders.values():
+        decode_batch(decoder, bench.lm, bench.prompts[:2], 8, [GREEDY] * 2, bench.stop)
+    hf_generate_batch(bench.lm, bench.prompts[:2], 8, bench.stop)
+
+
+def measure(bench: Bench, name: str, b: int, batches: list[list[list[int]]]) -> dict:
+    """One decoder (or hf_generate) over the prompts in `batches` of `b`: one runs.csv row, less its repeat."""
+    lm, stop = bench.lm, bench.stop
+    wall, tokens, steps, row_steps, fed, padded, same, ttft, latency = 0.0, 0, 0, 0, 0, 0, 0, [], []
+    # tokens each row fed per decode step (prefill left out); drafting seconds
+    widths, drafting = [], 0.0
+    for i, batch in enumerate(batches):
+        refs = bench.reference[i * b:i * b + len(batch)]
+        lm.sync()
+        t0 = time.perf_counter()
+        if name == "hf_generate":
+            outs = hf_generate_batch(lm, batch, bench.max_new, stop)
+            lm.sync()
+            wall += time.perf_counter() - t0
+        else:
+            gens, stats = decode_batch(bench.decoders[name], lm, batch, bench.max_new, [GREEDY] * len(batch), stop)
+            wall += time.perf_counter() - t0
+            outs = [g.tokens for g in gens]
+            steps += stats.steps
+            row_steps += sum(len(g.steps) for g in gens)
+            fed, padded = fed + stats.fed_tokens, padded + stats.padded_tokens
+            ttft += [g.ttft for g in gens]
+            latency += [sum(s.target_time + s.draft_time + s.overhead_time for s in g.steps) for g in gens]
+            widths += [s.forward_tokens for g in gens for s in g.steps[1:]]
+            drafting += stats.draft_s
+        tokens += sum(map(len, outs))
+        same += sum(o == r for o, r in zip(outs, refs))
+    return {"batch_size": b, "decoder": name, "wall_s": wall,
+            "new_tokens": tokens, "tokens_per_s": tokens / wall, "batch_steps": steps or None,
+            "tokens_per_step_per_row": tokens / row_steps if row_steps else None,
+            "padding_waste": 1 - fed / padded if padded else None,
+            "tokens_fed_per_row_step": statistics.mean(widths) if widths else None,
+            "draft_s_per_row_step": drafting / row_steps if row_steps else None,
+            "median_ttft_s": statistics.median(ttft) if ttft else None,
+            "median_row_latency_s": statistics.median(latency) if latency else None,
+            "rows_equal_batch1": same, "rows": len(bench.prompts)}
+
+
+def timed_runs(bench: Bench, args: argparse.Namespace) -> list[dict]:
+    """--repeats passes; in each, every batch size, and at each every decoder and hf_generate in turn."""
+    runs = []
+    bar = tqdm(total=args.repeats * len(args.batch_sizes) * (len(bench.decoders) + 1), desc="batched runs")
+    for repeat in range(args.repeats):
+        for b in args.batch_sizes:
+            batches = [bench.prompts[i:i + b] for i in range(0, len(bench.prompts), b)]
+            if repeat == 0:  # untimed: each batch's prefill shape runs once before any timing
+                for batch in batches:
+                    decode_batch(bench.decoders["autoregressive"], bench.lm, batch, 2, [GREEDY] * len(batch),
+                                 bench.stop)
+                    hf_generate_batch(bench.lm, batch, 2, bench.stop)
+            for name in [*bench.decoders, "hf_generate"]:
+                runs.append({"repeat": repeat, **measure(bench, name, b, batches)})
+                bar.update(1)
+    bar.close()
+    return runs
+
+
+def speedup_table(runs: list[dict], curve: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs with their speedup over autoregressive in the same pass, the median per batch size and
+    decoder with the cost curve's prediction)."""
     runs = pd.DataFrame(runs)
     ar = runs[runs.decoder == "autoregressive"].set_index(["repeat", "batch_size"]).tokens_per_s
     runs["speedup"] = runs.tokens_per_s / runs.set_index(["repeat", "batch_size"]).index.map(ar)
@@ -213,23 +260,50 @@ def main() -> None:
                   rows_equal_batch1=("rows_equal_batch1", "min"), rows=("rows", "first"))
              .reset_index())
     table["predicted_speedup"] = predicted_speedup(table, curve)
+    return runs, table
+
+
+def grid(table: pd.DataFrame, values: str, decoders: list[str]) -> pd.DataFrame:
+    """`values` by decoder (rows, in `decoders`' order) and batch size (columns)."""
+    return table.pivot(index="decoder", columns="batch_size", values=values).reindex(decoders)
+
+
+def markdown(table: pd.DataFrame, curve: pd.DataFrame, decoders: list[str], heading: str) -> str:
+    """batch_speedup.md: measured and predicted speedups by batch size, the whole table, the cost curve."""
+    return (heading + "\n\n" + grid(table, "speedup", [*decoders, "hf_generate"]).to_markdown(floatfmt=".2f")
+            + "\n\nWhat the cost curve predicts (predicted_speedup):\n\n"
+            + grid(table, "predicted_speedup", decoders).to_markdown(floatfmt=".2f") + "\n\n"
+            + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
+            + curve.pivot(index="tokens_per_row", columns="batch_size",
+                          values="cost_vs_one_token").to_markdown(floatfmt=".2f") + "\n")
+
+
+def main() -> None:
+    args, overrides = parse_args()
+    cfg, decoders = run_config(overrides, args.decoders)
+    lm = loaded_target(cfg, decoders)
+    bench = Bench(lm, decoders, dataset_prompts(lm, cfg, args.prompts), args.max_new_tokens, lm.stop_ids)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    with torch.inference_mode():
+        bench.reference = batch1_reference(bench)
+        warm_up(bench)
+        runs = timed_runs(bench, args)
+        curve = cost_curve(lm, args.batch_sizes, args.widths)
+
+    runs, table = speedup_table(runs, curve)
     runs.to_csv(args.out / "runs.csv", index=False)
     table.to_csv(args.out / "batch_speedup.csv", index=False)
     curve.to_csv(args.out / "cost_curve.csv", index=False)
-    wide = table.pivot(index="decoder", columns="batch_size", values="speedup").reindex([*decoders, "hf_generate"])
-    forecast = table.pivot(index="decoder", columns="batch_size", values="predicted_speedup").reindex([*decoders])
-    (args.out / "batch_speedup.md").write_text(
-        f"Speedup over batched autoregressive (median of {args.repeats} interleaved passes), {len(prompts)} "
-        f"{cfg.dataset.name} prompts x {max_new} tokens, greedy, {provenance.collect(lm)['dtype']}\n\n"
-        + wide.to_markdown(floatfmt=".2f") + "\n\nWhat the cost curve predicts (predicted_speedup):\n\n"
-        + forecast.to_markdown(floatfmt=".2f") + "\n\n" + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
-        + curve.pivot(index="tokens_per_row", columns="batch_size",
-                      values="cost_vs_one_token").to_markdown(floatfmt=".2f") + "\n")
+    prompts = len(bench.prompts)
+    heading = (f"Speedup over batched autoregressive (median of {args.repeats} interleaved passes), {prompts} "
+               f"{cfg.dataset.name} prompts x {bench.max_new} tokens, greedy, {provenance.collect(lm)['dtype']}")
+    (args.out / "batch_speedup.md").write_text(markdown(table, curve, [*decoders], heading))
     plot(table, curve, args.out / "batch_speedup.png", f"{cfg.model.name}, {cfg.dataset.name}, {lm.device.type}")
     meta = provenance.collect(lm)
-    meta.update(argv=sys.argv[1:], prompts=len(prompts), max_new_tokens=max_new, dataset=cfg.dataset.name)
+    meta.update(argv=sys.argv[1:], prompts=prompts, max_new_tokens=bench.max_new, dataset=cfg.dataset.name)
     (args.out / "provenance.json").write_text(json.dumps(meta, indent=2))
-    print(wide.to_markdown(floatfmt=".2f"))
+    print(grid(table, "speedup", [*decoders, "hf_generate"]).to_markdown(floatfmt=".2f"))
 
 
 if __name__ == "__main__":
