@@ -97,7 +97,8 @@ def ms(values) -> str:
     return f"median {1e3 * statistics.median(values):6.1f} ms, fastest {1e3 * min(values):6.1f}, n={len(values)}"
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """This script's options and the Hydra overrides after them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="vicuna-7b")
     parser.add_argument("--decoders", default="autoregressive,spec_chain")
@@ -107,12 +108,66 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tokenizer")
-    args, extra = parser.parse_known_args()
+    return parser.parse_known_args()
+
+
+def decoder_configs(args: argparse.Namespace, extra: list[str]) -> dict:
+    """Each --decoders entry's run config: tiny-random at --shape, untrained add-ons where it has any."""
     model = ["model=tiny-random", *SHAPES[args.shape], *borrow_tokenizer(args.tokenizer), *extra]
     specs = {}
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for d in args.decoders.split(","):
             specs[d] = compose("config", overrides=[f"decoder={d}", *model, *COMMON, *UNTRAINED.get(d, [])])
+    return specs
+
+
+def print_forwards_alone(lm, base: int, repeats: int) -> None:
+    """The target forward alone (1 token, growing context, masked, k tokens) and a k-token masked
+    forward's logits against the one-token steps', after `base` cached tokens."""
+    for k, masked, grow in ((1, False, False), (1, False, True), (1, True, True), (5, True, True), (9, True, True)):
+        print(f"forward alone, {k} tokens{' masked' if masked else ''} after "
+              f"{f'{base}, {base + 1}, ...' if grow else base}: "
+              f"{ms(forward_alone(lm, k, base, masked, repeats, grow))}")
+    for k in (5, 16):
+        print(f"{k}-token forward against one-token steps after {base}: {agreement(lm, base, k)}")
+
+
+def print_decodes(lm, specs: dict, prompt: list[int], fresh, max_new_tokens: int) -> None:
+    """Each decoder's decode step by part, on a prompt of a new length (from `fresh`), judged against
+    autoregressive's output."""
+    for name, spec in specs.items():
+        decoder = build(spec.decoder, "decoder")
+        decoder.generate(lm, prompt, 8, Sampling(), lm.stop_ids)  # warm-up
+        ids = list(range(1000, 1000 + next(fresh))) + prompt
+        gen = decoder.generate(lm, ids, max_new_tokens, Sampling(), lm.stop_ids)
+        # judged as the runner's check_lossless judges: against autoregressive greedy, ties told apart
+        reference = autoregressive_decode(lm, ids, max_new_tokens, Sampling(), lm.stop_ids).tokens
+        verdict = judge_output(gen.tokens, reference, step_logits(lm, ids, gen.tokens))
+        judged = ("identical" if verdict["lossless"] else "departs at ties only" if verdict["divergence_tie"]
+                  else f"REAL DIVERGENCE at {verdict['first_real_divergence']}")
+        steps = gen.steps[1:]
+        width = statistics.median(s.forward_tokens for s in steps)
+        print(f"{name} (prompt {len(ids)}): decode step target "
+              f"{ms([s.target_time for s in steps])}; draft {ms([s.draft_time for s in steps])}; "
+              f"overhead {ms([s.overhead_time for s in steps])}; forward tokens (median) {width}; {judged}")
+
+
+def print_top_operators(lm, name: str, spec, prompt: list[int]) -> None:
+    """torch.profiler's top operators over one 12-token decode, by self time and by total (device) time."""
+    decoder = build(spec.decoder, "decoder")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if lm.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        decoder.generate(lm, prompt, 12, Sampling(), lm.stop_ids)
+    for key in ("self_cpu_time_total", "self_device_time_total" if lm.device.type == "cuda" else "cpu_time_total"):
+        print(f"\n== {name}, 12 tokens, attention kernels: all, top operators by {key}")
+        print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=50))
+
+
+def main() -> None:
+    args, extra = parse_args()
+    specs = decoder_configs(args, extra)
     cfg = next(iter(specs.values()))
     lm = build(cfg.model, "model").load()
     prompt = lm.tokenizer("Write a short story about a lighthouse keeper who finds a message in a bottle.")["input_ids"]
@@ -125,41 +180,13 @@ def main() -> None:
             use_kernels(kernels)
             print(f"\n== {threads} CPU threads, attention kernels: {kernels}")
             base = 200 + next(fresh)
-            for k, masked, grow in ((1, False, False), (1, False, True), (1, True, True), (5, True, True),
-                                    (9, True, True)):
-                print(f"forward alone, {k} tokens{' masked' if masked else ''} after "
-                      f"{f'{base}, {base + 1}, ...' if grow else base}: "
-                      f"{ms(forward_alone(lm, k, base, masked, args.repeats, grow))}")
-            for k in (5, 16):
-                print(f"{k}-token forward against one-token steps after {base}: {agreement(lm, base, k)}")
-            for name, spec in specs.items():
-                decoder = build(spec.decoder, "decoder")
-                decoder.generate(lm, prompt, 8, Sampling(), lm.stop_ids)  # warm-up
-                ids = list(range(1000, 1000 + next(fresh))) + prompt
-                gen = decoder.generate(lm, ids, args.max_new_tokens, Sampling(), lm.stop_ids)
-                # judged as the runner's check_lossless judges: against autoregressive greedy, ties told apart
-                reference = autoregressive_decode(lm, ids, args.max_new_tokens, Sampling(), lm.stop_ids).tokens
-                verdict = judge_output(gen.tokens, reference, step_logits(lm, ids, gen.tokens))
-                judged = ("identical" if verdict["lossless"] else "departs at ties only" if verdict["divergence_tie"]
-                          else f"REAL DIVERGENCE at {verdict['first_real_divergence']}")
-                steps = gen.steps[1:]
-                width = statistics.median(s.forward_tokens for s in steps)
-                print(f"{name} (prompt {len(ids)}): decode step target "
-                      f"{ms([s.target_time for s in steps])}; draft {ms([s.draft_time for s in steps])}; "
-                      f"overhead {ms([s.overhead_time for s in steps])}; forward tokens (median) {width}; {judged}")
+            print_forwards_alone(lm, base, args.repeats)
+            print_decodes(lm, specs, prompt, fresh, args.max_new_tokens)
     torch.set_num_threads(default_threads)
     use_kernels("all")  # torch's default; a fresh prompt length, so new shapes
     prompt = list(range(1000, 1000 + next(fresh))) + prompt
     name, spec = next(iter(specs.items()))
-    decoder = build(spec.decoder, "decoder")
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if lm.device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        decoder.generate(lm, prompt, 12, Sampling(), lm.stop_ids)
-    for key in ("self_cpu_time_total", "self_device_time_total" if lm.device.type == "cuda" else "cpu_time_total"):
-        print(f"\n== {name}, 12 tokens, attention kernels: all, top operators by {key}")
-        print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=50))
+    print_top_operators(lm, name, spec, prompt)
 
 
 if __name__ == "__main__":
