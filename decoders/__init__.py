@@ -1,8 +1,8 @@
 """Decoding methods and what they share.
 
     core/     primitives: the LM wrapper, its KV caches, kernel path and generate() tracing (where
-              transformers' model API is handled; methods/eagle.py and published.py also use it for
-              drafts' layers and caches), token trees, verification, sampling, the per-step trace,
+              transformers' model API is handled; methods/eagle_draft.py, eagle.py and published.py also
+              use it for drafts' layers and caches), token trees, verification, sampling, the per-step trace,
               and the one propose -> verify -> commit loop
     methods/  one module per method, each a small proposer over core/ (plus the add-ons they load)
     tuning/   latency profiles, the fast-path choice, lookahead's W/N/G search, Sequoia's tree DP

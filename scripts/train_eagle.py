@@ -5,7 +5,7 @@
         [--out adapters/smollm2-135m-eagle.safetensors] [--device auto] [--dtype auto] [model=...]
     python scripts/train_eagle.py --evaluate DRAFT [same data options]   # held-out accuracy only
 
-The draft (decoders/methods/eagle.py) reads the target's features at t and the embedding of token
+The draft (decoders/methods/eagle_draft.py) reads the target's features at t and the embedding of token
 t+1 and predicts the features at t+1. The target's features are computed once per chunk
 (frozen, bf16 autocast) and reused every epoch. Losses, per level of unrolling:
 - the target's next-token distribution (its head on its own features, over the draft vocabulary)
@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loss_curve import save_loss_curve  # noqa: E402
 from decoders.core.kv_cache import KVCache  # noqa: E402
-from decoders.methods.eagle import load_draft, new_draft, save_draft  # noqa: E402
+from decoders.methods.eagle_draft import load_draft, new_draft, save_draft  # noqa: E402
 from training_corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
 from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 

@@ -17,7 +17,8 @@ from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.bpd import BPD
 from decoders.methods.draft_model import SelfDraft, new_exit_adapter
-from decoders.methods.eagle import Eagle, new_draft
+from decoders.methods.eagle import Eagle
+from decoders.methods.eagle_draft import new_draft
 from decoders.methods.heads import new_heads
 from decoders.methods.medusa import Medusa
 from helpers import tiny_lm

@@ -17,7 +17,8 @@ import decoders.core.loop as loop_module
 from decoders.core.kv_cache import KVCache
 from decoders.core.loop import feed, propose, score
 from decoders.core.sampling import Sampling
-from decoders.methods.eagle import Eagle, FeatureDraftProposer, load_draft, new_draft, save_draft
+from decoders.methods.eagle import Eagle, FeatureDraftProposer
+from decoders.methods.eagle_draft import load_draft, new_draft, save_draft
 from helpers import REPO, chi2_pvalue, tiny_lm
 from test_lookahead import (LENGTH, N_CONTROL, N_SAMPLES, _verify_without_residual, assert_matches_exact,  # noqa: F401
                             exact_joint, sample_counts, stat_model, ALPHA)

@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from decoders.core.kv_cache import KVCache
 from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import autoregressive_decode
-from decoders.methods.eagle import Eagle, load_draft
+from decoders.methods.eagle import Eagle
+from decoders.methods.eagle_draft import load_draft
 from decoders.methods.heads import load_heads
 from decoders.methods.medusa import Medusa
 from helpers import chi2_pvalue, tiny_lm
@@ -298,9 +299,9 @@ def test_published_drafts_round_float32_rotary_tables_once(tmp_path, layout, dty
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_our_draft_keeps_float32_rotary_frequencies(dtype):
-    """Our own EAGLE draft (decoders/methods/eagle.py) holds its rotary module outside its
+    """Our own EAGLE draft (decoders/methods/eagle_draft.py) holds its rotary module outside its
     submodules, so a cast to half precision leaves the frequencies float32 (as the published ones)."""
-    from decoders.methods.eagle import new_draft
+    from decoders.methods.eagle_draft import new_draft
 
     draft = new_draft(tiny_lm(seed=0, vocab=64, layers=2, dtype=dtype), None)
     rotary = draft.target.rotary
@@ -529,7 +530,7 @@ def test_a_malformed_draft_or_heads_file_is_one_line_naming_it(tmp_path):
     shape (RuntimeError), a published config.json that is a list (AttributeError) or whose
     vocab_size or hidden_size is a list (TypeError) were tracebacks. Each is now a ValueError, one
     line naming the setting and the file, which the run prints with exit 2."""
-    from decoders.methods.eagle import new_draft, save_draft
+    from decoders.methods.eagle_draft import new_draft, save_draft
     from decoders.methods.heads import new_heads, save_heads
 
     lm = target()

@@ -215,7 +215,8 @@ def test_train_eagle_on_tiny_random(tmp_path):
 
     from decoders.core.sampling import Sampling
     from decoders.methods.autoregressive import autoregressive_decode
-    from decoders.methods.eagle import Eagle, load_draft
+    from decoders.methods.eagle import Eagle
+    from decoders.methods.eagle_draft import load_draft
     from helpers import tiny_lm
 
     common = ["--chunks", "6", "--epochs", "2", "--generated-repeats", "1", "--unroll", "2", "--seq-len", "32",

@@ -1,0 +1,200 @@
+"""EAGLE's draft (Li et al. 2024) and its file: a one-layer draft over the target's own features.
+
+The draft reads the target's features at position t (its last layer's output, before the final
+norm) and the embedding of token t+1, fuses them (a 2d -> d linear), runs one decoder layer of the
+target's own architecture (transformers' class, a fresh copy) and predicts the features at t+1;
+the target's own final norm and output head read the next token from them. The proposer
+(eagle.py) drafts with it autoregressively in feature space.
+
+The readout may be limited to a draft vocabulary (the file's `vocab`: the tokens the target
+emits most, as in FR-Spec and EAGLE-3): a full 49k-row head costs this 135M target about a fifth
+of its own step, paid again at every depth. A token outside it is never drafted.
+
+`load_draft` also reads a published EAGLE-1/2 or EAGLE-3 checkpoint (published.py): the proposer
+reads any draft through the same few members (`reads`, `from_target`, forward, `logits`, `vocab`,
+`flops`).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..core.kv_cache import KVCache, cache_kwarg
+from ..core.lm import LM, TargetParts
+from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
+
+EAGLE_FORMAT = "eagle-draft-v1"
+
+
+def _one_layer_config(lm: LM):
+    cfg = copy.deepcopy(lm.config.get_text_config())
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:1]
+    return cfg
+
+
+class FeatureDraft(nn.Module):
+    """fuse(features_t, embedding(token_t+1)) -> one decoder layer -> features_t+1. Only `fuse`
+    and `layer` are trained and saved; the embedding, final norm and head are the target's."""
+
+    def __init__(self, lm: LM, vocab: Sequence[int] | None = None):
+        super().__init__()
+        base = lm.model.base_model
+        cfg = _one_layer_config(lm)
+        d = cfg.hidden_size
+        self.fuse = nn.Linear(2 * d, d)
+        self.layer = type(base.layers[0])(cfg, layer_idx=0)
+        # Identity start: features_t+1 := features_t (the fuse passes the features through, the layer's
+        # residual branches output zero), a stable point to train from.
+        with torch.no_grad():
+            self.fuse.weight.zero_()
+            self.fuse.weight[:, :d] = torch.eye(d)
+            self.fuse.bias.zero_()
+            for name, module in self.layer.named_modules():
+                if name.endswith(("o_proj", "down_proj")) and isinstance(module, nn.Linear):
+                    module.weight.zero_()
+        head = lm.model.get_output_embeddings()
+        full = head.weight.shape[0]
+        self.vocab = torch.as_tensor(list(vocab) if vocab is not None else range(full), dtype=torch.long)
+        if len(self.vocab) == 0 or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= full:
+            raise ValueError(f"a draft vocabulary holds token ids in [0, {full}), got {len(self.vocab)} ids")
+        readout = nn.Linear(d, len(self.vocab), bias=head.bias is not None)
+        with torch.no_grad():
+            readout.weight = head.weight if vocab is None else nn.Parameter(head.weight[self.vocab].clone())
+            if head.bias is not None:
+                readout.bias = nn.Parameter(head.bias[self.vocab].clone())
+        readout.requires_grad_(False)
+        # The readout (a slice of the target's head) and the rotary table: target parts, neither trained nor saved.
+        self.target = TargetParts(lm, readout=readout, rotary=type(base.rotary_emb)(config=cfg))
+        self.info: dict = {}
+        self.dense_params = sum(m.weight.numel() for m in (self.fuse, *self.layer.modules())
+                                if isinstance(m, nn.Linear))
+
+    # What the proposer asks of a draft (the published layouts in published.py answer the same):
+    reads = True  # the target's features it reads (LM.forward's `features`): the last layer's output, pre-norm
+
+    def from_target(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features -> the draft's input features (here the same)."""
+        return features
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fuse.weight.dtype
+
+    @property
+    def readout(self) -> nn.Linear:
+        return self.target.readout
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """features (..., q, d) and tokens (..., q) at `positions` (q,), each row seeing the keys
+        `mask` (q, len(cache) + q) allows -> predicted next features (..., q, d). Rows are appended
+        to `cache` when given."""
+        lm, rotary = self.target.lm, self.target.rotary
+        batched = features.dim() == 3
+        if not batched:
+            features, tokens = features[None], tokens[None]
+        # The embedding sits at the model's input (lm.device), the features at its output (lm.output_device).
+        x = self.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens.to(lm.device)).to(features)], -1))
+        pos = positions.reshape(1, -1).to(x.device)
+        out = self.layer(x, attention_mask=lm.mask_4d(mask).to(x.device), position_ids=pos,
+                         **{cache_kwarg(self.layer): cache.hf if cache is not None else None},
+                         use_cache=cache is not None, position_embeddings=rotary(x, pos))
+        out = out[0] if isinstance(out, tuple) else out
+        return out if batched else out[0]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Over the draft vocabulary (column j is token self.vocab[j])."""
+        readout = self.readout  # the target's norm (its dtype) before it: a draft_dtype draft casts here
+        return readout(self.target.lm.final_norm(features).to(readout.weight.dtype))
+
+    def flops(self, rows: int, context: int, logit_rows: int) -> float:
+        """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
+        attn = self.layer.self_attn.o_proj.weight.shape[1]
+        attended = rows * context + rows * (rows + 1) / 2
+        return 2.0 * self.dense_params * rows + 4.0 * attn * attended + 2.0 * self.readout.weight.numel() * logit_rows
+
+    def accuracy(self) -> list[list[float]] | None:
+        """acc[j][r]: how often rank r at depth j + 1 was the target's greedy token, on held-out text."""
+        return self.info.get("accuracy")
+
+
+def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = None) -> FeatureDraft:
+    """An untrained draft (it predicts that features stay as they are); `seed` perturbs it randomly,
+    for exactness tests that need drafts that disagree."""
+    draft = FeatureDraft(lm, vocab)
+    if seed is not None:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    draft.requires_grad_(False)  # trained only by scripts/train_eagle.py, which turns this back on
+    # Beside its input (the last layer's features), the final norm and the head: lm.output_device.
+    return draft.to(device=lm.output_device, dtype=lm.dtype).eval()
+
+
+def save_draft(draft: FeatureDraft, path: str | Path, info: dict) -> None:
+    full = draft.target.lm.vocab_size
+    vocab = (None if len(draft.vocab) == full and bool((draft.vocab == torch.arange(full)).all())
+             else draft.vocab.tolist())
+    save_weights(draft, path, EAGLE_FORMAT, {"hidden_size": str(draft.fuse.weight.shape[0]), "vocab_size": str(full),
+                                             "vocab": json.dumps(vocab), "info": json.dumps(info)})
+
+
+def load_draft(lm: LM, path: str | Path, check_base: bool = True, dtype: str | None = None):
+    """Our draft file, or a published EAGLE-1/2 or EAGLE-3 checkpoint (a directory or a hub id); its
+    own weights in `dtype` (decoder.draft_dtype; None: the target's)."""
+    if is_checkpoint_dir(path):
+        from .published import load_eagle
+
+        draft = load_eagle(lm, path, check_base)
+    else:
+        meta, state, info = load_checked(
+            lm, path, EAGLE_FORMAT, "decoder.draft_weights", "EAGLE draft file",
+            "train one with scripts/train_eagle.py or set decoder.draft_weights=null for an untrained draft",
+            check_base=check_base)
+        where = addon_path(path)
+        vocab = meta_json(meta, "vocab", "decoder.draft_weights", where, "null")
+        if vocab is not None and not (isinstance(vocab, list) and all(isinstance(t, int) for t in vocab)):
+            raise ValueError(f"decoder.draft_weights: {where} has metadata vocab that is not a list of token ids; "
+                             "replace the file")
+        draft = new_draft(lm, vocab)
+        load_state(draft, {k: v.to(draft.fuse.weight.dtype) for k, v in state.items()}, "decoder.draft_weights",
+                   where, "an EAGLE draft of this target's shape")
+        draft.info = info
+    return _ready(lm, draft, dtype)
+
+
+def draft_for(lm: LM, path: str | None, seed: int | None, check_base: bool = True, dtype: str | None = None):
+    """The draft at `path` (our file or a published checkpoint), or an untrained (seed: random) draft
+    without one; its own weights in `dtype` (decoder.draft_dtype; None: the target's)."""
+    return load_draft(lm, path, check_base, dtype) if path else _ready(lm, new_draft(lm, seed=seed), dtype)
+
+
+def _ready(lm: LM, draft: nn.Module, dtype: str | None) -> nn.Module:
+    """In its dtype, then on the target's fast path."""
+    if dtype is not None and DRAFT_DTYPES[dtype] != draft.dtype:
+        draft_in_dtype(draft, DRAFT_DTYPES[dtype])
+    lm.accelerate(draft.readout)
+    return lm.accelerate(draft)
+
+
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def draft_in_dtype(draft: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """The draft's own weights in `dtype`, its reduced readout (a copy of the head's rows) included;
+    what it reads from the target (the embedding, the final norm, a whole-vocabulary head it shares)
+    stays in the target's dtype, and the draft casts at those seams. Every layer it runs reads half
+    the bytes in bfloat16: on a CPU the draft's cost is the time to read its weights."""
+    draft.to(dtype=dtype)
+    readout, head = draft.readout, draft.target.lm.model.get_output_embeddings()
+    if readout is not head and readout.weight is not head.weight:
+        readout.to(dtype=dtype)
+    return draft
