@@ -32,6 +32,11 @@
   and a repeat of it where the leaderboard repeats prompts: leaderboard.repeats), the run's
   tokens/s over the reference's on the same prompt and repeat, its median and quartiles
   (`speedup_per_run`).
+- speedup_ci_low / _high, tokens_per_s_ci_low / _high: 95% bootstrap intervals of speedup and of
+  tokens/s, over prompts and, within each, its timed repeats (`speedup_interval`,
+  `tokens_per_s_interval`);
+  a table does not order entries whose intervals overlap (`overlapping`), and an interval holding
+  1.0 is no evidence of a speedup or a slowdown.
 - decode_overhead_frac: the share of decoding-step time (the prefill step left out) spent
   outside the target and draft forwards: sampling, verification, bookkeeping, the loop itself
   (`decode_overhead_frac`; summaries' overhead_frac keeps the prefill in).
@@ -323,6 +328,72 @@ def speedup_per_run(pairs: list[tuple[dict, dict]]) -> dict:
             "speedup_per_run_p75": float(p75)}
 
 
+CI_LEVEL = 0.95  # of every interval the harness reports
+CI_DRAWS = 2000  # bootstrap resamples: the interval's ends move by about 0.01x between seeds at this count
+
+
+def _resample(prompts: list, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """CI_DRAWS bootstrap resamples of runs whose prompt is prompts[i]: prompts drawn with replacement
+    and, within each drawn prompt, its runs (repeats) with replacement. Returns (rows, used), each
+    (D, P, R): the runs drawn, and which of those slots count (a prompt has its own number of runs)."""
+    groups: dict = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(prompt, []).append(i)
+    runs = list(groups.values())
+    counts = np.array([len(r) for r in runs])  # (P,)
+    table = np.zeros((len(runs), counts.max()), dtype=int)  # (P, R): prompt p's runs, padded
+    for p, rows in enumerate(runs):
+        table[p, :len(rows)] = rows
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(len(runs), size=(CI_DRAWS, len(runs)))  # (D, P)
+    n = counts[drawn][..., None]  # (D, P, 1)
+    repeat = (rng.random((*drawn.shape, table.shape[1])) * n).astype(int)  # (D, P, R)
+    return table[drawn[..., None], repeat], np.arange(table.shape[1]) < n
+
+
+def _ends(draws: np.ndarray) -> tuple[float, float]:
+    tail = 100 * (1 - CI_LEVEL) / 2
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def tokens_per_s_interval(runs: list[dict], prompts: list | None = None, seed: int = 0) -> dict:
+    """Bootstrap interval (CI_LEVEL) of pooled tokens/s (summed tokens / summed seconds) over runs
+    ({new_tokens, latency_s}); prompts[i]: run i's prompt (None: each run its own), as `_resample`
+    draws them. NaN without runs."""
+    runs = list(runs)
+    if not runs:
+        return {"tokens_per_s_ci_low": math.nan, "tokens_per_s_ci_high": math.nan}
+    tokens = np.array([r["new_tokens"] for r in runs], float)
+    seconds = np.array([r["latency_s"] for r in runs], float)
+    rows, used = _resample(prompts if prompts is not None else list(range(len(runs))), seed)
+    low, high = _ends((tokens[rows] * used).sum((1, 2)) / (seconds[rows] * used).sum((1, 2)))
+    return {"tokens_per_s_ci_low": low, "tokens_per_s_ci_high": high}
+
+
+def speedup_interval(pairs: list[tuple[dict, dict]], prompts: list | None = None, seed: int = 0) -> dict:
+    """Bootstrap interval (CI_LEVEL) of `speedup`: pairs as for `speedup_per_run`, one per timed run;
+    prompts[i]: pair i's prompt (None: each pair its own). Prompts are drawn with replacement and,
+    within each, its repeats, so the interval holds both the spread over prompts and the run-to-run
+    noise; a run and its reference stay paired (the same prompt, the same repeat). NaN without pairs."""
+    keep = [i for i, (a, b) in enumerate(pairs) if a["latency_s"] > 0 and b["latency_s"] > 0]
+    if not keep:
+        return {"speedup_ci_low": math.nan, "speedup_ci_high": math.nan}
+    mine = np.array([pairs[i][0]["new_tokens"] / pairs[i][0]["latency_s"] for i in keep])
+    ref = np.array([pairs[i][1]["new_tokens"] / pairs[i][1]["latency_s"] for i in keep])
+    rows, used = _resample([prompts[i] if prompts is not None else i for i in keep], seed)
+    low, high = _ends((mine[rows] * used).sum((1, 2)) / (ref[rows] * used).sum((1, 2)))  # means' ratio
+    return {"speedup_ci_low": low, "speedup_ci_high": high}
+
+
+def overlapping(intervals: dict[str, tuple[float, float]]) -> dict[str, list[str]]:
+    """For each label, the other labels whose interval overlaps its own: entries a table may not
+    order (NaN intervals overlap nothing)."""
+    known = {k: v for k, v in intervals.items() if not any(map(math.isnan, v))}
+    return {a: [b for b, (lo, hi) in known.items() if b != a and lo <= known[a][1] and known[a][0] <= hi]
+            if a in known else [] for a in intervals}
+
+
 def decode_step_ms(records) -> dict:
     """Per decoding step (prefill step left out), pooled over the records' traces: the wall time in
     milliseconds of the whole step (`step_ms`) and of its parts, the target forward (`target_ms`),
@@ -445,6 +516,7 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
                 new_tokens=int(tokens), steps=int(steps),
                 tokens_per_step=tokens_per_step(ok_records),
                 tokens_per_s=pooled_tokens_per_s(ok_records),
+                **tokens_per_s_interval(ok_records),
                 tokens_per_s_median=float(tps.median()),
                 tokens_per_s_p25=float(tps.quantile(0.25)), tokens_per_s_p75=float(tps.quantile(0.75)),
                 latency_s_median=float(ok["latency_s"].median()), ttft_s_median=float(ok["ttft_s"].median()),
@@ -475,7 +547,8 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
             ref = ok["reference"].dropna()
             if len(ref):
                 row["ref_tokens_per_s"] = pooled_tokens_per_s(ref)
-                row.update(speedups([(ok.loc[i], r) for i, r in ref.items()]))
+                pairs = [(ok.loc[i], r) for i, r in ref.items()]
+                row.update(speedups(pairs), **speedup_interval(pairs))
             tuned = ok["tuned"].dropna() if "tuned" in ok else []
             if len(tuned):  # a hardware-aware decoder's own forecast, to set beside the measured speedup
                 row["predicted_speedup"] = float(tuned.iloc[0].get("predicted_speedup", math.nan))
@@ -485,13 +558,13 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
 DISPLAY = ["decoder", "model", "dataset", "category", "records", "skipped", "new_tokens", "tokens_per_step",
-           "mean_accepted_tokens", "tokens_per_s",
+           "mean_accepted_tokens", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
            "tokens_per_s_median", "batch_size", "throughput_tokens_per_s", "padding_waste", "latency_s_median",
            "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
            "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "paths_per_step", "head_flops_per_token",
            "rescore_flops_per_token", "target_time_frac", "draft_time_frac", "overhead_frac", "quality_metric",
            "quality", "decoder_lossless", "lossless", "lossless_up_to_ties", "real_divergences", "speedup",
-           "speedup_geomean", "speedup_pooled", "predicted_speedup"]
+           "speedup_ci_low", "speedup_ci_high", "speedup_geomean", "speedup_pooled", "predicted_speedup"]
 
 
 def to_markdown(summary: pd.DataFrame) -> str:

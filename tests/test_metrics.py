@@ -71,6 +71,9 @@ def test_summarize_aggregates_and_speedups():
     assert row["speedup_geomean"] == pytest.approx(math.sqrt(2.0))
     assert row["speedup_pooled"] == pytest.approx(4 / 3)
     assert row["overhead_frac"] == pytest.approx(0.1)
+    # two prompts: a resample holds a, b or both, so the interval's ends are a's and b's own
+    assert (row["speedup_ci_low"], row["speedup_ci_high"]) == pytest.approx((1.0, 2.0))
+    assert (row["tokens_per_s_ci_low"], row["tokens_per_s_ci_high"]) == pytest.approx((10.0, 15.0))
 
 
 def test_summarize_without_reference_or_checks_reports_nan():
@@ -188,3 +191,65 @@ def test_decode_step_time_split_and_in_reference_steps():
     assert metrics.in_reference_steps(split, reference) == pytest.approx(
         {"step_in_ar_steps": 1.5, "target_in_ar_steps": 1.0, "draft_in_ar_steps": 1 / 3, "other_in_ar_steps": 1 / 6})
     assert math.isnan(metrics.decode_step_ms([])["step_ms"])
+
+
+def _run(tokens, seconds):
+    return {"new_tokens": tokens, "latency_s": seconds}
+
+
+def test_speedup_interval_keeps_each_run_paired_with_its_reference():
+    """Every run exactly twice as fast as its reference, whose times vary 5x: the interval is [2, 2].
+    The negative control draws the references unpaired and gets a wide interval."""
+    import numpy as np
+
+    ref_seconds = np.random.default_rng(0).uniform(1.0, 5.0, 24)
+    pairs = [(_run(10, s / 2), _run(10, s)) for s in ref_seconds]
+    prompts = [i // 3 for i in range(24)]  # 8 prompts x 3 repeats
+    ci = metrics.speedup_interval(pairs, prompts)
+    assert ci["speedup_ci_low"] == pytest.approx(2.0) and ci["speedup_ci_high"] == pytest.approx(2.0)
+    mine = [a for a, _ in pairs]
+    rate = metrics.tokens_per_s_interval(mine, prompts)
+    assert rate["tokens_per_s_ci_low"] < metrics.pooled_tokens_per_s(mine) < rate["tokens_per_s_ci_high"]
+    shuffled = [(a, b) for (a, _), (_, b) in zip(pairs, [pairs[(i + 7) % 24] for i in range(24)])]
+    unpaired = metrics.speedup_interval(shuffled, prompts)
+    assert unpaired["speedup_ci_high"] - unpaired["speedup_ci_low"] > 0.3
+
+
+def test_speedup_interval_covers_the_true_speedup_and_not_no_speedup():
+    """Runs drawn around a true speedup of 1.5 (noise on both sides): the interval holds 1.5 and
+    not 1.0; with five times fewer prompts it is wider."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+
+    def pairs(n):
+        return [(_run(100, 1.0 / (1.5 * rng.lognormal(0, 0.1))), _run(100, 1.0 / rng.lognormal(0, 0.1)))
+                for _ in range(n)]
+    many, few = metrics.speedup_interval(pairs(100)), metrics.speedup_interval(pairs(20))
+    assert many["speedup_ci_low"] < 1.5 < many["speedup_ci_high"] and many["speedup_ci_low"] > 1.0
+    assert few["speedup_ci_high"] - few["speedup_ci_low"] > many["speedup_ci_high"] - many["speedup_ci_low"]
+    assert math.isnan(metrics.speedup_interval([])["speedup_ci_low"])
+    assert math.isnan(metrics.tokens_per_s_interval([])["tokens_per_s_ci_high"])
+
+
+def test_repeats_widen_the_interval_only_by_their_own_noise():
+    """One prompt's repeats are resampled within it: identical repeats add nothing, so the interval
+    over 10 prompts x 3 identical repeats equals the one over the 10 prompts alone."""
+    import numpy as np
+
+    seconds = np.random.default_rng(2).uniform(1.0, 2.0, 10)
+    alone = [(_run(10, s), _run(10, 1.5)) for s in seconds]
+    tripled = [p for p in alone for _ in range(3)]
+    a = metrics.speedup_interval(alone)
+    b = metrics.speedup_interval(tripled, [i // 3 for i in range(30)])
+    assert (b["speedup_ci_low"], b["speedup_ci_high"]) == pytest.approx((a["speedup_ci_low"], a["speedup_ci_high"]),
+                                                                        rel=0.05)
+    as_if_thirty = metrics.speedup_interval(tripled)  # each repeat taken for its own prompt: too narrow
+    assert as_if_thirty["speedup_ci_high"] - as_if_thirty["speedup_ci_low"] < \
+        0.8 * (b["speedup_ci_high"] - b["speedup_ci_low"])
+
+
+def test_overlapping_intervals():
+    nan = float("nan")
+    assert metrics.overlapping({"a": (1.0, 2.0), "b": (1.5, 3.0), "c": (3.5, 4.0), "d": (nan, nan)}) == \
+        {"a": ["b"], "b": ["a"], "c": [], "d": []}
