@@ -27,9 +27,11 @@ def comparison(records, run_dir: Path) -> str:
     pairs = [(r, r["reference"]) for r in ok if r["reference"]]
     if pairs:
         speedup = metrics.speedups(pairs)["speedup"]
+        ci = metrics.speedup_interval(pairs)
         ref = [b for _, b in pairs]
         lines.append(f"  tokens per step  {metrics.tokens_per_step(ok):.2f} vs {metrics.tokens_per_step(ref):.2f}")
-        lines.append(f"  speedup          {speedup:.2f}x: {metrics.mean_tokens_per_s(a for a, _ in pairs):.1f} vs "
+        lines.append(f"  speedup          {speedup:.2f}x (95% CI {ci['speedup_ci_low']:.2f}-{ci['speedup_ci_high']:.2f}"
+                     f" over prompts): {metrics.mean_tokens_per_s(a for a, _ in pairs):.1f} vs "
                      f"{metrics.mean_tokens_per_s(ref):.1f} tokens/s (mean per prompt; autoregressive run in this "
                      "process by check_lossless)")
     else:

@@ -73,7 +73,9 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
     lines = out.stdout.strip().splitlines()
     assert lines[0] == "hf_pld vs autoregressive: tiny-random, gsm8k, 2 prompts", out.stdout
     assert lines[1] == f"  tokens per step  {tokens_per_step:.2f} vs 1.00"
-    assert lines[2].startswith(f"  speedup          {summary.loc[0, 'speedup']:.2f}x: {mine:.1f} vs {ref:.1f} tokens/s")
+    assert lines[2].startswith(f"  speedup          {summary.loc[0, 'speedup']:.2f}x (95% CI "
+                               f"{summary.loc[0, 'speedup_ci_low']:.2f}-{summary.loc[0, 'speedup_ci_high']:.2f} "
+                               f"over prompts): {mine:.1f} vs {ref:.1f} tokens/s")
     assert lines[3] == "  lossless         2/2 identical to autoregressive greedy"
     assert lines[4] == f"  quality          accuracy {summary.loc[0, 'quality']:.3f} (2 scored)"
     assert lines[5] == f"  files            {tmp_path}: summary.md (every figure), records.jsonl (per prompt)"
@@ -93,7 +95,7 @@ def test_ending_says_how_many_departures_were_ties(tmp_path):
                {"key": "d#0", "status": "skipped"}]
     text = comparison(records, tmp_path)
     assert "eagle vs autoregressive: m, d, 3 prompts (1 skipped)" in text
-    assert "tokens per step  2.00 vs 1.00" in text and "speedup          2.00x: 4.0 vs 2.0 tokens/s" in text
+    assert "tokens per step  2.00 vs 1.00" in text and "speedup          2.00x (95% CI 2.00-2.00 over prompts): 4.0 vs 2.0 tokens/s" in text
     assert ("lossless         1/3 identical to autoregressive greedy; 2/3 up to ties (1 departs only at ties, "
             "within 4 ulps); 1 real divergence (first: c#0 at token 3)") in text, text
     assert "quality" not in text
