@@ -3,7 +3,8 @@ config such as +sweep=lookahead_grid, which sets hydra.mode=MULTIRUN and its gri
 
 Bad input ends with one line on stderr and exit code 2. Overrides are checked before
 Hydra starts, so that an unknown config choice or an invalid value fails the same way in
-a single run and before the first job of a sweep.
+a single run and before the first job of a sweep; what needs only the composed config
+(bench/settings.py) is checked in every job before torch is imported.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from omegaconf import DictConfig
 
 from .errors import BenchError
 from .registry import decoder_configs, searchpath_dirs
+from .settings import check_settings
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
@@ -131,8 +133,8 @@ def precheck(argv: list[str]) -> None:
             combos = BasicSweeper.split_arguments([o for o in grid + parsed if not _is_hydra(o)], None)[0]
         except Exception as e:
             fail(error_reason(e))
-        for i, combo in enumerate(combos[:MAX_CHECKED_COMBINATIONS]):
-            _check_job(hydra_overrides, combo, args.multirun, first=i == 0)
+        _check_jobs([_compose_job(hydra_overrides, combo) for combo in combos[:MAX_CHECKED_COMBINATIONS]],
+                    args.multirun)
 
 
 def _is_hydra(override) -> bool:
@@ -154,24 +156,42 @@ def check_writable(key: str, path: str) -> None:
         fail(f"{key}={path}: cannot write under {existing} ({e.strerror or e}); choose a writable directory")
 
 
-def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool, first: bool) -> None:
+def _compose_job(hydra_overrides: list[str], overrides: list[str]) -> DictConfig:
     from hydra import compose
+
+    try:
+        return compose("config", overrides=hydra_overrides + overrides, return_hydra_config=True)
+    except Exception as e:
+        fail(f"{' '.join(overrides)}: {error_reason(e)}")
+
+
+def _check_jobs(jobs: list[DictConfig], multirun: bool) -> None:
+    """Every job's own settings first (bench/settings.py): they need no torch, whose import takes
+    seconds, so a bad value in any job is one line at once. Then each job as it will run: its
+    decoder and model spec built, its devices, and its directory."""
+    for cfg in jobs:
+        HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
+        try:
+            check_settings(cfg)
+        except BenchError as e:
+            fail(e)
+    for i, cfg in enumerate(jobs):
+        _check_job(cfg, multirun, first=i == 0)
+
+
+def _check_job(cfg: DictConfig, multirun: bool, first: bool) -> None:
     from hydra.types import RunMode
     from omegaconf import open_dict
 
     from . import rundir
     from .runner import check_config
 
-    try:
-        cfg = compose("config", overrides=hydra_overrides + overrides, return_hydra_config=True)
-    except Exception as e:
-        fail(f"{' '.join(overrides)}: {error_reason(e)}")
     HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve while checking
     sweep = multirun or cfg.hydra.mode == RunMode.MULTIRUN
     key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     try:
         check_config(cfg)
-        check_seed_and_device(cfg)
+        check_devices(cfg)
         # The job's directory, before Hydra writes anything there: only a run's own, and its records
         # only resumed with the settings they were made with.
         if first and sweep:
@@ -189,16 +209,13 @@ def _check_job(hydra_overrides: list[str], overrides: list[str], multirun: bool,
         check_writable(key, cfg.hydra.sweep.dir if sweep else cfg.hydra.run.dir)
 
 
-def check_seed_and_device(cfg) -> None:
-    """A seed torch's generators take and devices this torch can use: else one line now, not a
-    traceback at the first sampled prompt or the model's load."""
+def check_devices(cfg) -> None:
+    """Devices this torch can use: else one line now, not a traceback at the model's load."""
     import torch
     from omegaconf import OmegaConf
 
     from .models import resolve_device
 
-    if not 0 <= cfg.seed < 2**64:
-        raise BenchError(f"seed must be an integer from 0 to 2**64 - 1, got {cfg.seed}")
     for key in ("device", "model.device", "draft.device"):
         value = OmegaConf.select(cfg, key, default=None)
         device = resolve_device(str(value)) if value is not None else None  # not a device, or CUDA without one

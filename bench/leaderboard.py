@@ -75,10 +75,11 @@ from decoders.core.weights_file import addon_bytes
 
 from . import metrics, registry, rundir, spec_bench_table
 from .metrics import REFERENCE, timed_runs
-from .__main__ import CONF_DIR, GROUPS, check_seed_and_device, check_writable, config_choices, error_reason
+from .__main__ import CONF_DIR, GROUPS, check_devices, check_writable, config_choices, error_reason
 from .errors import BenchError
 from .prompts import encode, rendering_for
 from .records import RecordLog
+from .settings import check_seed
 from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons,
                      prepare_decoder, record_settings, run_unit, sampling_from, skipped_turn, warmup)
 
@@ -94,7 +95,8 @@ def compose_all(overrides: list[str]):
             base = compose("leaderboard", overrides=overrides)
         except Exception as e:  # an unknown key, a bad value: Hydra's reason, in one line
             raise BenchError(f"{' '.join(overrides)}: {error_reason(e)}") from None
-        check_seed_and_device(base)
+        check_seed(base.seed)
+        check_devices(base)
         batch_size = base.gen.get("batch_size", 1)
         if batch_size != 1:
             raise BenchError(f"gen.batch_size must be 1 for the leaderboard, got {batch_size!r}: it times every prompt "

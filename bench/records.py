@@ -36,8 +36,6 @@ import time
 import zlib
 from pathlib import Path
 
-from decoders.core.trace import output_positions
-
 from .errors import BenchError
 
 RECORDS = "records.jsonl"
@@ -164,9 +162,17 @@ def invalid(record) -> str | None:
             return f"trace.{name} is not a list of integers >= 0"
     if sum(trace["committed"]) != record["new_tokens"]:
         return f"the trace commits {sum(trace['committed'])} tokens, not new_tokens {record['new_tokens']}"
-    if trace.get("position", []) != output_positions(trace["committed"]):
+    if trace.get("position", []) != _positions(trace["committed"]):
         return "trace.position is not the tokens committed before each step"
     return None
+
+
+def _positions(committed: list[int]) -> list[int]:
+    """decoders.core.trace.output_positions, imported on first use: the decoders package imports
+    torch, which the command lines' checks of their settings (bench/settings.py) run without."""
+    from decoders.core.trace import output_positions
+
+    return output_positions(committed)
 
 
 def upgrade(record):
@@ -178,7 +184,7 @@ def upgrade(record):
         record["trace"] = trace = {("committed" if k == "accepted" else k): v for k, v in trace.items()}
     if isinstance(trace, dict) and "position" not in trace and isinstance(trace.get("committed"), list) \
             and all(map(_COUNT[1], trace["committed"])):
-        trace["position"] = output_positions(trace["committed"])
+        trace["position"] = _positions(trace["committed"])
     return record
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import time
 import zlib
@@ -26,9 +25,9 @@ from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
 from . import metrics, provenance, rundir, slurm
 from .errors import BenchError
-from .datasets import check_limit
-from .prompts import FORMATS, capped_stop_reason, new_token_budget, prepare, rendering_for
+from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
+from .settings import check_gen_settings, check_seed, check_settings
 from .targets import check_targets
 
 def build(node: DictConfig, what: str):
@@ -68,53 +67,33 @@ def recorded_spec(run_dir: Path, group: str, **overrides):
 
 
 def sampling_from(cfg: DictConfig) -> Sampling:
+    """The run's sampling settings: their types checked first (bench/settings.py), their ranges by Sampling."""
+    check_gen_settings(cfg)
+    check_seed(cfg.seed)
     gen = cfg.gen
-    if not (isinstance(gen.max_new_tokens, int) and gen.max_new_tokens >= 1):
-        raise BenchError(f"gen.max_new_tokens must be an integer >= 1, got {gen.max_new_tokens!r}")
-    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
-        raise BenchError(f"seed must be an integer, got {cfg.seed!r}")
-    for key in ("temperature", "top_p"):
-        value = gen[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise BenchError(f"gen.{key} must be a finite number, got {value!r}")
     try:
-        sampling = Sampling(temperature=float(gen.temperature), top_p=float(gen.top_p), top_k=gen.top_k, seed=cfg.seed)
+        return Sampling(temperature=float(gen.temperature), top_p=float(gen.top_p), top_k=gen.top_k, seed=cfg.seed)
     except (ValueError, TypeError) as e:
         raise BenchError(str(e)) from None
-    if cfg.check_lossless and not sampling.greedy:
-        raise BenchError("check_lossless=true compares against autoregressive greedy output "
-                         "and needs gen.temperature=0; sampling is checked by the statistical tests")
-    return sampling
-
-
-BOOLEANS = ("check_lossless", "quality", "warmup", "resume", "progress")  # conf/config.yaml's switches
 
 
 def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
-    """Everything that can be checked without loading a model or data: used before a
-    (multi)run starts and again by each run. Returns the sampling settings and the decoder."""
+    """Everything that can be checked without loading a model or data (the run's own settings, the
+    sampling settings, the decoder and the model spec built): used before a (multi)run starts and
+    again by each run. Returns the sampling settings and the decoder."""
     check_targets(cfg)  # before anything is instantiated
-    for key in BOOLEANS:  # Hydra hands quality=no or resume=maybe over as strings, which Python reads as true
-        if key in cfg and not isinstance(cfg[key], bool):
-            raise BenchError(f"{key} must be true or false, got {cfg[key]!r}")
+    check_settings(cfg)
     sampling = sampling_from(cfg)
     decoder = build(cfg.decoder, "decoder")
     if not isinstance(decoder, Decoder):
         raise BenchError(f"decoder: {type(decoder).__name__} is not a decoder: it needs name, lossless and "
                          f"generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids) (decoders/core/contract.py)")
     size = cfg.gen.get("batch_size", 1)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise BenchError(f"gen.batch_size must be an integer >= 1, got {size!r}")
     if size > 1 and not isinstance(decoder, Batches):
         raise BenchError(f"decoder {decoder.name} decodes one prompt at a time, "
                          f"so gen.batch_size must be 1, got {size} "
                          "(every decoder with proposer() batches; the hf_* peers decode one prompt at a time)")
-    if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
-        raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
     build(cfg.model, "model")  # the spec only (nothing loads): its settings are checked before any directory is claimed
-    check_limit(cfg.dataset.get("limit"))  # the dataset's prompts are read after Hydra made the run's directory
-    if not isinstance(cfg.get("prompt_format", "auto"), str) or cfg.get("prompt_format", "auto") not in FORMATS:
-        raise BenchError(f"prompt_format={cfg.prompt_format!r} is not one of {', '.join(FORMATS)}")
     return sampling, decoder
 
 

@@ -404,6 +404,44 @@ def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, ove
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+# Issue 45, item 5: what needs only the composed config is refused before torch is imported, which
+# takes seconds (the CLI cases above spent most of their time on it to print one line).
+BEFORE_TORCH = [
+    ("bench", ["seed=-1"], "seed must be an integer from 0 to 2**64 - 1, got -1"),
+    ("bench", ["-m", "seed=1,-1"], "seed must be an integer from 0 to 2**64 - 1, got -1"),  # the second job
+    ("bench", ["seed=abc"], "seed must be an integer, got 'abc'"),
+    ("bench", ["quality=no"], "quality must be true or false, got 'no'"),
+    ("bench", ["gen.max_new_tokens=0"], "gen.max_new_tokens must be an integer >= 1, got 0"),
+    ("bench", ["gen.temperature=inf"], "gen.temperature must be a finite number, got inf"),
+    ("bench", ["check_lossless=true", "gen.temperature=0.7"], "check_lossless=true compares against autoregressive"),
+    ("bench", ["gen.batch_size=0"], "gen.batch_size must be an integer >= 1, got 0"),
+    ("bench", ["threads=0"], "threads must be a positive integer or null"),
+    ("bench", ["dataset.limit=0"], "dataset.limit must be a positive integer or null (all), got 0"),
+    ("bench", ["prompt_format=bogus"], "prompt_format='bogus' is not one of auto, chat, raw"),
+    ("bench", ["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, bpd,"),
+]
+
+
+def run_importing(module: str, *args: str) -> tuple[subprocess.CompletedProcess, set[str], list[str]]:
+    """`python -X importtime -m module args`: the result, the modules it imported, and what else it
+    printed on stderr."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", module, *args], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    lines = out.stderr.splitlines()
+    imported = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+    return out, imported, [line for line in lines if line.strip() and not line.startswith("import time:")]
+
+
+@pytest.mark.parametrize("module,overrides,message", BEFORE_TORCH,
+                         ids=[f"{m} {' '.join(o)}" for m, o, _ in BEFORE_TORCH])
+def test_a_bad_setting_is_refused_before_torch_is_imported(tmp_path, module, overrides, message):
+    where = f"leaderboard.out_dir={tmp_path}" if module == "bench.leaderboard" else f"hydra.sweep.dir={tmp_path}"
+    out, imported, said = run_importing(module, "model=tiny-random", *overrides, where)
+    assert out.returncode == 2 and len(said) == 1 and message in said[0], said
+    heavy = imported & {"torch", "transformers", "decoders"}
+    assert not heavy, sorted(heavy)
+
+
 # ---- 9, 13: datasets ----
 
 @pytest.mark.parametrize("content", [b"not gzip at all\n", "truncated"])
