@@ -59,7 +59,6 @@ from autoregressive's, scripts/divergence_gaps.py OUT_DIR measures how close the
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -73,12 +72,14 @@ from tqdm.auto import tqdm
 from decoders.core.contract import carried_copy, carry, widest_step
 from decoders.core.weights_file import addon_bytes
 
-from . import metrics, registry, rundir, spec_bench_table
-from .metrics import REFERENCE, timed_runs
+from . import registry, rundir, spec_bench_table
 from .__main__ import CONF_DIR, GROUPS, check_devices, check_writable, config_choices, error_reason
 from .errors import BenchError
+from .leaderboard_tables import (CATEGORY_COLUMNS, LOSSLESS_COLUMNS, category_table, markdown, table, tuning_table,
+                                 write_summaries)
 from .prompts import encode, rendering_for
 from .records import RecordLog
+from .registry import REFERENCE
 from .settings import check_seed
 from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons,
                      prepare_decoder, record_settings, run_unit, sampling_from, skipped_turn, warmup)
@@ -293,101 +294,6 @@ def judge(lm, rendering: str, records: dict[str, dict], reference: dict | None) 
             record.update(judge_lossless(lm, ids, record["tokens"], reference["tokens"]))
 
 
-def run_pairs(pairs: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
-    """(decoder's, reference's) per-prompt records -> one {new_tokens, latency_s} pair per timed run,
-    each repeat against the reference's same repeat."""
-    return [({"new_tokens": a["new_tokens"], "latency_s": x}, {"new_tokens": b["new_tokens"], "latency_s": y})
-            for a, b in pairs for x, y in zip(timed_runs(a), timed_runs(b))]
-
-
-def board_row(records: list[dict], reference: list[dict]) -> dict:
-    ok = [r for r in records if r["status"] == "ok"]
-    ref = {r["key"]: r for r in reference if r["status"] == "ok"}
-    pairs = [(r, ref[r["key"]]) for r in ok if r["key"] in ref]
-    per_run = run_pairs(pairs)
-    flops_vs_ar = (metrics.total_flops_per_token(ok) / metrics.total_flops_per_token([b for _, b in pairs])
-                   if pairs else math.nan)
-    split = metrics.decode_step_ms(ok)
-    return {
-        "prompts": len(ok),
-        "runs": sum(len(timed_runs(r)) for r in ok),
-        "tokens_per_step": metrics.tokens_per_step(ok),
-        "mean_accepted_tokens": metrics.mean_accepted_tokens(ok),
-        # every timed run's tokens and seconds (a record's repeats pooled first)
-        "tokens_per_s": metrics.pooled_tokens_per_s({"new_tokens": r["new_tokens"] * len(timed_runs(r)),
-                                                     "latency_s": sum(timed_runs(r))} for r in ok),
-        **metrics.speedups(per_run),
-        **metrics.speedup_per_run(per_run),
-        "decode_overhead_frac": metrics.decode_overhead_frac(ok),
-        **split,
-        **metrics.in_reference_steps(split, metrics.decode_step_ms([b for _, b in pairs])),
-        "acceptance_rate": metrics.acceptance_rate(ok),
-        "flops_per_token_vs_ar": flops_vs_ar,
-        "same_as_autoregressive": metrics.same_output_share(pairs),
-        **metrics.lossless_columns(ok),
-        "decoder_lossless": metrics.decoder_lossless(ok),
-        **metrics.quality(ok),
-        "decode_flops_per_step": metrics.decode_flops_per_step(ok),
-    }
-
-
-def table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
-    """records: (dataset, label) -> that entry's records for this run's prompts."""
-    rows = []
-    for label in labels:
-        every, every_ref = [], []
-        for ds in datasets:
-            recs, ref = records[ds, label], records[ds, REFERENCE]
-            if recs:
-                rows.append({"decoder": label, "dataset": ds, **board_row(recs, ref)})
-            every += recs
-            every_ref += ref
-        if every:  # quality metrics differ by dataset: no pooled quality
-            rows.append({"decoder": label, "dataset": "all", **board_row(every, every_ref),
-                         "quality_metric": None, "quality": math.nan})
-    return pd.DataFrame(rows)
-
-
-def category_table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
-    """The same rows per (decoder, dataset, category), for prompts that carry a category."""
-    rows = []
-    for ds in datasets:
-        categories = list(dict.fromkeys(r["category"] for r in records[ds, REFERENCE] if r.get("category")))
-        for label in labels:
-            for cat in categories:
-                recs = [r for r in records[ds, label] if r.get("category") == cat]
-                if recs:
-                    rows.append({"decoder": label, "dataset": ds, "category": cat,
-                                 **board_row(recs, records[ds, REFERENCE])})
-    return pd.DataFrame(rows)
-
-
-def tuning_table(df: pd.DataFrame, records: dict) -> pd.DataFrame:
-    """Per self-tuning entry and dataset: what it chose, what it forecast (predicted_speedup,
-    expected_tokens) and what was measured (speedup, mean_accepted_tokens) on the scored prompts."""
-    rows = []
-    for (ds, label), recs in records.items():
-        tuned = next((r["tuned"] for r in recs if r.get("tuned")), None)
-        if not tuned:
-            continue
-        measured = df[(df["decoder"] == label) & (df["dataset"] == ds)].iloc[0]
-        choice = {k: v for k, v in tuned.items() if k not in ("predicted_speedup", "predicted_tokens_per_s",
-                                                               "expected_tokens", "latency_profile", "acceptance")}
-        rows.append({"decoder": label, "dataset": ds, "choice": json.dumps(choice),
-                     "predicted_speedup": tuned.get("predicted_speedup", math.nan), "speedup": measured["speedup"],
-                     "expected_tokens": tuned.get("expected_tokens", math.nan),
-                     "mean_accepted_tokens": measured["mean_accepted_tokens"]})
-    return pd.DataFrame(rows)
-
-
-def write_summaries(out_dir: Path, records: dict) -> None:
-    for (ds, label), recs in records.items():
-        if recs:
-            summary = metrics.summarize(recs)
-            rundir.write_atomic(out_dir / ds / label / "summary.csv", summary.to_csv(index=False))
-            rundir.write_atomic(out_dir / ds / label / "summary.md", metrics.to_markdown(summary) + "\n")
-
-
 def verification_cost(lm, tokens: list[int]) -> pd.DataFrame:
     """Latency of one forward of k tokens (tree-style: mask and positions) after a 256-token
     context, relative to one autoregressive step (decoders/tuning/profile.py: fastest of 5 rounds)."""
@@ -460,57 +366,6 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # every finished record is on disk; the same command resumes
         print("\ninterrupted: the finished records are kept; rerun the same command to go on", file=sys.stderr)
         sys.exit(130)
-
-
-COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
-           "speedup", "speedup_per_run_p25", "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
-           "flops_per_token_vs_ar", "decode_overhead_frac", "same_as_autoregressive", "lossless", "lossless_up_to_ties",
-           "real_divergences", "quality_metric", "quality"]
-# Where a decoding step's time goes (bench/metrics.py, decode_step_ms and in_reference_steps).
-TIME_COLUMNS = ["decoder", "dataset", "mean_accepted_tokens", "step_ms", "target_ms", "draft_ms", "other_ms",
-                "step_in_ar_steps", "target_in_ar_steps", "draft_in_ar_steps", "other_in_ar_steps", "speedup"]
-LOSSLESS_COLUMNS = ["lossless", "lossless_up_to_ties", "real_divergences"]  # bench/metrics.py, lossless_columns
-CATEGORY_COLUMNS = COLUMNS[:2] + ["category"] + COLUMNS[2:]
-
-
-def decoding_mode(gen) -> str:
-    if gen.temperature == 0:
-        return "greedy"
-    return f"sampling (temperature {gen.temperature}, top_p {gen.top_p}, top_k {gen.top_k})"
-
-
-def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
-    shown = df[[c for c in COLUMNS if c in df]].copy()
-    shown.loc[~df["decoder_lossless"], "decoder"] += " (lossy)"
-    setup = (f"model {base.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
-             f"fast path {getattr(lm, 'fast_path', 'none')} | threads {torch.get_num_threads()} | "
-             f"{decoding_mode(base.gen)} | {base.gen.max_new_tokens} new tokens | "
-             f"{base.leaderboard.limit} prompts per dataset"
-             + (" (every turn)" if base.leaderboard.get("turns", "first") == "all" else " (conversations: first turns)")
-             + (f" x {base.leaderboard.repeats} runs each" if base.leaderboard.repeats > 1 else ""))
-    costs = ", ".join(f"{k} tokens {v:.2f}x" for k, v in zip(cost["tokens"], cost["vs_one_token"]))
-    return (f"{setup}\n\nverification cost on this device (one forward of k tokens vs 1): {costs}\n\n"
-            + shown.to_markdown(index=False, floatfmt=".3g")
-            + "\n\nruns: timed runs, prompts x repeats; speedup (Spec-Bench's): mean over runs of tokens/s / "
-              "autoregressive's mean over the same prompts and repeats, both run in this process; "
-              "speedup_per_run_p25/p75: quartiles over runs of tokens/s / autoregressive's on the same prompt and "
-              "repeat; speedup_geomean: geometric mean over runs of autoregressive's latency / the decoder's; "
-              "mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill excluded, bonus token "
-              "included; "
-            + ("same_as_autoregressive: share of prompts whose output equals the autoregressive entry's; "
-               "lossless (bench/metrics.py): share of judged prompts identical to autoregressive greedy, "
-               f"lossless_up_to_ties: identical or departing only at ties (within {metrics.TIE_ULPS} ulps of the "
-               "target's top-1 on the output's own path), real_divergences: outputs with a departure no tie explains; "
-               if "lossless" in df else
-               "same_as_autoregressive: share of prompts identical to autoregressive's sampled output (with the same "
-               "seeds; not a test of losslessness under sampling); ")
-            + "flops_per_token_vs_ar: target + draft FLOPs per token vs autoregressive; decode_overhead_frac: share "
-              "of decoding-step time (prefill left out) outside the target and draft forwards.\n"
-            + "\nWhere a decoding step's time goes (prefill step left out): milliseconds per step in the target's "
-              "forward, drafting and the rest (sampling, verification, bookkeeping), and the same in autoregressive "
-              "decoding steps on the same prompts (*_in_ar_steps); speedup is about mean_accepted_tokens / "
-              "step_in_ar_steps.\n\n"
-            + df[[c for c in TIME_COLUMNS if c in df]].to_markdown(index=False, floatfmt=".3g") + "\n")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import yaml
 from .errors import BenchError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+REFERENCE = "autoregressive"  # the method every speedup is against: the leaderboard's reference entry
 ENTRIES_NODE = "decoder_entries"  # the config conf/leaderboard.yaml's defaults list takes the default entries from
 
 

@@ -25,7 +25,8 @@ import pandas as pd
 
 from . import metrics, rundir
 from .datasets import SPEC_BENCH_GROUPS
-from .metrics import REFERENCE, timed_runs
+from .metrics import timed_runs
+from .registry import REFERENCE
 
 OVERALL = "Overall"
 

@@ -316,7 +316,7 @@ def test_preset_tables_its_entries_with_provenance(name, tmp_path):
 
 def test_repeats_pair_each_run_with_the_references_same_run():
     """board_row over repeats: speedup and its per-run spread pair run k with the reference's run k."""
-    from bench.leaderboard import board_row
+    from bench.leaderboard_tables import board_row
 
     def record(key, latencies):
         return {"key": key, "status": "ok", "new_tokens": 10, "steps": 10, "latency_s": latencies[0],
@@ -352,7 +352,7 @@ def test_repeats_must_be_a_positive_integer(tmp_path):
 
 def test_a_departure_at_a_tie_is_no_loss_but_not_the_same_output():
     """same_as_autoregressive counts equal outputs; lossless is bench/metrics.py's check, ties excused."""
-    from bench.leaderboard import board_row
+    from bench.leaderboard_tables import board_row
 
     def record(key, tokens, **verdict):
         return {"key": key, "status": "ok", "new_tokens": 3, "steps": 3, "latency_s": 1.0, "target_flops": 1.0,
