@@ -7,6 +7,8 @@ every decoder in a rotating order (no method always runs first), `leaderboard.re
 (dataset, decoder) is an ordinary run directory (out_dir/<dataset>/<label>/: config.yaml,
 records.jsonl, summary.csv), so `python -m bench.show` and `python -m bench.report` read them,
 and a rerun with the same out_dir resumes: finished records are skipped, none is duplicated.
+Settings are checked, one line and exit code 2 for a bad one, before torch is imported (here and
+bench/settings.py); bench/leaderboard_run.py runs the entries, bench/leaderboard_tables.py tables them.
 
 Presets (conf/preset/<name>.yaml, `+preset=<name>`) are focused comparisons: each adds its
 labelled entries to leaderboard.decoders, selects them with leaderboard.only (autoregressive,
@@ -58,37 +60,42 @@ from autoregressive's, scripts/divergence_gaps.py OUT_DIR measures how close the
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
-import pandas as pd
-import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
 
-from decoders.core.contract import carried_copy, carry, widest_step
-from decoders.core.weights_file import addon_bytes
-
-from . import registry, rundir, spec_bench_table
-from .__main__ import CONF_DIR, GROUPS, check_devices, check_writable, config_choices, error_reason
+from . import registry, rundir
+from .__main__ import CONF_DIR, GROUPS, check_writable, config_choices, error_reason
 from .errors import BenchError
-from .leaderboard_tables import (CATEGORY_COLUMNS, LOSSLESS_COLUMNS, category_table, markdown, table, tuning_table,
-                                 write_summaries)
-from .prompts import encode, rendering_for
-from .records import RecordLog
 from .registry import REFERENCE
-from .settings import check_seed
-from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons,
-                     prepare_decoder, record_settings, run_unit, sampling_from, skipped_turn, warmup)
+from .settings import check_seed, check_settings
 
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
 
 
+def main(argv: list[str] | None = None) -> None:
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    try:
+        base, labels, runs = compose_all(overrides)
+        check_directories(base, runs)
+        # Torch and the decoders, seconds to import, only once every setting that needs neither passed.
+        from .leaderboard_run import run_board
+
+        print(run_board(base, labels, runs, overrides))
+    except BenchError as e:
+        print(f"error: {' '.join(error_reason(e).split())}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # every finished record is on disk; the same command resumes
+        print("\ninterrupted: the finished records are kept; rerun the same command to go on", file=sys.stderr)
+        sys.exit(130)
+
+
 def compose_all(overrides: list[str]):
-    """The leaderboard config, and per (dataset, label) the full run config."""
+    """The leaderboard config, the labels to run, and per (dataset, label) the full run config;
+    what needs nothing but the config is checked (bench/settings.py), nothing imports torch."""
     precheck(overrides)
     methods = registry.store_leaderboard_entries(registry.searchpath_dirs(overrides))  # each method's default entry
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -97,43 +104,69 @@ def compose_all(overrides: list[str]):
         except Exception as e:  # an unknown key, a bad value: Hydra's reason, in one line
             raise BenchError(f"{' '.join(overrides)}: {error_reason(e)}") from None
         check_seed(base.seed)
-        check_devices(base)
-        batch_size = base.gen.get("batch_size", 1)
-        if batch_size != 1:
-            raise BenchError(f"gen.batch_size must be 1 for the leaderboard, got {batch_size!r}: it times every prompt "
-                             "alone, each method in turn, so that every ratio compares runs made under the same "
-                             "conditions; measure batched speedups with python -m bench gen.batch_size=N "
-                             "check_lossless=true, or scripts/batch_speedup.py")
-        board = base.leaderboard
-        entries = OmegaConf.to_container(board.decoders, resolve=False)  # ${model.drafts.*} resolve later
-        labels = registry.table_order(entries, methods, board.get("order") or ())
-        board.decoders = {label: entries[label] for label in labels}
-        if board.only:
-            unknown = [x for x in board.only if x not in labels]
-            if unknown:
-                raise BenchError(f"leaderboard.only: unknown label(s) {unknown}; choose from {', '.join(labels)}")
-            labels = list(dict.fromkeys(board.only))  # in the order given (a preset's order)
-        if REFERENCE not in labels:
-            raise BenchError(f"the leaderboard needs the {REFERENCE} entry: every ratio is against it")
-        if not (isinstance(board.limit, int) and board.limit >= 1):
-            raise BenchError(f"leaderboard.limit must be an integer >= 1, got {board.limit!r}")
-        if isinstance(board.repeats, bool) or not (isinstance(board.repeats, int) and board.repeats >= 1):
-            raise BenchError(f"leaderboard.repeats must be an integer >= 1, got {board.repeats!r}")
-        if board.get("turns", "first") not in TURNS:
-            raise BenchError(f"leaderboard.turns must be one of {', '.join(TURNS)}, got {board.turns!r}")
-        entries = with_drafts(board, base.model, labels)
+        labels = check_board(base, methods)
+        entries = with_drafts(base.leaderboard, base.model, labels)
         base.leaderboard.decoders = entries  # what ran, as it ran: leaderboard.yaml and each config.yaml keep these
-        runs = {}
-        for ds in board.datasets:
-            for label in labels:
-                try:
-                    cfg = compose("leaderboard", overrides=[*overrides, f"dataset={ds}", f"dataset.limit={board.limit}",
-                                                            *entries[label]])
-                except Exception as e:  # Hydra's own errors: one line naming the entry
-                    raise BenchError(f"leaderboard entry {label} on {ds}: {error_reason(e)}") from None
-                cfg.leaderboard.decoders = entries
-                runs[ds, label] = cfg
+        runs = compose_entries(overrides, base.leaderboard, entries, labels)
     return base, labels, runs
+
+
+def check_board(base, methods: list[str]) -> list[str]:
+    """The labels to run, in table order (leaderboard.decoders is put in that order too); one line
+    for a leaderboard setting it cannot run with."""
+    batch_size = base.gen.get("batch_size", 1)
+    if batch_size != 1:
+        raise BenchError(f"gen.batch_size must be 1 for the leaderboard, got {batch_size!r}: it times every prompt "
+                         "alone, each method in turn, so that every ratio compares runs made under the same "
+                         "conditions; measure batched speedups with python -m bench gen.batch_size=N "
+                         "check_lossless=true, or scripts/batch_speedup.py")
+    board = base.leaderboard
+    entries = OmegaConf.to_container(board.decoders, resolve=False)  # ${model.drafts.*} resolve later
+    labels = registry.table_order(entries, methods, board.get("order") or ())
+    board.decoders = {label: entries[label] for label in labels}
+    if board.only:
+        unknown = [x for x in board.only if x not in labels]
+        if unknown:
+            raise BenchError(f"leaderboard.only: unknown label(s) {unknown}; choose from {', '.join(labels)}")
+        labels = list(dict.fromkeys(board.only))  # in the order given (a preset's order)
+    if REFERENCE not in labels:
+        raise BenchError(f"the leaderboard needs the {REFERENCE} entry: every ratio is against it")
+    if not (isinstance(board.limit, int) and board.limit >= 1):
+        raise BenchError(f"leaderboard.limit must be an integer >= 1, got {board.limit!r}")
+    if isinstance(board.repeats, bool) or not (isinstance(board.repeats, int) and board.repeats >= 1):
+        raise BenchError(f"leaderboard.repeats must be an integer >= 1, got {board.repeats!r}")
+    if board.get("turns", "first") not in TURNS:
+        raise BenchError(f"leaderboard.turns must be one of {', '.join(TURNS)}, got {board.turns!r}")
+    return labels
+
+
+def compose_entries(overrides: list[str], board, entries: dict[str, list[str]], labels: list[str]) -> dict:
+    """Per (dataset, label): that entry's run config on that dataset (`entries`: label -> its
+    overrides), its own settings checked."""
+    runs = {}
+    for ds in board.datasets:
+        for label in labels:
+            try:
+                cfg = compose("leaderboard", overrides=[*overrides, f"dataset={ds}", f"dataset.limit={board.limit}",
+                                                        *entries[label]])
+            except Exception as e:  # Hydra's own errors: one line naming the entry
+                raise BenchError(f"leaderboard entry {label} on {ds}: {error_reason(e)}") from None
+            cfg.leaderboard.decoders = entries
+            check_settings(cfg)
+            runs[ds, label] = cfg
+    return runs
+
+
+def check_directories(base, runs: dict) -> None:
+    """leaderboard.out_dir a new or empty directory or a leaderboard's own, and writable; every
+    entry's run directory resumable with its settings. Writes nothing."""
+    out_dir = Path(base.leaderboard.out_dir)
+    rundir.check_board_dir(out_dir)  # only a new or empty directory, or a leaderboard's own
+    check_writable("leaderboard.out_dir", base.leaderboard.out_dir)  # one line and exit 2, as for hydra.run.dir
+    for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
+        # the leaderboard's own keys and the prompt count may change: raising the limit extends a run
+        rundir.check_resume(out_dir / ds / label, cfg, True, "leaderboard.out_dir",
+                            ignore=("leaderboard", "dataset.limit"))
 
 
 def precheck(overrides: list[str]) -> None:
@@ -173,199 +206,6 @@ def with_drafts(board, model, labels: list[str]) -> dict[str, list[str]]:
             entries[label] = [DRAFT.sub(lambda m: "null" if drafts[m.group(1)] is None else str(drafts[m.group(1)]), o)
                               for o in overrides]
     return entries
-
-
-def target_fit(decoders: list) -> dict:
-    """What the one target every entry shares must fit beside: all their drafts and heads, and the
-    widest step any of them takes."""
-    return {"add_ons": sum(map(addon_bytes, decoders)), "step": max(map(widest_step, decoders))}
-
-
-def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict,
-                repeats: int = 1, turns: str = "first") -> dict[str, list[dict]]:
-    """Runs what is missing of one dataset; returns per label the records of this run's prompts, in
-    prompt order (a directory may hold more, from an earlier run with a larger limit). With
-    repeats > 1 each prompt runs `repeats` times per label, the order rotating per run; a label's
-    record (that of its first run) is written after its last, with every run's latency in
-    repeat_latency_s. turns="all": every turn of a conversation, each after that label's own
-    answers to the turns before it (as in a plain run)."""
-    cfgs = {label: runs[ds, label] for label in labels}
-    first = cfgs[REFERENCE]
-    decoders = {}
-    for label, cfg in cfgs.items():
-        _, decoders[label] = check_config(cfg)
-    dataset = build(first.dataset, "dataset")
-    prompts = dataset.load()
-    logs = {}
-    for label, cfg in cfgs.items():
-        run_dir = out_dir / ds / label
-        rundir.claim(run_dir)
-        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True, settings=record_settings(cfg))
-        rundir.write_run_files(run_dir, cfg)  # config.yaml, whole or not at all
-    units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
-    keys = [f"{p.id}#{t}" for p, t in units]
-    todo = [key for key in keys for label in labels if key not in logs[label]]
-
-    def records() -> dict[str, list[dict]]:  # the logs hold them: no need to read the files again
-        return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
-
-    bar = None
-    try:
-        if not todo:
-            return records()
-        if "lm" not in lm_cache:
-            # one target for every entry, beside all their drafts and heads: the estimate counts them all
-            lm_cache["lm"] = build(first.model, "model").load(**target_fit(list(decoders.values())))
-        lm = lm_cache["lm"]
-        rendering = rendering_for(lm.tokenizer, first.prompt_format)
-        sampling, _ = check_config(first)
-        ctxs = {label: RunContext(lm, dec, dataset, rendering, cfgs[label], sampling)
-                for label, dec in decoders.items()}
-        calibration = {}
-        with torch.inference_mode():
-            for label, ctx in ctxs.items():
-                calibration[label] = prepare_decoder(ctx, prompts)
-                if first.warmup:
-                    warmup(ctx, units)
-        total = len(units) * len(labels) * repeats
-        bar = tqdm(total=total, initial=total - len(todo) * repeats, unit="run", desc=f"leaderboard | {ds}",
-                   dynamic_ncols=True, disable=not first.progress)
-        pace = {label: Pace() for label in labels}
-        with torch.inference_mode():
-            for i, (prompt, turn) in enumerate(units):
-                key = f"{prompt.id}#{turn}"
-                first_run: dict[str, dict] = {}
-                latencies: dict[str, list[float]] = {}
-                # What a decoder carries between prompts (recycling's hot table) before this prompt's
-                # first run and after it: every later timed run starts from the former, the next prompt
-                # from the latter, so no repeat drafts from its own earlier run. One run: nothing to keep.
-                before = {label: carried_copy(ctx.decoder, lm) for label, ctx in ctxs.items()} if repeats > 1 else {}
-                after: dict[str, dict | None] = {}
-                for rep in range(repeats):
-                    shift = (i * repeats + rep) % len(labels)  # no method always runs first
-                    for label in labels[shift:] + labels[:shift]:
-                        if key in logs[label]:
-                            continue
-                        earlier = [logs[label].get(f"{prompt.id}#{t}") for t in range(turn)]  # this label's own answers
-                        record = skipped_turn(cfgs[label], prompt, turn, earlier)
-                        if record is None:
-                            if rep:
-                                carry(ctxs[label].decoder, lm, before[label])
-                            record = run_unit(ctxs[label], prompt, turn, [r["text"] for r in earlier])
-                            if repeats > 1 and label not in after:  # the first run's, copied once
-                                after[label] = carried_copy(ctxs[label].decoder, lm)
-                        first_run.setdefault(label, record)
-                        if record["status"] == "ok":
-                            latencies.setdefault(label, []).append(record["latency_s"])
-                            bar.set_postfix(decoder=label, **pace[label].add(record), refresh=False)
-                        bar.update(1)
-                for label, state in after.items():
-                    carry(ctxs[label].decoder, lm, state)
-                # every label's runs of this prompt are done: judge (untimed), then record
-                if sampling.greedy:
-                    judge(lm, rendering, first_run, first_run.get(REFERENCE) or logs[REFERENCE].get(key))
-                for label, record in first_run.items():
-                    record["label"] = label
-                    if record["status"] == "ok":
-                        record["repeat_latency_s"] = latencies[label]
-                    if calibration[label] is not None:
-                        record["calibration"] = calibration[label]
-                    logs[label].append(record)
-    finally:
-        if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
-            bar.close()
-        for log in logs.values():
-            log.close()
-    return records()
-
-
-def judge(lm, rendering: str, records: dict[str, dict], reference: dict | None) -> None:
-    """Greedy: each new record's lossless check (bench/metrics.py, judge_output) against the
-    autoregressive entry's output of the same prompt, from the target's one-token steps along the
-    record's output (untimed), so that a departure at a tie is told from a loss. A record already
-    judged (check_lossless=true: against its own autoregressive run) is kept as it is; one whose
-    prompt differs from autoregressive's (a later turn after other answers) is left unjudged."""
-    if reference is None or reference["status"] != "ok":
-        return
-    for record in records.values():
-        if (record["status"] == "ok" and record.get("lossless") is None
-                and record["prompt_text"] == reference["prompt_text"]):
-            ids = encode(lm.tokenizer, record["prompt_text"], rendering)
-            record.update(judge_lossless(lm, ids, record["tokens"], reference["tokens"]))
-
-
-def verification_cost(lm, tokens: list[int]) -> pd.DataFrame:
-    """Latency of one forward of k tokens (tree-style: mask and positions) after a 256-token
-    context, relative to one autoregressive step (decoders/tuning/profile.py: fastest of 5 rounds)."""
-    from decoders.tuning.profile import measure_forward_latency
-
-    latency, step = measure_forward_latency(lm, max_tokens=max(tokens))
-    return pd.DataFrame({"tokens": tokens, "latency_ms": [latency[k - 1] * 1e3 for k in tokens],
-                         "vs_one_token": [latency[k - 1] / step for k in tokens]})
-
-
-def main(argv: list[str] | None = None) -> None:
-    overrides = list(sys.argv[1:] if argv is None else argv)
-    try:
-        base, labels, runs = compose_all(overrides)
-        board = base.leaderboard
-        out_dir = Path(board.out_dir)
-        rundir.check_board_dir(out_dir)  # only a new or empty directory, or a leaderboard's own
-        check_writable("leaderboard.out_dir", board.out_dir)  # one line and exit 2, as for hydra.run.dir
-        if base.threads:
-            torch.set_num_threads(base.threads)
-        for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
-            # the leaderboard's own keys and the prompt count may change: raising the limit extends a run
-            rundir.check_resume(out_dir / ds / label, cfg, True, "leaderboard.out_dir",
-                                ignore=("leaderboard", "dataset.limit"))
-        # The target and every entry's drafts and heads, loaded before anything is claimed: one that
-        # does not fit, load or match writes nothing.
-        decoders = [check_config(runs[board.datasets[0], label])[1] for label in labels]
-        lm = build(runs[board.datasets[0], REFERENCE].model, "model").load(**target_fit(decoders))
-        for decoder in decoders:
-            load_addons(decoder, lm)
-        rundir.claim_board(out_dir)
-        records = {(ds, label): recs for ds in board.datasets
-                   for label, recs in run_dataset(ds, labels, runs, out_dir, {"lm": lm}, board.repeats,
-                                                  board.get("turns", "first")).items()}
-        write_summaries(out_dir, records)
-        greedy = sampling_from(runs[board.datasets[0], REFERENCE]).greedy
-        df = table(records, list(board.datasets), labels)
-        by_category = category_table(records, list(board.datasets), labels)
-        if not greedy:  # the lossless check is greedy's (check_lossless refuses sampling): no such columns
-            df, by_category = (d.drop(columns=[c for c in LOSSLESS_COLUMNS if c in d]) for d in (df, by_category))
-        rundir.write_atomic(out_dir / "leaderboard.csv", df.to_csv(index=False))
-        # auto-tuners: forecast vs measured
-        rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))
-
-        # Spec-Bench's layout, where prompts have categories
-        spec_bench_table.write(out_dir, records, list(board.datasets), labels)
-        if len(by_category):
-            rundir.write_atomic(out_dir / "leaderboard_by_category.csv", by_category.to_csv(index=False))
-            rundir.write_atomic(out_dir / "leaderboard_by_category.md",
-                by_category[[c for c in CATEGORY_COLUMNS if c in by_category]]
-                .to_markdown(index=False, floatfmt=".3g") + "\n")
-        from .leaderboard_plots import plot_all
-
-        cost = verification_cost(lm, list(board.verification_tokens))
-        rundir.write_atomic(out_dir / "verification_cost.csv", cost.to_csv(index=False))
-        plot_all(out_dir, list(board.datasets), labels, df, list(board.sweeps), records)
-        from . import provenance
-        info = provenance.collect(lm)
-        # how the table was asked for: the command line (a preset: +preset=<name>) and the entries it ran
-        info["leaderboard"] = {"overrides": overrides, "labels": labels, "datasets": list(board.datasets),
-                               "limit": board.limit, "repeats": board.repeats, "turns": board.get("turns", "first")}
-        rundir.write_atomic(out_dir / "provenance.json", json.dumps(info, indent=2))
-        rundir.write_atomic(out_dir / "leaderboard.yaml", OmegaConf.to_yaml(base, resolve=True))
-        md = markdown(df, cost, base, lm)
-        rundir.write_atomic(out_dir / "leaderboard.md", md)
-        print(md)
-    except BenchError as e:
-        print(f"error: {' '.join(error_reason(e).split())}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:  # every finished record is on disk; the same command resumes
-        print("\ninterrupted: the finished records are kept; rerun the same command to go on", file=sys.stderr)
-        sys.exit(130)
 
 
 if __name__ == "__main__":

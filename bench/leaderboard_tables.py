@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import metrics, rundir
+from . import metrics, rundir, spec_bench_table
 from .metrics import timed_runs
 from .registry import REFERENCE
 
@@ -159,3 +159,25 @@ def write_summaries(out_dir: Path, records: dict) -> None:
             summary = metrics.summarize(recs)
             rundir.write_atomic(out_dir / ds / label / "summary.csv", summary.to_csv(index=False))
             rundir.write_atomic(out_dir / ds / label / "summary.md", metrics.to_markdown(summary) + "\n")
+
+
+def write_tables(out_dir: Path, records: dict, datasets: list[str], labels: list[str], greedy: bool) -> pd.DataFrame:
+    """Each entry's summary, leaderboard.csv, tuning.csv, Spec-Bench's layout and, where prompts
+    carry categories, leaderboard_by_category.csv/.md; returns leaderboard.csv's table."""
+    write_summaries(out_dir, records)
+    df = table(records, datasets, labels)
+    by_category = category_table(records, datasets, labels)
+    if not greedy:  # the lossless check is greedy's (check_lossless refuses sampling): no such columns
+        df, by_category = (d.drop(columns=[c for c in LOSSLESS_COLUMNS if c in d]) for d in (df, by_category))
+    rundir.write_atomic(out_dir / "leaderboard.csv", df.to_csv(index=False))
+    # auto-tuners: forecast vs measured
+    rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))
+
+    # Spec-Bench's layout, where prompts have categories
+    spec_bench_table.write(out_dir, records, datasets, labels)
+    if len(by_category):
+        rundir.write_atomic(out_dir / "leaderboard_by_category.csv", by_category.to_csv(index=False))
+        rundir.write_atomic(out_dir / "leaderboard_by_category.md",
+            by_category[[c for c in CATEGORY_COLUMNS if c in by_category]]
+            .to_markdown(index=False, floatfmt=".3g") + "\n")
+    return df

@@ -419,6 +419,14 @@ BEFORE_TORCH = [
     ("bench", ["dataset.limit=0"], "dataset.limit must be a positive integer or null (all), got 0"),
     ("bench", ["prompt_format=bogus"], "prompt_format='bogus' is not one of auto, chat, raw"),
     ("bench", ["decoder=nope"], "unknown decoder 'nope'; choose one of: autoregressive, bpd,"),
+    ("bench.leaderboard", ["seed=-1"], "seed must be an integer from 0 to 2**64 - 1, got -1"),
+    ("bench.leaderboard", ["gen.batch_size=2"], "gen.batch_size must be 1 for the leaderboard, got 2"),
+    ("bench.leaderboard", ["leaderboard.limit=0"], "leaderboard.limit must be an integer >= 1, got 0"),
+    ("bench.leaderboard", ["leaderboard.only=[nope]"], "leaderboard.only: unknown label(s) ['nope']"),
+    ("bench.leaderboard", ["threads=0"], "threads must be a positive integer or null"),
+    ("bench.leaderboard", ['+leaderboard.decoders.x=["decoder=lookahead","quality=no"]',  # an entry's own setting
+                           "leaderboard.only=[autoregressive,x]"], "quality must be true or false, got 'no'"),
+    ("bench.leaderboard", ["+preset=nope"], "unknown preset 'nope'"),
 ]
 
 

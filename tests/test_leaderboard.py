@@ -381,7 +381,7 @@ def test_timed_repeats_start_from_the_same_carried_state(tmp_path, monkeypatch):
     start of each timed repeat of a prompt, what it was at the start of the first; the next prompt
     starts from the table its predecessor's first run left; the warm-up leaves it as it was (empty).
     On the old code repeats 2-3 drafted from a table holding the prompt's own continuation."""
-    from bench import leaderboard
+    from bench import leaderboard, leaderboard_run
     from decoders.methods.recycling import Recycling
 
     starts = []
@@ -395,7 +395,7 @@ def test_timed_repeats_start_from_the_same_carried_state(tmp_path, monkeypatch):
     _, labels, runs = leaderboard.compose_all(
         ["model=tiny-random", "leaderboard.only=[autoregressive,recycling]", "leaderboard.datasets=[gsm8k]",
          "leaderboard.limit=2", "leaderboard.repeats=3", "gen.max_new_tokens=12", "quality=false", "progress=false"])
-    leaderboard.run_dataset("gsm8k", labels, runs, tmp_path, {}, repeats=3)
+    leaderboard_run.run_dataset("gsm8k", labels, runs, tmp_path, {}, repeats=3)
     warm, *timed = starts
     assert warm[1] == {} and len(timed) == 6  # the warm-up, then 2 prompts x 3 repeats
     first, second = timed[:3], timed[3:]
