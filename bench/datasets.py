@@ -78,9 +78,10 @@ def _limit(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
     return prompts if limit is None else prompts[:limit]
 
 
-def _locate(name: str, path: str | None, data_dir: str | None, relative: str, hub: Callable[[], list[dict]] | None,
-            hub_id: str | None, how: str) -> list[dict]:
-    """Rows from dataset.path, else $BENCH_DATA_DIR/<relative>, else the hub."""
+def _locate(name: str, path: str | None, data_dir: str | None, relative: str, *,
+            hub: Callable[[], list[dict]] | None, hub_id: str | None, how: str) -> list[dict]:
+    """Rows from dataset.path, else $BENCH_DATA_DIR/<relative>, else the hub (`hub` reads it); `how`:
+    what to set, said when none of them has the data."""
     if path:
         p = Path(path).expanduser()
         if not p.exists():
@@ -172,9 +173,9 @@ class MTBench:
 
     def load(self) -> list[Prompt]:
         rows = _locate("MT-Bench", self.path, self.data_dir, "mt_bench/question.jsonl",
-                       _from_hub(self.hub_id, None, self.hub_split), self.hub_id,
-                       "set dataset.path=/path/to/question.jsonl (FastChat's llm_judge data) "
-                       "or BENCH_DATA_DIR=DIR holding mt_bench/question.jsonl")
+                       hub=_from_hub(self.hub_id, None, self.hub_split), hub_id=self.hub_id,
+                       how="set dataset.path=/path/to/question.jsonl (FastChat's llm_judge data) "
+                           "or BENCH_DATA_DIR=DIR holding mt_bench/question.jsonl")
         prompts = []
         for r in rows:
             turns = r.get("turns") or r.get("prompt")  # FastChat's field / HuggingFaceH4's rename
@@ -225,9 +226,10 @@ class SpecBench:
         return load
 
     def load(self) -> list[Prompt]:
-        rows = _locate("Spec-Bench", self.path, self.data_dir, "spec_bench/question.jsonl", self._hub(), self.hub_id,
-                       "set dataset.path=/path/to/question.jsonl (Spec-Bench's data/spec_bench/), "
-                       "BENCH_DATA_DIR=DIR holding spec_bench/question.jsonl, or dataset.hub_id=<dataset repo>")
+        rows = _locate("Spec-Bench", self.path, self.data_dir, "spec_bench/question.jsonl", hub=self._hub(),
+                       hub_id=self.hub_id,
+                       how="set dataset.path=/path/to/question.jsonl (Spec-Bench's data/spec_bench/), "
+                           "BENCH_DATA_DIR=DIR holding spec_bench/question.jsonl, or dataset.hub_id=<dataset repo>")
         prompts = []
         for r in rows:
             turns, qid, category = r.get("turns"), r.get("question_id"), r.get("category")
@@ -281,7 +283,7 @@ class GSM8K:
         if path and split != "test" and Path(path).expanduser().is_file():
             path = str(Path(path).expanduser().parent)
         return _locate(f"GSM8K {split}", path, self.data_dir, f"gsm8k/{split}.jsonl",
-                       _from_hub(self.hub_id, self.hub_config, split), self.hub_id, how)
+                       hub=_from_hub(self.hub_id, self.hub_config, split), hub_id=self.hub_id, how=how)
 
     def load(self) -> list[Prompt]:
         if not (isinstance(self.num_shots, int) and self.num_shots >= 0):

@@ -116,7 +116,7 @@ def free_bytes(device: torch.device, spread: bool = False) -> int | None:
     return None
 
 
-def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, batch: int, tokens: int,
+def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, *, batch: int, tokens: int,
                  packed: bool, spread: bool, add_ons: int = 0, step: int = 1) -> dict | None:
     """Estimate weights (+ the CPU fast path's packed copies) + KV cache for `batch` rows of `tokens`
     positions + the decoder's add-ons + its widest step (`step` tokens a row); refuse in one line what
@@ -279,7 +279,7 @@ class PretrainedModel:
             config = AutoConfig.from_pretrained(source, revision=self.revision)
         # the runner admits prompts up to max_context: the cache may hold that many per row
         tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
-        return check_memory(self.name, config, resolve_dtype(self.dtype, device), device, batch, tokens,
+        return check_memory(self.name, config, resolve_dtype(self.dtype, device), device, batch=batch, tokens=tokens,
                             packed=device.type == "cpu" and self.fast_path != "none",
                             spread=self.device_map is not None, add_ons=add_ons, step=step)
 
@@ -493,8 +493,8 @@ class TinyRandomModel:
         tokenizer = tokenizer or self.load_tokenizer()
         device = resolve_device(self.device)
         return check_memory(self.name, self.llama_config(self.vocab_size or len(tokenizer), tokenizer.eos_token_id),
-                            resolve_dtype(self.dtype, device), device, batch,
-                            self.max_context or self.max_position_embeddings,
+                            resolve_dtype(self.dtype, device), device, batch=batch,
+                            tokens=self.max_context or self.max_position_embeddings,
                             packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons,
                             step=step)
 

@@ -163,7 +163,7 @@ def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
     start = time.perf_counter()
     gen = ctx.decoder.generate(lm, ids, budget(ctx, ids), sampling, lm.stop_ids)
     lm.sync()
-    return finish_unit(ctx, record, prompt, turn, ids, gen, time.perf_counter() - start)
+    return finish_unit(ctx, record, prompt, turn, ids, gen, latency=time.perf_counter() - start)
 
 
 def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
@@ -184,7 +184,7 @@ def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
         batch = {"id": ready[0][2]["key"], "size": ctx.cfg.gen.batch_size, **stats.as_dict()}
         batch["tokens_per_s"] = sum(len(g.tokens) for g in gens) / stats.wall_s
         for (prompt, turn, record, ids, _), gen in zip(ready, gens):
-            finish_unit(ctx, record, prompt, turn, ids, gen, latencies([gen])[0])
+            finish_unit(ctx, record, prompt, turn, ids, gen, latency=latencies([gen])[0])
             record["batch"] = batch
     return [record for _, _, record, _, _ in started]
 
@@ -209,7 +209,7 @@ def budget(ctx: RunContext, ids) -> int:
     return new_token_budget(ctx.cfg.gen.max_new_tokens, ctx.lm.max_context, len(ids))
 
 
-def finish_unit(ctx: RunContext, record: dict, prompt, turn: int, ids, gen, latency: float) -> dict:
+def finish_unit(ctx: RunContext, record: dict, prompt, turn: int, ids, gen, *, latency: float) -> dict:
     """Metrics, output, the lossless check and quality, into the record."""
     lm, decoder, cfg = ctx.lm, ctx.decoder, ctx.cfg
     max_new = budget(ctx, ids)

@@ -77,7 +77,7 @@ def test_memory_estimate_counts_weights_packed_copies_and_kv_cache():
     weights, linear = weight_bytes(config, bf16)
     assert weights == sum(p.numel() for p in model.parameters()) * 2
     assert linear == sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * 2
-    need = check_memory("tiny", config, bf16, torch.device("cpu"), 4, 50, packed=True, spread=False)
+    need = check_memory("tiny", config, bf16, torch.device("cpu"), batch=4, tokens=50, packed=True, spread=False)
     assert need == {"weights": weights, "packed_copies": linear, "kv_cache": 4 * 50 * 3 * 2 * 2 * 16 * 2, "add_ons": 0,
                     "step": step_bytes(config, bf16, 4, 1, 50)}
 
@@ -98,7 +98,8 @@ def test_the_decoders_widest_step_is_estimated_and_refused_where_it_does_not_fit
 
     spec = TinyRandomModel(vocab_size=100, device="cpu", dtype="float32", fast_path="none")
     cpu = torch.device("cpu")
-    narrow, wide = (sum(check_memory("tiny", config, torch.float32, cpu, 1, 2048, False, False, step=n).values())
+    narrow, wide = (sum(check_memory("tiny", config, torch.float32, cpu, batch=1, tokens=2048, packed=False,
+                                     spread=False, step=n).values())
                     for n in (1, 4000))
     monkeypatch.setattr("bench.models.free_bytes", lambda device, spread=False: (narrow + wide) // 2)
     spec.load(step=1)
@@ -137,7 +138,7 @@ def test_memory_estimate_counts_the_decoders_add_on_files(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert addon_bytes(Medusa(heads="org/not-downloaded")) == 0
     model = TinyRandomModel(num_layers=2, device="cpu").build(100)
-    need = check_memory("tiny", model.config, torch.float32, torch.device("cpu"), 1, 10, packed=False,
+    need = check_memory("tiny", model.config, torch.float32, torch.device("cpu"), batch=1, tokens=10, packed=False,
                         spread=False, add_ons=12345)
     assert need["add_ons"] == 12345
 
