@@ -82,7 +82,6 @@ import torch
 from decoders.core.lm import forward_flops
 from decoders.core.trace import Generation
 
-from .registry import REFERENCE  # noqa: F401  (scripts/divergence_gaps.py imports it from here)
 
 
 def timed_runs(record: dict) -> list[float]:
@@ -544,16 +543,24 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
             if "decoder_lossless" in ok:  # False: an explicitly lossy variant (e.g. typical acceptance)
                 row["decoder_lossless"] = decoder_lossless(ok_records)
             row.update(lossless_columns(ok_records))
-            ref = ok["reference"].dropna()
-            if len(ref):
-                row["ref_tokens_per_s"] = pooled_tokens_per_s(ref)
-                pairs = [(ok.loc[i], r) for i, r in ref.items()]
-                row.update(speedups(pairs), **speedup_interval(pairs))
-            tuned = ok["tuned"].dropna() if "tuned" in ok else []
-            if len(tuned):  # a hardware-aware decoder's own forecast, to set beside the measured speedup
-                row["predicted_speedup"] = float(tuned.iloc[0].get("predicted_speedup", math.nan))
+            row.update(_against_reference(ok))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _against_reference(ok: pd.DataFrame) -> dict:
+    """A summary row's speedups (where the run made its autoregressive reference) and the decoder's
+    own forecast (a hardware-aware decoder's), to set beside them."""
+    row = {}
+    ref = ok["reference"].dropna()
+    if len(ref):
+        row["ref_tokens_per_s"] = pooled_tokens_per_s(ref)
+        pairs = [(ok.loc[i], r) for i, r in ref.items()]
+        row.update(speedups(pairs), **speedup_interval(pairs))
+    tuned = ok["tuned"].dropna() if "tuned" in ok else []
+    if len(tuned):
+        row["predicted_speedup"] = float(tuned.iloc[0].get("predicted_speedup", math.nan))
+    return row
 
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.__main__ import fail  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
-from bench.metrics import REFERENCE, judge_output, lossless_columns  # noqa: E402
+from bench.metrics import judge_output, lossless_columns  # noqa: E402
+from bench.registry import REFERENCE  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records, records_path, run_dirs  # noqa: E402
 from bench.rundir import recorded_config  # noqa: E402
