@@ -34,6 +34,10 @@ The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
 - speedup (Spec-Bench's), speedup_geomean, speedup_pooled: bench/metrics.py defines them, over
   every timed run, each repeat against the reference's same repeat,
 - speedup_per_run_median / _p25 / _p75: the spread of the per-run ratio (bench/metrics.py),
+- speedup_ci_low / _high, tokens_per_s_ci_low / _high: 95% bootstrap intervals over prompts and their
+  repeats (bench/metrics.py); vs_autoregressive: faster or slower where the speedup's interval is
+  above or below 1, else indistinct; overlaps: the entries (of the same dataset) whose speedup
+  intervals overlap this one's, which the table does not order,
 - decode_overhead_frac: share of decoding-step time outside the target and draft forwards,
 - acceptance_rate: accepted / proposed draft tokens,
 - flops_per_token_vs_ar: (target + draft FLOPs) per token, relative to autoregressive's,

@@ -16,7 +16,8 @@ from .metrics import timed_runs
 from .registry import REFERENCE
 
 COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
-           "speedup", "speedup_per_run_p25", "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
+           "speedup", "speedup_ci_low", "speedup_ci_high", "vs_autoregressive", "overlaps", "speedup_per_run_p25",
+           "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
            "flops_per_token_vs_ar", "decode_overhead_frac", "same_as_autoregressive", "lossless", "lossless_up_to_ties",
            "real_divergences", "quality_metric", "quality"]
 # Where a decoding step's time goes (bench/metrics.py, decode_step_ms and in_reference_steps).
@@ -46,6 +47,9 @@ def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
             + shown.to_markdown(index=False, floatfmt=".3g")
             + "\n\nruns: timed runs, prompts x repeats; speedup (Spec-Bench's): mean over runs of tokens/s / "
               "autoregressive's mean over the same prompts and repeats, both run in this process; "
+              "speedup_ci_low/high: its 95% bootstrap interval over prompts and their repeats; vs_autoregressive: "
+              "faster or slower where that interval is above or below 1, else indistinct; overlaps: the entries "
+              "whose intervals overlap this one's, which this table does not order; "
               "speedup_per_run_p25/p75: quartiles over runs of tokens/s / autoregressive's on the same prompt and "
               "repeat; speedup_geomean: geometric mean over runs of autoregressive's latency / the decoder's; "
               "mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill excluded, bonus token "
@@ -73,11 +77,18 @@ def run_pairs(pairs: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
             for a, b in pairs for x, y in zip(timed_runs(a), timed_runs(b))]
 
 
+def prompt_of(record: dict) -> tuple:
+    """A record's prompt and turn, across datasets (the overall row pools them; keys may repeat)."""
+    return record.get("dataset"), record["key"]
+
+
 def board_row(records: list[dict], reference: list[dict]) -> dict:
     ok = [r for r in records if r["status"] == "ok"]
-    ref = {r["key"]: r for r in reference if r["status"] == "ok"}
-    pairs = [(r, ref[r["key"]]) for r in ok if r["key"] in ref]
+    ref = {prompt_of(r): r for r in reference if r["status"] == "ok"}
+    pairs = [(r, ref[prompt_of(r)]) for r in ok if prompt_of(r) in ref]
     per_run = run_pairs(pairs)
+    run_prompts = [prompt_of(a) for a, b in pairs for _ in zip(timed_runs(a), timed_runs(b))]  # as run_pairs
+    runs = [({"new_tokens": r["new_tokens"], "latency_s": x}, prompt_of(r)) for r in ok for x in timed_runs(r)]
     flops_vs_ar = (metrics.total_flops_per_token(ok) / metrics.total_flops_per_token([b for _, b in pairs])
                    if pairs else math.nan)
     split = metrics.decode_step_ms(ok)
@@ -89,7 +100,9 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
         # every timed run's tokens and seconds (a record's repeats pooled first)
         "tokens_per_s": metrics.pooled_tokens_per_s({"new_tokens": r["new_tokens"] * len(timed_runs(r)),
                                                      "latency_s": sum(timed_runs(r))} for r in ok),
+        **metrics.tokens_per_s_interval([run for run, _ in runs], [prompt for _, prompt in runs]),
         **metrics.speedups(per_run),
+        **metrics.speedup_interval(per_run, run_prompts),
         **metrics.speedup_per_run(per_run),
         "decode_overhead_frac": metrics.decode_overhead_frac(ok),
         **split,
@@ -118,7 +131,26 @@ def table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame
         if every:  # quality metrics differ by dataset: no pooled quality
             rows.append({"decoder": label, "dataset": "all", **board_row(every, every_ref),
                          "quality_metric": None, "quality": math.nan})
-    return pd.DataFrame(rows)
+    return ordering_marks(pd.DataFrame(rows))
+
+
+def ordering_marks(df: pd.DataFrame, within: tuple[str, ...] = ("dataset",)) -> pd.DataFrame:
+    """What the speedup intervals allow a reader to say, per row: vs_autoregressive (faster, slower, or
+    indistinct where the interval holds 1) and overlaps (the other entries, in the same `within`
+    group, whose intervals overlap this one's: the table does not order them)."""
+    if df.empty or "speedup_ci_low" not in df:
+        return df
+    df = df.copy()
+    low, high = df["speedup_ci_low"], df["speedup_ci_high"]
+    df["vs_autoregressive"] = ["" if name == REFERENCE or math.isnan(lo) else "faster" if lo > 1 else
+                               "slower" if hi < 1 else "indistinct" for name, lo, hi in zip(df["decoder"], low, high)]
+    df["overlaps"] = ""
+    for _, group in df[df["decoder"] != REFERENCE].groupby(list(within), sort=False):
+        found = metrics.overlapping({i: (lo, hi) for i, lo, hi in zip(group.index, group["speedup_ci_low"],
+                                                                       group["speedup_ci_high"])})
+        for i, others in found.items():
+            df.at[i, "overlaps"] = ", ".join(df.at[j, "decoder"] for j in others)
+    return df
 
 
 def category_table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
@@ -132,7 +164,7 @@ def category_table(records: dict, datasets: list[str], labels: list[str]) -> pd.
                 if recs:
                     rows.append({"decoder": label, "dataset": ds, "category": cat,
                                  **board_row(recs, records[ds, REFERENCE])})
-    return pd.DataFrame(rows)
+    return ordering_marks(pd.DataFrame(rows), within=("dataset", "category"))
 
 
 def tuning_table(df: pd.DataFrame, records: dict) -> pd.DataFrame:

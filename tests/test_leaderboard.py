@@ -338,9 +338,28 @@ def test_repeats_pair_each_run_with_the_references_same_run():
     # where a step's time goes, in ms and in the reference's steps (the same traces here: one step each)
     assert (row["step_ms"], row["target_ms"], row["draft_ms"], row["other_ms"]) == (4000.0, 3000.0, 0.0, 1000.0)
     assert (row["step_in_ar_steps"], row["target_in_ar_steps"], row["other_in_ar_steps"]) == (1.0, 0.75, 0.25)
+    # its interval: within the most and least a resample can give (all of a's run 2: 1x; all of b's run 2: 4x)
+    assert 1.0 <= row["speedup_ci_low"] < row["speedup"] < row["speedup_ci_high"] <= 4.0
     # records written before repeats existed: one run each, the same figures as before
     old = [{k: v for k, v in r.items() if k != "repeat_latency_s"} for r in mine]
     assert board_row(old, reference)["runs"] == 2
+
+
+def test_ordering_marks_say_what_the_intervals_allow():
+    """faster / slower / indistinct against autoregressive, and which entries of the same dataset
+    the table cannot order (overlapping intervals); the reference and NaN intervals claim nothing."""
+    import pandas as pd
+
+    from bench.leaderboard_tables import ordering_marks
+
+    nan = float("nan")
+    df = pd.DataFrame({"decoder": ["autoregressive", "a", "b", "c", "d", "a"],
+                       "dataset": ["x", "x", "x", "x", "x", "y"],
+                       "speedup_ci_low": [1.0, 1.2, 1.3, 0.8, nan, 0.9],
+                       "speedup_ci_high": [1.0, 1.5, 1.6, 0.95, nan, 1.1]})
+    marked = ordering_marks(df)
+    assert marked["vs_autoregressive"].tolist() == ["", "faster", "faster", "slower", "", "indistinct"]
+    assert marked["overlaps"].tolist() == ["", "b", "a", "", "", ""]
 
 
 def test_repeats_must_be_a_positive_integer(tmp_path):
