@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 from decoders.core.contract import carried_copy, carry, widest_step
 from decoders.core.weights_file import addon_bytes
 
-from . import provenance, rundir
+from . import drift, provenance, rundir
 from .__main__ import check_devices
 from .leaderboard_tables import markdown, write_tables
 from .prompts import encode, rendering_for
@@ -36,16 +37,17 @@ def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[s
         torch.set_num_threads(base.threads)
     lm = load_target({label: runs[datasets[0], label] for label in labels})
     rundir.claim_board(out_dir)
+    speed: dict[str, dict] = {}  # per dataset run now: the target's step before and after (bench/drift.py)
     records = {(ds, label): recs for ds in datasets
                for label, recs in run_dataset(ds, labels, runs, out_dir, {"lm": lm}, repeats=board.repeats,
-                                              turns=board.get("turns", "first")).items()}
+                                              turns=board.get("turns", "first"), speed=speed).items()}
     df = write_tables(out_dir, records, datasets, labels, greedy=sampling_from(runs[datasets[0], REFERENCE]).greedy)
     from .leaderboard_plots import plot_all
 
     cost = verification_cost(lm, list(board.verification_tokens))
     rundir.write_atomic(out_dir / "verification_cost.csv", cost.to_csv(index=False))
     plot_all(out_dir, datasets, labels, df, list(board.sweeps), records)
-    write_provenance(lm, base, labels, overrides)
+    write_provenance(lm, base, labels, overrides, speed)
     md = markdown(df, cost, base, lm)
     rundir.write_atomic(out_dir / "leaderboard.md", md)
     return md
@@ -81,13 +83,14 @@ class Entries:
 
 
 def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict, *,
-                repeats: int = 1, turns: str = "first") -> dict[str, list[dict]]:
+                repeats: int = 1, turns: str = "first", speed: dict | None = None) -> dict[str, list[dict]]:
     """Runs what is missing of one dataset; returns per label the records of this run's prompts, in
     prompt order (a directory may hold more, from an earlier run with a larger limit). With
     repeats > 1 each prompt runs `repeats` times per label, the order rotating per run; a label's
     record (that of its first run) is written after its last, with every run's latency in
     repeat_latency_s. turns="all": every turn of a conversation, each after that label's own
-    answers to the turns before it (as in a plain run). lm_cache["lm"]: the target, loaded if absent."""
+    answers to the turns before it (as in a plain run). lm_cache["lm"]: the target, loaded if absent.
+    speed[ds]: how the target's one-token step before the timed prompts compares with the one after."""
     cfgs = {label: runs[ds, label] for label in labels}
     decoders = {label: check_config(cfg)[1] for label, cfg in cfgs.items()}
     dataset = build(cfgs[REFERENCE].dataset, "dataset")
@@ -109,13 +112,20 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                        dynamic_ncols=True, disable=not cfgs[REFERENCE].progress)
             entries = Entries(ctxs, logs, calibration, repeats, bar, {label: Pace() for label in labels})
             with torch.inference_mode():
+                start_ms = drift.step_ms(lm_cache["lm"])
                 for i, (prompt, turn) in enumerate(units):
                     record_prompt(entries, f"{prompt.id}#{turn}", *time_prompt(entries, prompt, turn, order=i))
+                checked = drift.compare(start_ms, drift.step_ms(lm_cache["lm"]))
     finally:
         if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
             bar.close()
         for log in logs.values():
             log.close()
+    if todo:
+        if speed is not None:
+            speed[ds] = checked
+        if line := drift.warning(checked, f"{ds}'s timed prompts"):
+            print(line, file=sys.stderr, flush=True)
     # the logs hold the records: no need to read the files again
     return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
 
@@ -231,14 +241,15 @@ def verification_cost(lm, tokens: list[int]) -> pd.DataFrame:
                          "vs_one_token": [latency[k - 1] / step for k in tokens]})
 
 
-def write_provenance(lm, base: DictConfig, labels: list[str], overrides: list[str]) -> None:
-    """provenance.json (what ran, on what, and how the table was asked for) and leaderboard.yaml
-    (the composed config)."""
+def write_provenance(lm, base: DictConfig, labels: list[str], overrides: list[str], speed: dict) -> None:
+    """provenance.json (what ran, on what, how the table was asked for, and per dataset run now the
+    speed check of bench/drift.py) and leaderboard.yaml (the composed config)."""
     board = base.leaderboard
     out_dir = Path(board.out_dir)
     info = provenance.collect(lm)
     # how the table was asked for: the command line (a preset: +preset=<name>) and the entries it ran
     info["leaderboard"] = {"overrides": overrides, "labels": labels, "datasets": list(board.datasets),
                            "limit": board.limit, "repeats": board.repeats, "turns": board.get("turns", "first")}
+    info["reference_step"] = speed
     rundir.write_atomic(out_dir / "provenance.json", json.dumps(info, indent=2))
     rundir.write_atomic(out_dir / "leaderboard.yaml", OmegaConf.to_yaml(base, resolve=True))

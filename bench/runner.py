@@ -23,7 +23,7 @@ from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
 from decoders.methods.autoregressive import autoregressive_decode, step_logits
 
-from . import metrics, provenance, rundir, slurm
+from . import drift, metrics, provenance, rundir, slurm
 from .errors import BenchError
 from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
@@ -284,7 +284,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         if any(f"{p.id}#{t}" not in log for p, t in units):
             rundir.write_atomic(run_dir / "provenance.json", json.dumps(provenance.collect(lm), indent=2))
             ctx = RunContext(lm, decoder, dataset, rendering_for(lm.tokenizer, cfg.prompt_format), cfg, sampling)
-            _generate_all(ctx, units, log, logger)
+            keep_reference_step(run_dir, _generate_all(ctx, units, log, logger))
     finally:
         log.close()
     records = [log.get(f"{p.id}#{t}") for p, t in units]
@@ -381,7 +381,19 @@ def prepare_decoder(ctx: RunContext, scored: list) -> dict | None:
             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}}
 
 
-def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
+def keep_reference_step(run_dir: Path, reference_step: dict) -> None:
+    """provenance.json keeps the speed check (`reference_step`); a drift beyond its bound is said."""
+    path = run_dir / "provenance.json"
+    rundir.write_atomic(path, json.dumps({**json.loads(path.read_text()), "reference_step": reference_step},
+                                         indent=2))
+    line = drift.warning(reference_step, "the run's timed prompts")
+    if line:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> dict:
+    """Every unit not yet in the log, generated and appended; returns how the target's one-token
+    step before the timed prompts compares with the one after them (bench/drift.py)."""
     cfg = ctx.cfg
     with torch.inference_mode():
         scored = [p for p, turn in units if turn == 0]
@@ -394,6 +406,7 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
         with torch.inference_mode():
             if cfg.warmup:
                 warmup(ctx, units)
+            start_ms = drift.step_ms(ctx.lm)  # the machine's speed before the timed prompts, and after
             for group in _groups(units, log, cfg.gen.batch_size):
                 slurm.raise_if_stopped()  # a SIGTERM whose own raise was lost stops the run here
                 ready, records = [], []
@@ -417,5 +430,7 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> None:
                     if record["status"] == "ok":
                         bar.set_postfix(**pace.add(record), refresh=False)
                     bar.update(1)
+            reference_step = drift.compare(start_ms, drift.step_ms(ctx.lm))
     finally:
         bar.close()
+    return reference_step

@@ -33,6 +33,8 @@ def test_run_writes_the_run_directory(tmp_path):
     prov = json.loads((tmp_path / "provenance.json").read_text())
     assert prov["dtype"] == "float32" and prov["device"] == "cpu" and prov["torch_threads"] >= 1
     assert prov["packages"]["transformers"].startswith("5.") and "git_commit" in prov
+    step = prov["reference_step"]  # the machine's speed before and after the timed prompts (bench/drift.py)
+    assert step["start_ms"] > 0 and step["end_ms"] > 0 and step["drifted"] == (abs(step["change"]) > step["bound"])
     # the ending: a few lines, no check_lossless so no speedup, and where the files went
     assert "tokens per step  1.00" in out.stdout and "speedup          n/a" in out.stdout, out.stdout
     assert f"{tmp_path}: summary.md" in out.stdout and len(out.stdout.strip().splitlines()) <= 10

@@ -308,6 +308,8 @@ def test_preset_tables_its_entries_with_provenance(name, tmp_path):
     assert {"git_commit", "git_dirty", "packages", "device", "dtype", "torch_threads"} <= set(info)
     assert f"+preset={name}" in info["leaderboard"]["overrides"] and info["leaderboard"]["labels"] == labels
     assert info["leaderboard"]["repeats"] == repeats
+    assert set(info["reference_step"]) == {"gsm8k"} and info["reference_step"]["gsm8k"]["start_ms"] > 0
+    assert (df["speedup_ci_low"] <= df["speedup"]).all() and (df["speedup"] <= df["speedup_ci_high"]).all()
     assert OmegaConf.load(tmp_path / "leaderboard.yaml").leaderboard.only == labels
     md = (tmp_path / "leaderboard.md").read_text()
     assert all(f"| {label} " in md for label in labels) and "speedup_per_run_p25" in md
