@@ -1,9 +1,11 @@
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench.models import PretrainedModel
 from helpers import CACHE_DIR, DATA_DIR, smollm2
 
 # Tests must see the data copies and the model cache the README's commands set up.
@@ -43,14 +45,71 @@ def pytest_xdist_make_scheduler(config, log):
     return OneWorkerFiles(config, log)
 
 
+# `slow` marks every test that starts a subprocess or loads the real SmolLM2, so that
+# `pytest -m "not slow"` is quick. The marks cannot drift: a test that asks for the `smollm` fixture
+# is marked here, and one that starts a process or loads a model of SmolLM2's size otherwise (run_cli,
+# a script, a run of the default model in-process, a module fixture doing either) fails unless marked.
+# One exception: `cuda` tests (skipped where CUDA is not) may start processes unmarked, since the GPU
+# check (scripts/gpu/check.sh) runs `-m "cuda and not slow"`: there `slow` keeps SmolLM2 out, which
+# cannot travel to the GPU machine, and the CLI runs and training scripts on tiny-random are what it checks.
+SLOW_FIXTURES = {"smollm"}
+QUICK_TOOLS = {"git", "nvidia-smi"}  # bench/provenance.py's queries, milliseconds each: not slow
+REAL_MODEL_PARAMS = 100_000_000  # SmolLM2-135M has 135M; the suite's tiny models, thousands
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
 def pytest_collection_modifyitems(config, items):
-    """`cuda` tests run where CUDA is; elsewhere each is skipped, saying why."""
+    """Tests using SmolLM2's fixture are `slow`; `cuda` tests run where CUDA is, elsewhere each is
+    skipped, saying why."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False on this machine")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def _slow_work(item):
+    """Runs a test phase, noting every subprocess it starts (but QUICK_TOOLS) and every real-sized
+    model it loads; a test not marked `slow` that did either fails, saying what it did."""
+    done = []
+    popen_init, load = subprocess.Popen.__init__, PretrainedModel.load
+
+    def noting_popen(self, args, *rest, **kwargs):
+        program = args if isinstance(args, (str, bytes, os.PathLike)) else args[0]
+        program = os.fsdecode(program).split()[0] if kwargs.get("shell") else os.fsdecode(program)
+        if Path(program).name not in QUICK_TOOLS and "cuda" not in item.keywords:
+            done.append(f"started {Path(program).name}")
+        popen_init(self, args, *rest, **kwargs)
+
+    def noting_load(spec, *args, **kwargs):
+        lm = load(spec, *args, **kwargs)
+        if sum(p.numel() for p in lm.model.parameters()) >= REAL_MODEL_PARAMS:
+            done.append(f"loaded {spec.name} ({spec.path})")
+        return lm
+
+    subprocess.Popen.__init__, PretrainedModel.load = noting_popen, noting_load
+    try:
+        result = yield
+    finally:
+        subprocess.Popen.__init__, PretrainedModel.load = popen_init, load
+    if done and "slow" not in item.keywords:
+        pytest.fail(f"{item.nodeid} is not marked slow but {'; '.join(sorted(set(done)))}: mark it "
+                    "@pytest.mark.slow (pyproject.toml's markers)", pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _slow_work(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _slow_work(item))
 
 
 @pytest.fixture(scope="session")

@@ -59,6 +59,7 @@ def method_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_new_method_runs_lossless(method_dir):
     out = run_cli("decoder=repeat_last", "model=tiny-random", f"hydra.searchpath=[file://{method_dir}/conf]",
                   "dataset=gsm8k", "dataset.limit=2", "gen.max_new_tokens=8", "check_lossless=true", "quality=false",
@@ -68,6 +69,7 @@ def test_a_new_method_runs_lossless(method_dir):
     assert len(records) == 2 and all('"decoder": "repeat_last"' in r and '"lossless": true' in r for r in records)
 
 
+@pytest.mark.slow
 def test_the_greedy_equality_tests_find_and_pass_a_new_method(method_dir):
     env = dict(os.environ, BENCH_TEST_CONF_DIRS=str(method_dir / "conf"))
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -89,6 +91,7 @@ def test_the_leaderboard_lists_a_new_method(method_dir):
     assert "repeat_last" not in labels  # not without its search path
 
 
+@pytest.mark.slow
 def test_a_yaml_named_other_than_its_file_is_refused(tmp_path):
     (tmp_path / "conf" / "decoder").mkdir(parents=True)
     (tmp_path / "conf" / "decoder" / "repeat_last.yaml").write_text(CONFIG.replace("name: repeat_last", "name: repeat"))

@@ -57,6 +57,7 @@ def _rewrite(run, change: dict) -> None:
 
 # ---- 8, 12: empty and huge prompts are skipped with their reason; the run goes on ----
 
+@pytest.mark.slow
 def test_empty_and_huge_prompts_are_skipped_with_a_reason(run_dir):
     records = _records(run_dir)
     assert [records[f"{i}#0"]["status"] for i, _ in PROMPTS] == ["ok", "ok", "ok", "skipped", "skipped"]
@@ -66,6 +67,7 @@ def test_empty_and_huge_prompts_are_skipped_with_a_reason(run_dir):
     assert huge["prompt_tokens"] is None and len(huge["prompt_text"]) < 2100  # not tokenized, not copied whole
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", [["decoder=lookahead", "gen.batch_size=2"]])
 def test_an_empty_prompt_in_a_batch_is_skipped(tmp_path, decoder):
     out = run_cli(*TINY, *_dataset(tmp_path), "dataset.limit=4", *decoder, f"hydra.run.dir={tmp_path / 'run'}")
@@ -125,6 +127,7 @@ INVALID = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", INVALID)
 def test_an_invalid_record_names_its_field(run_dir, case):
     change, why = INVALID[case]
@@ -143,6 +146,7 @@ def test_existing_reference_records_are_valid():
         assert len(read_records(path)) == len(lines), path
 
 
+@pytest.mark.slow
 def test_resume_sets_invalid_records_aside_and_generates_them_again(run_dir, run_copy):
     records = _records(run_copy)
     bad = {"a_b#0": {"key": "a_b#0"}, "a/b#0": _broken(records["a/b#0"], {"steps": -5})}
@@ -159,6 +163,7 @@ def test_resume_sets_invalid_records_aside_and_generates_them_again(run_dir, run
     assert len(summary) == 1 and (summary.loc[0, "records"], summary.loc[0, "skipped"]) == (3, 2)
 
 
+@pytest.mark.slow
 def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_copy, tmp_path):
     """Issue 43, item 6: a line of 100000 '[' in records.jsonl crashed resume, bench.report and
     bench.show with RecursionError; it is a damaged line (set aside, redone), and in a dataset file one
@@ -179,6 +184,7 @@ def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_co
     assert out.returncode == 2 and len(lines) == 1 and f"{deep}:2 is JSON nested too deeply" in lines[0], out.stderr
 
 
+@pytest.mark.slow
 def test_a_record_holding_a_lone_surrogate_is_a_damaged_line(run_dir, run_copy):
     """Issue 43, item 4: a \\ud800-style escape alone in a record decodes to a string no file or
     table can encode: bench.report failed with UnicodeEncodeError writing its tables. It is a
@@ -195,6 +201,7 @@ def test_a_record_holding_a_lone_surrogate_is_a_damaged_line(run_dir, run_copy):
     assert "1 damaged line(s) (line 1: not text (a lone surrogate escape))" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_resume_sets_aside_a_record_of_another_prompt(run_dir, run_copy):
     """Issue 43, item 5: a valid record of a prompt the run does not have, appended to records.jsonl,
     was kept on resume and counted (3 prompts at the end of the run where summary.csv said 2); it is
@@ -214,6 +221,7 @@ def test_resume_sets_aside_a_record_of_another_prompt(run_dir, run_copy):
     assert int(rows.loc[0, "records"]) == int(pd.read_csv(run_copy / "summary.csv").loc[0, "records"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["decoder", "model", "dataset"])
 def test_resume_sets_aside_a_record_of_other_settings(run_dir, run_copy, field):
     """Issue 43, item 4: a record of this run's prompt but another decoder, model or dataset (a line
@@ -233,6 +241,7 @@ def test_resume_sets_aside_a_record_of_other_settings(run_dir, run_copy, field):
     assert [r[field] for r in rejected] == ["someone-else"]
 
 
+@pytest.mark.slow
 def test_readers_leave_an_invalid_record_out_of_the_summary(run_copy, tmp_path, capsys):
     clean = tmp_path / "clean"
     shutil.copytree(run_copy, clean)
@@ -276,6 +285,7 @@ def test_report_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message
     assert message in _report_exit(capsys, str(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out", ["a file", "/proc/bench-report"])
 def test_report_unwritable_out_is_one_line_and_exit_2(run_dir, tmp_path, capsys, out):
     if out == "a file":
@@ -287,6 +297,7 @@ def test_report_unwritable_out_is_one_line_and_exit_2(run_dir, tmp_path, capsys,
         assert "give a writable directory" in _report_exit(capsys, str(run_dir), "--out", str(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["a run directory", "the user's directory", "a planted link"])
 def test_report_out_writes_only_into_its_own_directory(run_dir, tmp_path, capsys, case):
     """Issue 43, item 12: --out wrote report.csv and report.md into any existing directory (a run's,
@@ -314,6 +325,7 @@ def test_report_out_writes_only_into_its_own_directory(run_dir, tmp_path, capsys
         assert sorted(p.name for p in fresh.iterdir()) == ["report.csv", "report.md"]
 
 
+@pytest.mark.slow
 def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeypatch):
     """Records are read one at a time into the columns a summary needs (bench/report.py, NUMBERS
     and OBJECTS): tokens, text and traces are never held. The peak memory on a 1M-record file is
@@ -333,6 +345,7 @@ def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeyp
 
 # ---- 9, 13: bench.show ----
 
+@pytest.mark.slow
 def test_show_pages_of_ids_that_collide_or_are_long_are_distinct_and_short(run_dir, tmp_path, capsys):
     from bench.show import main, page_name, show
 
@@ -344,6 +357,7 @@ def test_show_pages_of_ids_that_collide_or_are_long_are_distinct_and_short(run_d
     assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("error: no record")
 
 
+@pytest.mark.slow
 def test_show_skips_a_record_whose_tokens_are_a_string(run_copy, capsys):
     from bench.show import main
 
@@ -353,6 +367,7 @@ def test_show_skips_a_record_whose_tokens_are_a_string(run_copy, capsys):
     assert e.value.code == 2 and "invalid record (tokens is" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.replace("\nmodel:\n", "\nmodel: 5\nold_model:\n", 1), "model is 5, not the settings"),
     (lambda c: c.replace("  _target_: bench.models.", "  old_target: bench.models.", 1), "model has no _target_"),
@@ -497,6 +512,7 @@ def _compare(*args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_compare_leaderboards_fails_on_missing_prompts_and_bad_paths(tmp_path):
     jacobi = REPO / "results" / "reference" / "leaderboard" / "gsm8k" / "jacobi"
     shutil.copytree(jacobi, tmp_path / "before" / "gsm8k" / "jacobi")  # records.jsonl.gz, as checked in
@@ -510,6 +526,7 @@ def test_compare_leaderboards_fails_on_missing_prompts_and_bad_paths(tmp_path):
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["quality=no", "check_lossless=off", "resume=maybe", "warmup=1", "progress=yes"])
 def test_a_switch_that_is_not_a_boolean_is_refused_before_the_run_directory(tmp_path, override):
     """Issue 43, item 3: a non-empty string is true to Python, so quality=no scored (and ran code),
@@ -525,6 +542,7 @@ def test_a_switch_that_is_not_a_boolean_is_refused_before_the_run_directory(tmp_
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, message", [
     ("dtype=int8", "model: dtype='int8' is not supported; use auto, float32,"),
     ("dtype=[1]", "model: dtype=[1] is not supported"),
@@ -541,6 +559,7 @@ def test_a_bad_dtype_or_prompt_format_is_refused_before_the_run_directory(tmp_pa
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", ["bench.report", "bench.show", "a dataset file"])
 def test_a_fifo_for_records_or_prompts_is_one_line_not_a_hang(run_copy, tmp_path, reader):
     """Issue 43, item 12: bench.report waited for ever on a records.jsonl that was a FIFO (no writer
@@ -561,6 +580,7 @@ def test_a_fifo_for_records_or_prompts_is_one_line_not_a_hang(run_copy, tmp_path
     assert out.returncode == 2 and "not a regular file" in lines[-1], out.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, how", [
     (["decoder=lookahead", "decoder.window=1000000"], "1 + (ngram 4 - 1) x (window 1000000 + guess_set_size 1000000)"),
     (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[1,3000]"],

@@ -235,6 +235,7 @@ BAD_BATCH = [("gen.batch_size=0", "gen.batch_size must be an integer >= 1, got 0
              ("gen.batch_size=two", "gen.batch_size must be an integer >= 1, got 'two'")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,message", BAD_BATCH + [
     ("decoder=hf_generate gen.batch_size=2",
      "decoder hf_generate decodes one prompt at a time, so gen.batch_size must be 1")])
@@ -245,6 +246,7 @@ def test_bad_batch_size_is_one_line_and_exit_2(tmp_path, override, message):
     assert "Traceback" not in out.stderr + out.stdout
 
 
+@pytest.mark.slow
 def test_runner_batches_two_turn_conversations_and_resumes(tmp_path):
     """MT-Bench (two turns) at batch_size=2: first turns batched before second turns, every record
     lossless (checked against autoregressive alone), the batch's totals kept; resuming does nothing

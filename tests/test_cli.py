@@ -17,6 +17,7 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_run_writes_the_run_directory(tmp_path):
     out = run_cli(*TINY, "dataset.limit=3", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stderr
@@ -41,6 +42,7 @@ def test_run_writes_the_run_directory(tmp_path):
     assert "tok_s=" in out.stderr and "tok_per_step=" in out.stderr and "3/3" in out.stderr  # live progress
 
 
+@pytest.mark.slow
 def test_sampling_overrides_are_applied_and_seeded(tmp_path):
     args = [*TINY, "decoder=hf_generate", "dataset=mt_bench", "dataset.limit=2", "gen.temperature=0.8",
             "gen.top_p=0.9", "gen.top_k=50"]
@@ -56,6 +58,7 @@ def test_sampling_overrides_are_applied_and_seeded(tmp_path):
     assert ra[0]["text"] in ra[1]["prompt_text"]
 
 
+@pytest.mark.slow
 def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
     out = run_cli(*TINY, "decoder=hf_pld", "dataset=gsm8k", "dataset.limit=2", "check_lossless=true",
                   f"hydra.run.dir={tmp_path}")
@@ -104,6 +107,7 @@ def test_ending_says_how_many_departures_were_ties(tmp_path):
     assert "quality" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder,draft", [("spec_chain", ["draft=tiny-random", "draft.seed=1"]),
                                            ("sequoia", ["model.num_layers=3", "draft.layers=1", "draft.adapter=null"]),
                                            ("medusa", ["decoder.heads=null"]),
@@ -122,6 +126,7 @@ def test_draft_decoders_run_lossless(tmp_path, decoder, draft):
     assert all(r["decoder_lossless"] is True for r in records(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_typical_acceptance_is_flagged_lossy_in_records(tmp_path):
     out = run_cli(*TINY, "decoder=medusa", "decoder.heads=null", "decoder.accept_rule=typical", "dataset=gsm8k",
                   "dataset.limit=1", f"hydra.run.dir={tmp_path}")
@@ -130,6 +135,7 @@ def test_typical_acceptance_is_flagged_lossy_in_records(tmp_path):
     assert pd.read_csv(tmp_path / "summary.csv").loc[0, "decoder_lossless"] == False  # noqa: E712
 
 
+@pytest.mark.slow
 def test_default_model_end_to_end(tmp_path):
     """The main job on the embedded default: SmolLM2 on HumanEval, checked lossless."""
     out = run_cli("dataset.limit=2", "gen.max_new_tokens=24", "check_lossless=true", f"hydra.run.dir={tmp_path}")
@@ -141,6 +147,7 @@ def test_default_model_end_to_end(tmp_path):
     assert all(r["text"].strip() for r in records(tmp_path))  # real text from a real model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [[], ["decoder=lookahead", "gen.batch_size=2"]], ids=["one", "batched"])
 def test_a_prompt_cut_by_the_context_runs_and_only_an_overlong_one_is_skipped(tmp_path, batch):
     """Issue 41, item 2: as in Spec-Bench, a generation that reaches the context stops there
@@ -167,6 +174,7 @@ def test_a_prompt_cut_by_the_context_runs_and_only_an_overlong_one_is_skipped(tm
     assert summary.loc[0, "records"] == 2 and summary.loc[0, "skipped"] == 2
 
 
+@pytest.mark.slow
 def test_show_prints_the_prompt_ids_a_run_fed_the_model(tmp_path, capsys):
     """Issue 41, item 1: bench.show --prompt-ids prints the exact prompt text and ids of a turn; they
     are the ones the run fed the model: greedy decoding from them gives the record's tokens again."""
@@ -270,6 +278,7 @@ ERRORS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides,message", ERRORS, ids=[" ".join(o) for o, _ in ERRORS])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
     run = tmp_path / "run"
@@ -283,6 +292,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
     assert {p.name for p in run.glob("*")} <= {"__main__.log"}, sorted(p.name for p in run.rglob("*"))
 
 
+@pytest.mark.slow
 def test_missing_data_names_where_it_looked(tmp_path):
     env = dict(os.environ, BENCH_DATA_DIR=str(tmp_path), BENCH_CACHE_DIR=CACHE_DIR, HF_HUB_OFFLINE="1")
     out = subprocess.run([sys.executable, "-m", "bench", *TINY, "dataset=mt_bench", f"hydra.run.dir={tmp_path / 'r'}"],
@@ -294,6 +304,7 @@ def test_missing_data_names_where_it_looked(tmp_path):
     assert "dataset.path=" in line and "BENCH_DATA_DIR" in line
 
 
+@pytest.mark.slow
 def test_existing_run_needs_resume_and_resume_needs_same_config(tmp_path):
     assert run_cli(*TINY, "dataset.limit=1", f"hydra.run.dir={tmp_path}").returncode == 0
     again = run_cli(*TINY, "dataset.limit=1", f"hydra.run.dir={tmp_path}")
@@ -304,6 +315,7 @@ def test_existing_run_needs_resume_and_resume_needs_same_config(tmp_path):
     assert same.returncode == 0 and len(records(tmp_path)) == 1
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_every_record_exactly_once(tmp_path):
     args = ["model=tiny-random", "gen.max_new_tokens=48", "dataset.limit=14", f"hydra.run.dir={tmp_path}"]
     proc = start_cli(*args)
@@ -323,6 +335,7 @@ def test_sigkill_then_resume_gives_every_record_exactly_once(tmp_path):
     assert pd.read_csv(tmp_path / "summary.csv").loc[0, "records"] == 14
 
 
+@pytest.mark.slow
 def test_multirun_sweep_and_report(tmp_path):
     out = run_cli("-m", *TINY, "decoder=autoregressive,hf_pld", "dataset.limit=2", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 0, out.stderr
@@ -337,6 +350,7 @@ def test_multirun_sweep_and_report(tmp_path):
     assert "decoder.name" in table.columns  # the swept parameter is a column
 
 
+@pytest.mark.slow
 def test_wandb_offline_logging(tmp_path):
     out = run_cli(*TINY, "dataset.limit=2", "logger=wandb", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stderr
@@ -344,6 +358,7 @@ def test_wandb_offline_logging(tmp_path):
     assert len(offline_runs) == 1 and any(offline_runs[0].glob("*.wandb"))
 
 
+@pytest.mark.slow
 def test_hydra_flags_pass_through():
     shown = run_cli("--cfg", "job", "model=tiny-random", "decoder=hf_pld")
     assert shown.returncode == 0, shown.stderr

@@ -23,6 +23,7 @@ def pair():
     return tiny_lm(seed=0), compiled
 
 
+@pytest.mark.slow
 def test_compiled_at_load_with_its_time_said():
     lm = tiny_lm(seed=1)
     assert lm.compile == "none" and lm.compile_seconds == 0.0
@@ -35,6 +36,7 @@ def close(a, b):
     return torch.allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 8, 17, 64, 70])
 def test_compiled_forward_equals_eager(pair, width):
     """Every output kind, tree masks and explicit positions, widths across the graphs' splits and past
@@ -63,6 +65,7 @@ def test_compiled_forward_equals_eager(pair, width):
             assert close(a.keys, b.keys) and close(a.values, b.values)
 
 
+@pytest.mark.slow
 def test_nothing_is_traced_after_load(pair):
     """Widths 1-64 and growing caches after the load-time warm-up: no new graph (a trace inside a
     timed run would be charged to it), and the cache stays contiguous after tree edits."""
@@ -85,6 +88,7 @@ DECODERS = ["lookahead-1-5-2", "prompt_lookup-3-1", "eagle-dynamic-10-3-4-seed1"
             "recycling-12-2-6", "sequoia-8-4", "hf_pld-3-1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DECODERS)
 @pytest.mark.parametrize("seed", range(2))
 def test_greedy_equality_compiled(pair, name, seed):

@@ -434,6 +434,7 @@ def test_rendering_for_without_template(tokenizer):
 SAMPLE = [0, 2, 10, 38, 163]  # 10 and 38 have helper functions before the entry point
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", SAMPLE)
 def test_run_humaneval_canonical_passes(problems, index):
     problem = problems[index]
@@ -441,17 +442,20 @@ def test_run_humaneval_canonical_passes(problems, index):
     assert result["passed"] is True and result["score"] == 1.0, result
 
 
+@pytest.mark.slow
 def test_run_humaneval_wrong_body_fails(problems):
     result = quality.run_humaneval(problems[0], "    return None\n", timeout=1.0)
     assert result["passed"] is False and result["score"] == 0.0
     assert result["result"].startswith("failed")
 
 
+@pytest.mark.slow
 def test_run_humaneval_syntax_error_fails(problems):
     result = quality.run_humaneval(problems[0], "    return (\n", timeout=1.0)
     assert result["passed"] is False and result["score"] == 0.0
 
 
+@pytest.mark.slow
 def test_run_humaneval_infinite_loop_times_out(problems):
     start = time.perf_counter()
     result = quality.run_humaneval(problems[0], "    while True:\n        pass\n", timeout=1.0)
@@ -465,6 +469,7 @@ def _chatty(code: str, fence: str = "```python") -> str:
     return f"Sure! Here is the completed function:\n\n{fence}\n{code}```\n\nIt handles every case in the docstring."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 10])
 def test_humaneval_completion_chat_full_function(problems, index):
     problem = problems[index]
@@ -475,6 +480,7 @@ def test_humaneval_completion_chat_full_function(problems, index):
     assert quality.run_humaneval(problem, completion)["passed"] is True
 
 
+@pytest.mark.slow
 def test_humaneval_completion_chat_variants(problems):
     problem = problems[0]
     full = problem["prompt"] + problem["canonical_solution"]
@@ -493,6 +499,7 @@ def test_humaneval_completion_chat_variants(problems):
     assert quality.humaneval_completion(problem, body, "chat") == body
 
 
+@pytest.mark.slow
 def test_humaneval_completion_chat_wrong_function_fails(problems):
     problem = problems[0]
     wrong = problem["prompt"] + "    return False\n"
@@ -514,6 +521,7 @@ def test_humaneval_completion_raw_stops(problems, stop):
     assert quality.humaneval_completion(problems[0], text, "raw") == body
 
 
+@pytest.mark.slow
 def test_humaneval_completion_raw_earliest_stop_and_no_stop(problems):
     body = "    return 1\n"
     assert quality.humaneval_completion(problems[0], body + "\nprint(f())\ndef g():\n    pass\n", "raw") == body
@@ -526,6 +534,7 @@ def test_humaneval_completion_raw_earliest_stop_and_no_stop(problems):
     assert quality.run_humaneval(problem, completion)["passed"] is True
 
 
+@pytest.mark.slow
 def test_humaneval_score_end_to_end():
     dataset = HumanEval(limit=1, chat_template=HUMANEVAL_CHAT, timeout=2.0)
     prompt = dataset.load()[0]

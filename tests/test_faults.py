@@ -14,6 +14,8 @@ import pytest
 
 from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli, start_cli, wait_for_records
 
+pytestmark = pytest.mark.slow  # every test here starts a process
+
 TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=8"]
 HEADS = REPO / "adapters" / "smollm2-135m-heads4.safetensors"
 ADAPTER = REPO / "adapters" / "smollm2-135m-self4.safetensors"

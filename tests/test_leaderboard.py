@@ -48,6 +48,7 @@ def board(tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow
 def test_table_has_every_decoder_dataset_and_column(board):
     out, result = board
     df = pd.read_csv(out / "leaderboard.csv")
@@ -76,6 +77,7 @@ def test_table_has_every_decoder_dataset_and_column(board):
     assert "leaderboard | gsm8k" in result.stderr  # the progress bar
 
 
+@pytest.mark.slow
 def test_auto_tuners_forecast_beside_measurement(board):
     out, _ = board
     tuning = pd.read_csv(out / "tuning.csv")
@@ -85,6 +87,7 @@ def test_auto_tuners_forecast_beside_measurement(board):
     assert tuning["speedup"].gt(0).all() and tuning["mean_accepted_tokens"].ge(1).all()
 
 
+@pytest.mark.slow
 def test_results_break_down_by_category(board):
     """MT-Bench prompts carry a category; every record keeps it and the leaderboard breaks it down."""
     out, _ = board
@@ -96,6 +99,7 @@ def test_results_break_down_by_category(board):
     assert by.groupby("decoder")["prompts"].sum().eq(2).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ["hf_assisted", "spec_chain", "specinfer", "sequoia", "sequoia-auto"])
 def test_draft_flops_count_and_the_drafts_prompt_pass_is_its_prefill(board, label):
     """hf_assisted reported zero draft FLOPs; decode FLOPs counted the draft's pass over the prompt."""
@@ -106,6 +110,7 @@ def test_draft_flops_count_and_the_drafts_prompt_pass_is_its_prefill(board, labe
         assert sum(x > 0 for x in r["trace"]["draft_prefill_flops"]) == 1
 
 
+@pytest.mark.slow
 def test_sampling_leaderboard_says_so_and_does_not_call_equality_lossless(tmp_path):
     result = run_module("bench.leaderboard", *TINY, "leaderboard.limit=1",
                         "leaderboard.only=[autoregressive,spec_chain]",
@@ -117,6 +122,7 @@ def test_sampling_leaderboard_says_so_and_does_not_call_equality_lossless(tmp_pa
     assert "sampling (temperature 0.7" in md and "| greedy |" not in md and "not a test of losslessness" in md
 
 
+@pytest.mark.slow
 def test_plots_and_their_data_are_written(board):
     out, _ = board
     for name in ("speedup", "tokens_vs_flops", "acceptance_by_depth", "accepted_by_output_position"):
@@ -136,6 +142,7 @@ def test_plots_and_their_data_are_written(board):
     assert list(cost["tokens"]) == [1, 2, 4] and (cost["vs_one_token"] > 0).all()
 
 
+@pytest.mark.slow
 def test_every_entry_is_a_run_directory_that_report_reads(board):
     out, _ = board
     for label in LABELS:
@@ -146,6 +153,7 @@ def test_every_entry_is_a_run_directory_that_report_reads(board):
     assert result.returncode == 0 and "lookahead" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_rerun_resumes_without_duplicates(board):
     out, _ = board
     victim = out / "humaneval" / "sequoia" / "records.jsonl"
@@ -165,6 +173,7 @@ def test_a_rerun_resumes_without_duplicates(board):
     assert all(p.read_text() == text for p, text in before.items())  # finished runs untouched
 
 
+@pytest.mark.slow
 def test_a_rerun_with_other_settings_is_refused_and_changes_nothing(board):
     out, _ = board
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -176,6 +185,7 @@ def test_a_rerun_with_other_settings_is_refused_and_changes_nothing(board):
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_a_smaller_limit_tables_only_its_prompts(board, tmp_path):
     out, _ = board
     copy = tmp_path / "board"
@@ -189,6 +199,7 @@ def test_a_smaller_limit_tables_only_its_prompts(board, tmp_path):
         assert p.read_text() == (out / p.relative_to(copy)).read_text()
 
 
+@pytest.mark.slow
 def test_show_renders_each_step(board):
     out, _ = board
     run = out / "humaneval" / "lookahead"
@@ -206,6 +217,7 @@ def test_show_renders_each_step(board):
     assert "tokens per step" in page and record["decoder"] in page
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["/no/such/run", "--prompt", "x"], "no run directory at /no/such/run"),
     (["{run}", "--prompt", "nope/1"], "no record for prompt 'nope/1' turn 0"),
@@ -220,6 +232,7 @@ def test_show_errors_are_one_line(board, tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_leaderboard_errors_are_one_line(tmp_path):
     result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[nope]",
                         f"leaderboard.out_dir={tmp_path}")
@@ -288,6 +301,7 @@ def test_presets_write_to_their_own_directory_not_the_reference():
     assert chain.depth == tree.num_drafts * tree.depth == seq.budget == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_tables_its_entries_with_provenance(name, tmp_path):
     labels, repeats = PRESETS[name]
@@ -364,6 +378,7 @@ def test_ordering_marks_say_what_the_intervals_allow():
     assert marked["overlaps"].tolist() == ["", "b", "a", "", "", ""]
 
 
+@pytest.mark.slow
 def test_repeats_must_be_a_positive_integer(tmp_path):
     result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.repeats=0",
                         f"leaderboard.out_dir={tmp_path}")
@@ -391,6 +406,7 @@ def test_a_departure_at_a_tie_is_no_loss_but_not_the_same_output():
     assert board_row(unjudged, reference)["real_divergences"] is None  # no verdicts: nothing claimed
 
 
+@pytest.mark.slow
 def test_leaderboard_records_carry_the_lossless_verdict(board):
     out, _ = board
     for r in map(json.loads, (out / "gsm8k" / "lookahead" / "records.jsonl").read_text().splitlines()):

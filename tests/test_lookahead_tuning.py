@@ -103,6 +103,7 @@ def test_auto_decoder_is_exact_and_reports_its_choice(monkeypatch):
         assert out.tokens == autoregressive_decode(lm, prompt, 30, Sampling(), set()).tokens
 
 
+@pytest.mark.slow
 def test_auto_through_the_runner_records_choice_and_prediction(tmp_path):
     run = tmp_path / "run"
     out = run_cli("model=tiny-random", "gen.max_new_tokens=12", "dataset.limit=3", "decoder=lookahead",

@@ -130,6 +130,7 @@ def test_pretrained_unreachable_hub(monkeypatch):
 
 # ---- GGUFPackageModel --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_gguf_path_without_importing_package():
     code = ("import sys\n"
             "from bench.models import GGUFPackageModel\n"

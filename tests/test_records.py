@@ -111,6 +111,7 @@ def test_a_second_writer_fails_naming_the_holder(tmp_path):
     again.close()
 
 
+@pytest.mark.slow
 def test_the_lock_dies_with_its_holder(tmp_path):
     """A holder killed with SIGKILL (no cleanup) leaves no stale lock: the OS drops an flock."""
     path = tmp_path / "records.jsonl"

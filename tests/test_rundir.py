@@ -103,6 +103,7 @@ def test_a_directory_that_is_not_a_run_is_refused(tmp_path, make, message):
         rundir.check_resume(place, OmegaConf.create({}), True, "hydra.run.dir")
 
 
+@pytest.mark.slow
 def test_new_empty_and_own_directories_are_accepted(tmp_path, made_run):
     (tmp_path / "empty").mkdir()
     (tmp_path / "refused_early").mkdir()
@@ -114,6 +115,7 @@ def test_new_empty_and_own_directories_are_accepted(tmp_path, made_run):
     assert rundir.check_owned(legacy, "k") and rundir.check_owned(made_run, "k")
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_foreign_directory_and_changes_nothing(tmp_path):
     place = _conf_copy(tmp_path)
     before = snapshot(place)
@@ -123,6 +125,7 @@ def test_cli_refuses_a_foreign_directory_and_changes_nothing(tmp_path):
 
 # --- a refused run changes nothing, .hydra/ included --------------------------------------------
 
+@pytest.mark.slow
 def test_refused_runs_leave_the_existing_run_untouched(tmp_path, made_run):
     run = copy_of(made_run, tmp_path)
     assert (run / ".hydra" / "overrides.yaml").is_file() and (run / rundir.MARKER).is_file()
@@ -144,6 +147,7 @@ def test_refused_runs_leave_the_existing_run_untouched(tmp_path, made_run):
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_gzipped_reference_run_is_read_only(tmp_path, made_run):
     """results/reference/ keeps its records as records.jsonl.gz: readers take it, no run writes into it."""
     run = copy_of(made_run, tmp_path)
@@ -165,6 +169,7 @@ def _config(run: Path, **changes):
     return cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage,message", [
     (lambda run: (run / "config.yaml").unlink() or shutil.rmtree(run / ".hydra"),
      "holds records but no config.yaml (nor .hydra/config.yaml)"),
@@ -182,6 +187,7 @@ def test_resume_refuses_a_missing_or_damaged_config(tmp_path, made_run, damage, 
     assert message in str(e.value) and "choose a new hydra.run.dir" in str(e.value)
 
 
+@pytest.mark.slow
 def test_resume_falls_back_to_hydras_config(tmp_path, made_run):
     run = copy_of(made_run, tmp_path)
     (run / "config.yaml").unlink()
@@ -190,6 +196,7 @@ def test_resume_falls_back_to_hydras_config(tmp_path, made_run):
         rundir.check_resume(run, _config(made_run, **{"resume": True, "gen.max_new_tokens": 32}), True, "hydra.run.dir")
 
 
+@pytest.mark.slow
 def test_cli_resume_without_config_yaml_checks_hydras(tmp_path, made_run):
     """Records made with 16 tokens, resumed with 32, were accepted (exit 0, config.yaml rewritten)."""
     run = copy_of(made_run, tmp_path)
@@ -237,6 +244,7 @@ def test_write_atomic_leaves_the_old_file_or_none(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["config.yaml"] and path.read_text() == "old: 1\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,resume", [("config.yaml", False), ("summary.csv", True)])
 def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resume_works(tmp_path, made_run, name, resume):
     run = copy_of(made_run, tmp_path) if resume else tmp_path / "run"
@@ -289,6 +297,7 @@ def seen(target: Path):
     return snapshot(target) if target.is_dir() else target.read_bytes() if target.exists() else None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dangling", [False, True], ids=["to-a-file", "dangling"])
 @pytest.mark.parametrize("name", RUN_FILES)
 def test_a_planted_link_is_refused_before_anything_is_written(tmp_path, made_run, name, dangling):
@@ -312,6 +321,7 @@ _CLI_LINKS = [(name, resume, False) for name in ("records.jsonl.lock", "records.
     (name, True, True) for name in ("records.jsonl.lock", "records.jsonl.tmp", "records.jsonl")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,resume,dangling", _CLI_LINKS,
                          ids=[f"{n}-{'resume' if r else 'fresh'}{'-dangling' if d else ''}" for n, r, d in _CLI_LINKS])
 def test_cli_refuses_a_planted_link_and_writes_nothing_through_it(tmp_path, made_run, name, resume, dangling):
@@ -381,6 +391,7 @@ def test_hydra_may_name_its_own_classes_and_ours():
         check_targets(OmegaConf.create({"decoder": {"_target_": "hydra.utils.instantiate"}}))
 
 
+@pytest.mark.slow
 def test_cli_target_override_is_refused_before_anything_runs(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
@@ -389,11 +400,13 @@ def test_cli_target_override_is_refused_before_anything_runs(tmp_path):
     assert victim.read_text() == "keep me" and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["hydra.output_subdir=/tmp/elsewhere", "+hydra.job_logging.handlers.file.mode=w"])
 def test_hydra_keys_that_write_elsewhere_are_refused(override):
     refused(run_cli(*TINY, override), "not overridable here")
 
 
+@pytest.mark.slow
 def test_show_builds_only_project_classes_and_reads_a_damaged_config_in_one_line(tmp_path, made_run, capsys):
     from bench import show
 
@@ -416,6 +429,7 @@ def test_show_builds_only_project_classes_and_reads_a_damaged_config_in_one_line
 
 # --- sweeps still work, and are refused the same way ---------------------------------------------
 
+@pytest.mark.slow
 def test_a_sweep_refused_changes_nothing(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", *TINY, "dataset.limit=1", "decoder=autoregressive", f"hydra.sweep.dir={sweep}"]
@@ -466,6 +480,7 @@ def test_leaderboard_out_dir_is_new_empty_or_a_leaderboards(tmp_path):
         rundir.check_board_dir(tmp_path / "file")
 
 
+@pytest.mark.slow
 def test_cli_leaderboard_refuses_a_foreign_out_dir_and_changes_nothing(tmp_path):
     foreign = tmp_path / "conf-copy"
     shutil.copytree(REPO / "conf", foreign)

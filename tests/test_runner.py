@@ -130,6 +130,7 @@ def test_generation_contract_is_enforced(lm, how, message):
                  PROMPT, 0, [])
 
 
+@pytest.mark.slow
 def test_calibration_prompts_are_never_scored(tmp_path):
     """Self-tuning decoders calibrate on the dataset's prompts past dataset.limit, and the records say which."""
     import json

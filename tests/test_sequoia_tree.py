@@ -369,6 +369,7 @@ def test_fingerprint_tells_drafts_apart():
     assert model_fingerprint(tiny_lm(seed=6, layers=4)) == model_fingerprint(target)
 
 
+@pytest.mark.slow
 def test_measure_script_on_tiny_random(tmp_path):
     out_file = tmp_path / "acc.json"
     out = run_script("measure_acceptance.py", "--prompts", "2", "--max-new-tokens", "6", "--K", "3", "--out",

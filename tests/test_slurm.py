@@ -27,7 +27,7 @@ import pytest
 
 from helpers import CACHE_DIR, DATA_DIR, REPO
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]  # every test here starts processes
 
 SCRIPTS = REPO / "scripts" / "slurm"
 FINAL = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED"}
