@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from bench.models import GGUFPackageModel, TinyRandomModel, borrow_tokenizer
@@ -33,6 +34,13 @@ def writable_copy(run: Path, dest: Path) -> Path:
         (dest / RECORDS).write_bytes(gzip.decompress((dest / GZIPPED).read_bytes()))
         (dest / GZIPPED).unlink()
     return dest
+
+
+def first_quick(values) -> list:
+    """A sweep's values, all but the first marked `slow`: `pytest -m "not slow"` runs each case at the
+    first value (seed 0, say), the whole suite at every value."""
+    values = list(values)
+    return values[:1] + [pytest.param(v, marks=pytest.mark.slow) for v in values[1:]]
 
 
 def searchpath(dirs=EXTRA_CONF_DIRS) -> list[str]:

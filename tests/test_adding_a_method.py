@@ -81,6 +81,7 @@ def test_the_greedy_equality_tests_find_and_pass_a_new_method(method_dir):
     assert passed and int(passed[1]) >= 40, out.stdout[-500:]  # its tiny and EOS cases, and its config's layout test
 
 
+@pytest.mark.slow
 def test_the_leaderboard_lists_a_new_method(method_dir):
     from bench.leaderboard import compose_all
 

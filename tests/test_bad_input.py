@@ -137,6 +137,7 @@ def test_an_invalid_record_names_its_field(run_dir, case):
     assert why in invalid(broken)
 
 
+@pytest.mark.slow
 def test_existing_reference_records_are_valid():
     paths = [records_path(run) for run in run_dirs(REPO / "results" / "reference")]
     assert paths and all(path.name == "records.jsonl.gz" for path in paths)  # tests/test_layout.py: kept small

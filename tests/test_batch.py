@@ -27,7 +27,7 @@ from decoders.methods.recycling import Recycling
 from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
 from decoders.methods.specinfer import SpecInfer
-from helpers import chi2_pvalue, greedy_reference, run_cli, tiny_lm
+from helpers import chi2_pvalue, first_quick, greedy_reference, run_cli, tiny_lm
 from test_heads import tiny_ngram  # noqa: F401  (fixture)
 
 GREEDY = Sampling()
@@ -65,13 +65,14 @@ def mixed_prompts(seed: int, count: int, vocab: int = 64) -> list[list[int]]:
     return prompts
 
 
-@pytest.mark.parametrize("batch", [2, 3, 8])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("batch", [2, 3, pytest.param(8, marks=pytest.mark.slow)])  # the quick run: 2 and 3, seed 0
+@pytest.mark.parametrize("seed", first_quick([0, 1]))
 @pytest.mark.parametrize("name", list(BATCHED))
 def test_batched_rows_equal_batch_1(name, seed, batch):
     assert_rows_equal_batch_1(BATCHED[name], seed, batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [2, 3, 8])
 def test_batched_bpd_ngram_rows_equal_batch_1(tiny_ngram, batch):  # noqa: F811
     """BPD's last lossless variant, the n-gram rescored lattice (its LM file is a fixture)."""
@@ -164,6 +165,7 @@ def test_sampled_rows_draw_their_own_streams(name):
                                         for p, s in zip(prompts, samplings)]
 
 
+@pytest.mark.slow
 def test_sampled_batch_keeps_the_target_distribution_per_row():
     """Batched speculative sampling (spec_chain, depth 2): each row's first two tokens follow the
     target's exact joint distribution (enumerated over a 16-token vocabulary)."""

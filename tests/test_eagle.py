@@ -207,6 +207,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
     """Deterministic candidates (the draft's top-k) with the loop's verification: the 3-token
@@ -219,6 +220,7 @@ def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
     assert_matches_exact(lm, prompt, counts, sampling_kwargs, wrong_kwargs)
 
 
+@pytest.mark.slow
 def test_negative_control_eagle_with_a_wrong_verifier_is_rejected(stat_model, monkeypatch):  # noqa: F811
     lm, prompt = stat_model
     monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)

@@ -278,6 +278,7 @@ CORRECT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CORRECT)
 def test_exact_distribution_equals_target(case):
     run, n, V, seeds = CORRECT[case]

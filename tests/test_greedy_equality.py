@@ -24,7 +24,7 @@ from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
 from decoders.methods.specinfer import SpecInfer
 from decoders.core.trace import check_generation
-from helpers import EXTRA_CONF_DIRS, REPO, greedy_reference, searchpath, tiny_lm
+from helpers import EXTRA_CONF_DIRS, REPO, first_quick, greedy_reference, searchpath, tiny_lm
 
 GREEDY = Sampling()
 
@@ -184,7 +184,7 @@ def tiny_case(seed: int, kind: str):
 @pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("kind", ["random", "repetitive", "one_token_prompt"])
 @pytest.mark.parametrize("max_new_tokens", [1, 7, 40])
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", first_quick(range(4)))
 def test_greedy_equality_tiny_random(decoder, kind, max_new_tokens, seed):
     lm = tiny_lm(seed=seed)
     prompt = tiny_case(seed, kind)
@@ -195,7 +195,7 @@ def test_greedy_equality_tiny_random(decoder, kind, max_new_tokens, seed):
 
 
 @pytest.mark.parametrize("decoder", DECODERS)
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", first_quick(range(6)))
 def test_greedy_equality_eos_inside_output(decoder, seed):
     """EOS is a token autoregressive emits mid-output: every decoder stops right after it,
     even when it arrives inside a block of accepted draft tokens."""

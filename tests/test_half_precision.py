@@ -173,6 +173,7 @@ HALF_CASES = {name: exact.CORRECT[name] for name in
               ("chain-3", "specinfer-k2-d2", "sequoia-2-2-1", "deterministic-dup_siblings")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", HALF_CASES)
 def test_exact_distribution_from_half_logits(case, dtype):
@@ -187,7 +188,8 @@ def test_exact_distribution_from_half_logits(case, dtype):
 N_HALF = 2000
 
 
-@pytest.mark.parametrize("device", DEVICES)
+# long on the CPU (slow); on CUDA, part of the GPU check's `-m "cuda and not slow"`
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), *DEVICES[1:]])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_autoregressive_samples_exact_two_token_distribution_in_half(dtype, device, one_thread):
     """test_sampling's end-to-end check in half precision: the first two sampled tokens follow

@@ -103,6 +103,7 @@ def make(name: str, ngram: str):
     }[name]()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("seed", range(4))
 def test_oracle_heads_are_accepted_and_output_is_exact(tiny_ngram, name, seed):
@@ -425,6 +426,7 @@ def test_neural_scorer_matches_a_fresh_forward_and_restores_the_cache():
 
 
 # ---- sampling: deterministic-candidate acceptance preserves the target distribution ---------
+@pytest.mark.slow
 @pytest.mark.parametrize("make,kwargs,wrong", [
     (lambda: Medusa(num_heads=2, choices=[[0], [1], [2], [0, 0]]), dict(temperature=0.8), dict(temperature=1.0)),
     (lambda: BPD(num_heads=2, paths=3, ranks_per_head=3), dict(temperature=1.0, top_p=0.9), dict(temperature=1.0)),
@@ -442,6 +444,7 @@ def test_sampling_matches_exact_distribution(stat_model, make, kwargs, wrong):  
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**wrong))) < ALPHA
 
 
+@pytest.mark.slow
 def test_negative_control_typical_acceptance_is_not_the_target_distribution(stat_model):  # noqa: F811
     lm, prompt = stat_model
     decoder = Medusa(num_heads=2, choices=[[0], [1], [2], [0, 0]], accept_rule="typical", posterior_threshold=0.3,

@@ -285,6 +285,7 @@ def preset_overrides(name: str) -> list[str]:
     return [f"+preset={name}", *tiny]
 
 
+@pytest.mark.slow
 def test_presets_write_to_their_own_directory_not_the_reference():
     from bench.leaderboard import compose_all
 
@@ -413,6 +414,7 @@ def test_leaderboard_records_carry_the_lossless_verdict(board):
         assert r["lossless"] is True and r["first_divergence"] is None and r["reference"] is None
 
 
+@pytest.mark.slow
 def test_timed_repeats_start_from_the_same_carried_state(tmp_path, monkeypatch):
     """Issue 41, item 5: recycling's hot table (what a decoder carries between prompts) is, at the
     start of each timed repeat of a prompt, what it was at the start of the first; the next prompt

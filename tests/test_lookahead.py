@@ -568,6 +568,7 @@ SAMPLED_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SAMPLED_CASES)
 def test_sampling_matches_exact_distribution(stat_model, case):
     lm, prompt = stat_model
@@ -607,6 +608,7 @@ def _verify_without_residual(tree, target_probs, draft_probs, generator, without
         node = child
 
 
+@pytest.mark.slow
 def test_negative_control_lookahead_with_a_wrong_verifier_is_rejected(stat_model, monkeypatch):
     """The same test, on lookahead whose verifier forgets the residual, rejects its samples."""
     lm, prompt = stat_model

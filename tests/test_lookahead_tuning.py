@@ -53,6 +53,7 @@ def fake_profile(monkeypatch, per_token: float):
     monkeypatch.setattr(tuning, "forward_latency", lambda *a, **k: profile)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_token", [0.0, 0.05, 1.0])
 def test_choice_maximises_compression_over_step_cost(monkeypatch, tmp_path, per_token):
     fake_profile(monkeypatch, per_token)

@@ -400,6 +400,7 @@ SAMPLING_CASES = {  # every token is a depth-1 candidate (top_k / ranks = VOCAB)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SAMPLING_CASES)
 def test_sampling_matches_exact_distribution(tmp_path, case):
     layout, layers, make, kwargs = SAMPLING_CASES[case]

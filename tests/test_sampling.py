@@ -106,6 +106,7 @@ def test_greedy_next_token_is_argmax_first_index_on_ties():
     assert next_token(torch.tensor([0.0, 2.0, 2.0, 1.0]), Sampling(temperature=0, top_p=0.1, top_k=1), None) == 1
 
 
+@pytest.mark.slow
 def test_sampled_next_token_distribution():
     logits = torch.tensor([2.0, 1.5, 0.3, -0.5, 1.0, -3.0, 0.0])
     s = Sampling(temperature=0.8, top_k=5, top_p=0.95)
@@ -167,6 +168,7 @@ def _pair_counts(generate) -> torch.Tensor:
     return counts
 
 
+@pytest.mark.slow
 def test_autoregressive_samples_exact_two_token_distribution(lm_and_joint):
     lm, joint = lm_and_joint
     counts = _pair_counts(lambda s: autoregressive_decode(lm, PROMPT, 2, s, stop_ids=set()).tokens)
@@ -181,6 +183,7 @@ def test_autoregressive_samples_exact_two_token_distribution(lm_and_joint):
     assert chi2_pvalue(counts, wrong / wrong.sum()) < ALPHA
 
 
+@pytest.mark.slow
 def test_hf_generate_samples_exact_two_token_distribution(lm_and_joint):
     lm, joint = lm_and_joint
     with torch.random.fork_rng(devices=[]):  # hf_generate seeds the global RNG

@@ -169,6 +169,7 @@ def test_spec_bench_table_says_what_it_covers():
 
 # ---- the preset and the model configs ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_preset_follows_spec_bench_protocol_with_each_targets_drafts(monkeypatch):
     from bench.leaderboard import compose_all
 
@@ -267,6 +268,7 @@ def test_configured_revision_reaches_from_pretrained_and_provenance(tmp_path, mo
 
 # ---- the preset end to end on CPU -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_spec_bench_preset_runs_every_turn_and_writes_its_table(tmp_path, monkeypatch):
     """tiny-random, one two-turn MT-Bench question and one translation, 6 tokens, 2 repeats."""
     from bench.leaderboard import main
@@ -333,6 +335,7 @@ def test_a_sentencepiece_only_tokenizer_loads_as_sentencepiece_encodes(tmp_path)
         assert tokenizer(text, add_special_tokens=False)["input_ids"] == reference.encode(text), text
 
 
+@pytest.mark.slow
 def test_per_group_samples_every_column_and_composes_with_the_preset(monkeypatch):
     """dataset.per_group=N keeps the first N questions of each of Spec-Bench's six task groups (MT-Bench's
     eight categories are one group), so a short run fills every column of the table; it is a key of the

@@ -107,6 +107,7 @@ SAMPLED_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SAMPLED_CASES)
 def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
     lm, prompt = stat_model
@@ -123,6 +124,7 @@ def _accept_all(tree, target_probs, draft_probs, generator, without_replacement=
     return path, int(torch.multinomial(target_probs[path[-1]], 1, generator=generator))
 
 
+@pytest.mark.slow
 def test_negative_control_a_verifier_that_accepts_every_draft_is_rejected(stat_model, monkeypatch):  # noqa: F811
     lm, prompt = stat_model
     monkeypatch.setattr(loop_module, "verify_sampling", _accept_all)

@@ -16,6 +16,7 @@ def flat(families: dict[str, list[str]]) -> list[str]:
     return [t for group in families.values() for t in group]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (DATA_DIR / "gsm8k" / "train.jsonl").is_file(), reason="needs BENCH_DATA_DIR with gsm8k")
 def test_extra_requests_come_last_and_leave_the_first_ones_and_their_held_out_alone():
     rows = gsm8k_train_rows(str(DATA_DIR))

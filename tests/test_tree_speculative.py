@@ -127,6 +127,7 @@ SAMPLED_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SAMPLED_CASES)
 def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
     lm, prompt = stat_model
@@ -137,6 +138,7 @@ def test_sampling_matches_exact_distribution(stat_model, case):  # noqa: F811
     assert_matches_exact(lm, prompt, counts, kwargs, wrong)
 
 
+@pytest.mark.slow
 def test_negative_control_sequoia_verified_as_if_with_replacement_is_rejected(stat_model, monkeypatch):  # noqa: F811
     """WRONG: Sequoia's siblings verified as if drawn with replacement (the draft's distribution
     not updated after a rejection): the test must reject its samples."""

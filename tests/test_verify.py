@@ -153,6 +153,7 @@ def _first_token_counts(children: torch.Tensor, draft: bool, without_replacement
     return torch.tensor(counts, dtype=torch.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("candidates", [[3], [1, 3], [3, 2, 3], [4, 3, 2, 1, 0]],
                          ids=["one", "two", "three_impossible_and_dup", "all_tokens"])
 def test_first_token_deterministic_candidates(candidates):
@@ -163,6 +164,7 @@ def test_first_token_deterministic_candidates(candidates):
     assert p > ALPHA, (counts / N_FIRST, P_FIRST, p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replacement,k", [(True, 1), (True, 3), (False, 2), (False, 5)],
                          ids=["iid-1", "iid-3", "without_replacement-2", "without_replacement-5"])
 def test_first_token_drafted(replacement, k):
@@ -251,6 +253,7 @@ def _depth2_trials(mode: str, k1: int, k2: int, seed: int, wrong_rows: bool = Fa
     return counts, joint
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,k1,k2", [("deterministic", 3, 2), ("iid", 3, 2), ("iid", 1, 1), ("without", 3, 2)])
 def test_joint_first_two_tokens(mode, k1, k2):
     counts, joint = _depth2_trials(mode, k1, k2, seed=1000 + 10 * k1 + k2)
@@ -315,6 +318,7 @@ def test_negative_control_without_replacement_drafts_verified_as_iid_are_rejecte
     assert chi2_pvalue(counts, P_FIRST) < ALPHA
 
 
+@pytest.mark.slow
 def test_negative_control_joint_detects_misaligned_target_rows():
     """Children given the root's target row (the classic off-by-one between nodes and target
     logits rows): the first token is still right, the pair is not, and the joint test sees it."""
