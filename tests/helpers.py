@@ -58,7 +58,7 @@ TINY_TOKENIZER = borrow_tokenizer(os.environ.get("BENCH_TINY_TOKENIZER"))
 FAST_PATH = os.environ.get("BENCH_TEST_FAST_PATH", "prepacked")
 
 
-def tiny_lm(seed: int = 0, vocab: int = 64, layers: int = 2, attn: str = "sdpa", eos: int | None = None,
+def tiny_lm(seed: int = 0, *, vocab: int = 64, layers: int = 2, attn: str = "sdpa", eos: int | None = None,
             init_std: float = 0.2, hidden: int = 64, fast_path: str = FAST_PATH, dtype: str = "float32",
             device: str = "cpu", name: str = "model") -> LM:
     """A random Llama with a small vocabulary, no tokenizer (the same weights in every dtype and

@@ -393,9 +393,21 @@ def test_lookahead_trace(monkeypatch, case, max_new_tokens, eos_at):
     pool = RecordingPool.last
     steps = gen.steps
     assert len(pool.lookups) == len(steps)
+    check_steps(gen, pool, prompt, lm, W=W, N=N, G=G)
+    # step 0's candidates: exactly what the prompt offers (nothing without pool_from_prompt)
+    first = pool.lookups[0][1]
+    assert first == (prompt_candidates(prompt, N, G) if from_prompt else [])
+    if kind == "cycle" and temperature == 0:
+        assert any(s.info["hit"] for s in steps), "no hit on a cyclic prompt: the hit checks went untested"
+    check_pool_additions(pool, prompt, gen, W=W, N=N, from_prompt=from_prompt)
+
+
+def check_steps(gen, pool, prompt, lm, *, W, N, G):
+    """Each step's trace against the lookup the pool recorded for it: the key, the trie of
+    candidates, the tokens fed, what was accepted and committed, the pool's size."""
     sequence = prompt + gen.tokens
     committed, previous_pool = 0, 0
-    for s, (step, (key, grams)) in enumerate(zip(steps, pool.lookups)):
+    for s, (step, (key, grams)) in enumerate(zip(gen.steps, pool.lookups)):
         levels = min(s + 1, N - 1)  # level l of the window fills at step l
         assert set(step.info) == {"pool", "candidates", "hit"}
         # the candidates were looked up after the last committed token, and form the trie
@@ -405,8 +417,8 @@ def test_lookahead_trace(monkeypatch, case, max_new_tokens, eos_at):
         assert step.draft_tokens == trie_nodes(grams)
         if G >= 0:
             assert len(grams) <= G and step.draft_tokens <= G * (N - 1)
-        fed = len(prompt) if s == 0 else 1
-        assert step.forward_tokens == fed + W * levels + step.draft_tokens
+        uncached = len(prompt) if s == 0 else 1
+        assert step.forward_tokens == uncached + W * levels + step.draft_tokens
         assert step.context_tokens == (0 if s == 0 else len(prompt) + committed - 1)
         if s > 0 and G >= 0:
             assert step.forward_tokens <= 1 + W * (N - 1) + G * (N - 1)
@@ -414,7 +426,7 @@ def test_lookahead_trace(monkeypatch, case, max_new_tokens, eos_at):
         assert step.info["hit"] == (step.accepted_draft_tokens > 0)
         assert 0 <= step.accepted_draft_tokens <= min(step.draft_tokens, N - 1)
         assert 1 <= step.committed <= N
-        if s < len(steps) - 1:
+        if s < len(gen.steps) - 1:
             assert step.committed == step.accepted_draft_tokens + 1
         else:
             assert step.accepted_draft_tokens <= step.committed
@@ -425,25 +437,24 @@ def test_lookahead_trace(monkeypatch, case, max_new_tokens, eos_at):
         previous_pool = step.info["pool"]
         committed += step.committed
     assert committed == len(gen.tokens)
-    # step 0's candidates: exactly what the prompt offers (nothing without pool_from_prompt)
-    first = pool.lookups[0][1]
-    assert first == (prompt_candidates(prompt, N, G) if from_prompt else [])
-    if kind == "cycle" and temperature == 0:
-        assert any(s.info["hit"] for s in steps), "no hit on a cyclic prompt: the hit checks went untested"
-    # every n-gram of prompt + output went into the pool exactly once, in order (those of the
-    # prompt alone only with pool_from_prompt), and the window adds its W columns' n-grams once
-    # per step from step N-2 on (when its N-1 levels are full)
+
+
+def check_pool_additions(pool, prompt, gen, *, W, N, from_prompt):
+    """Every n-gram of prompt + output went into the pool exactly once, in order (those of the
+    prompt alone only with pool_from_prompt), and the window adds its W columns' n-grams once
+    per step from step N-2 on (when its N-1 levels are full)."""
+    sequence = prompt + gen.tokens
     from_tokens = [(e[1], *e[2]) for e in pool.events if e[0] == "add" and e[3]]
     first = 0 if from_prompt else max(0, len(prompt) - N + 1)
     assert from_tokens == [tuple(sequence[i:i + N]) for i in range(first, len(sequence) - N + 1)]
-    per_step, s = [0] * len(steps), -1
+    per_step, s = [0] * len(gen.steps), -1
     for e in pool.events:
         if e[0] == "lookup":
             s += 1
         elif not e[3]:
             assert s >= 0, "a window n-gram added before the first pass"
             per_step[s] += 1
-    assert per_step == [W if s >= N - 2 else 0 for s in range(len(steps))]
+    assert per_step == [W if s >= N - 2 else 0 for s in range(len(gen.steps))]
 
 
 @pytest.mark.parametrize("window,ngram", [(3, 2), (1, 4), (5, 5)])

@@ -40,7 +40,7 @@ def test_first_divergence():
     assert metrics.first_divergence([9], [1]) == 0
 
 
-def record(key, tokens, steps, latency, ref_latency=None, lossless=None, score=None, status="ok"):
+def record(key, tokens, steps, latency, *, ref_latency=None, lossless=None, score=None, status="ok"):
     rec = {"key": key, "decoder": "d", "model": "m", "dataset": "x", "status": status}
     if status != "ok":
         return rec

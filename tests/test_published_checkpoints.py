@@ -130,7 +130,7 @@ def write_eagle3(path, lm, seed: int, draft_vocab: int | None = None, embed: boo
     return state
 
 
-def write_medusa(path, lm, seed: int, heads: int = 3, layers: int = 1, own_outputs: bool = True,
+def write_medusa(path, lm, *, seed: int, heads: int = 3, layers: int = 1, own_outputs: bool = True,
                  fmt: str = "safetensors", base: str = NAME):
     """medusa_lm_head.* in medusa_model.py's layout: head i = Sequential(ResBlock x layers, Linear(d, V))."""
     d, V, gen = lm.config.hidden_size, lm.vocab_size, torch.Generator().manual_seed(seed)
