@@ -456,6 +456,7 @@ def run_importing(module: str, *args: str) -> tuple[subprocess.CompletedProcess,
     return out, imported, [line for line in lines if line.strip() and not line.startswith("import time:")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,overrides,message", BEFORE_TORCH,
                          ids=[f"{m} {' '.join(o)}" for m, o, _ in BEFORE_TORCH])
 def test_a_bad_setting_is_refused_before_torch_is_imported(tmp_path, module, overrides, message):
