@@ -153,7 +153,8 @@ def test_notebook_runs_on_the_fixture(monkeypatch):
 def checked_jobs(monkeypatch, *argv) -> list[list[str]]:
     """The job overrides the precheck composes and checks for this command line."""
     jobs = []
-    monkeypatch.setattr(entry, "_check_job", lambda hydra_overrides, combo, *args, **kwargs: jobs.append(combo))
+    monkeypatch.setattr(entry, "_compose_job", lambda hydra_overrides, combo: jobs.append(combo))
+    monkeypatch.setattr(entry, "_check_jobs", lambda composed, multirun: None)
     entry.precheck(list(argv))
     return jobs
 
