@@ -6,6 +6,7 @@ warns when they differ by more than DRIFT_BOUND."""
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 DRIFT_BOUND = 0.10  # of the step's time; the same CPU has run the step 35 ms one day and 44-51 ms the next
@@ -37,8 +38,14 @@ def compare(start_ms: float, end_ms: float, bound: float = DRIFT_BOUND) -> dict:
     return {"start_ms": start_ms, "end_ms": end_ms, "change": change, "bound": bound, "drifted": abs(change) > bound}
 
 
+def warn(result: dict, what: str) -> None:
+    """Say on stderr when `what` (a run, a dataset's entries) drifted."""
+    if result["drifted"]:
+        print(warning(result, what), file=sys.stderr, flush=True)
+
+
 def warning(result: dict, what: str) -> str | None:
-    """One line for stderr when `what` (a run, a dataset's entries) drifted, else None."""
+    """The line warn() prints when `what` drifted, else None."""
     if not result["drifted"]:
         return None
     return (f"[bench] warning: the target's one-token step took {result['start_ms']:.1f} ms before {what} and "

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -103,8 +102,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     try:
         if todo:
             if "lm" not in lm_cache:
-                # one target for every entry, beside all their drafts and heads: the estimate counts them all
-                lm_cache["lm"] = build(cfgs[REFERENCE].model, "model").load(**target_fit(list(decoders.values())))
+                lm_cache["lm"] = load_target(cfgs)
             ctxs = contexts(lm_cache["lm"], decoders, dataset, cfgs)
             calibration = prepare_entries(ctxs, prompts, units)
             total = len(units) * len(labels) * repeats
@@ -124,8 +122,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     if todo:
         if speed is not None:
             speed[ds] = checked
-        if line := drift.warning(checked, f"{ds}'s timed prompts"):
-            print(line, file=sys.stderr, flush=True)
+        drift.warn(checked, f"{ds}'s timed prompts")
     # the logs hold the records: no need to read the files again
     return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
 

@@ -386,9 +386,7 @@ def keep_reference_step(run_dir: Path, reference_step: dict) -> None:
     path = run_dir / "provenance.json"
     rundir.write_atomic(path, json.dumps({**json.loads(path.read_text()), "reference_step": reference_step},
                                          indent=2))
-    line = drift.warning(reference_step, "the run's timed prompts")
-    if line:
-        print(line, file=sys.stderr, flush=True)
+    drift.warn(reference_step, "the run's timed prompts")
 
 
 def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> dict:
