@@ -57,10 +57,12 @@
   chosen token's logit, in ulps of the run's dtype at the top-1 logit). After it the outputs
   follow different paths and the reference's tokens say nothing, so each later token is judged
   against the target's one-token step on the output's own path: first_real_divergence is the
-  first token more than TIE_ULPS below that step's top-1, and divergence_tie says every
-  departure was a tie. A summary's lossless is the share of identical outputs,
-  lossless_up_to_ties the share identical or departing at ties only, real_divergences the number
-  of outputs with a first_real_divergence (`lossless_columns`). `lossless` means only this check.
+  first token more than TIE_ULPS below that step's top-1 that one forward over the whole prefix
+  does not put within TIE_ULPS of its own top-1 either (ties_by_forward: the departures only that
+  second computation explains), and divergence_tie says every departure was a tie. A summary's
+  lossless is the share of identical outputs, lossless_up_to_ties the share identical or departing
+  at ties only, real_divergences the number of outputs with a first_real_divergence
+  (`lossless_columns`). `lossless` means only this check.
 - same_as_autoregressive (the leaderboard's): the share of prompts whose output equals the
   leaderboard's autoregressive entry's, token for token (`same_output_share`). Under greedy
   decoding a departure may be a tie, which the lossless columns tell apart; under sampling equal
@@ -73,7 +75,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -194,7 +196,8 @@ def departure_ulps(logits: torch.Tensor, chosen: int) -> float:
     return (top - float(logits[chosen].float())) / ulp(top, logits.dtype)
 
 
-def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.Tensor]) -> dict:
+def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.Tensor],
+                 forward: Callable[[int], torch.Tensor] | None = None) -> dict:
     """The lossless check's fields for one output. rows: the target's next-token logits before
     each of `tokens`, from one-token steps along `tokens` itself, in the run's dtype
     (decoders.methods.autoregressive.step_logits); up to the first divergence they are the
@@ -204,8 +207,14 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     greedy paths), so every later token is judged against the target's step on the output's own
     path: first_real_divergence is the first position whose token is more than TIE_ULPS below
     that step's top-1 (None: none is), and divergence_tie says the output departs at ties only.
-    A difference in length at the first divergence is never a tie. rows is read lazily, and not
-    at all for an identical output."""
+    forward(i): the same logits before tokens[i] computed another way (one forward over the whole
+    prefix, decoders.methods.autoregressive.prefix_logits). Two legitimate computations of one
+    logit can differ by more than TIE_ULPS (up to 10 ulps between a 16-token forward and one-token
+    steps of a 7B model in float16 on an H100 and an H200), so a token more than TIE_ULPS below the
+    step's top-1 is still a tie where that other computation puts it within TIE_ULPS of its own
+    top-1: the model, summed in another order, ranks it first up to rounding. ties_by_forward
+    counts those. A difference in length at the first divergence is never a tie. rows is read
+    lazily, and not at all for an identical output; forward only where the step alone is no tie."""
     at = first_divergence(tokens, reference)
     out = {"lossless": at is None, "first_divergence": at, "divergence_logit_gap": None, "divergence_ulps": None,
            "first_real_divergence": None, "divergence_tie": None}
@@ -214,6 +223,7 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     if at >= len(tokens) or at >= len(reference):
         out.update(first_real_divergence=at, divergence_tie=False)
         return out
+    out["ties_by_forward"] = 0
     for i, row in enumerate(rows):
         if i < at:
             continue
@@ -221,9 +231,13 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
         if i == at:
             top2 = row.float().topk(2).values
             out.update(divergence_logit_gap=float(top2[0] - top2[1]), divergence_ulps=ulps)
-        if not ulps <= TIE_ULPS:  # NaN logits are no tie either
-            out["first_real_divergence"] = i
-            break
+        if ulps <= TIE_ULPS:
+            continue
+        if forward is not None and departure_ulps(forward(i), tokens[i]) <= TIE_ULPS:
+            out["ties_by_forward"] += 1
+            continue
+        out["first_real_divergence"] = i  # NaN logits are no tie either
+        break
     out["divergence_tie"] = out["first_real_divergence"] is None
     return out
 

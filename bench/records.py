@@ -130,7 +130,7 @@ OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt
             "decode_draft_flops": _AMOUNT, "hit_steps": _COUNT, "paths": _COUNT, "head_flops": _AMOUNT,
             "rescore_flops": _AMOUNT, "batch": _OBJECT, "tuned": _OBJECT, "calibration": _OBJECT,
             "first_divergence": _COUNT, "first_real_divergence": _COUNT, "divergence_tie": _FLAG,
-            "divergence_ulps": _AMOUNT, "divergence_logit_gap": _AMOUNT,
+            "divergence_ulps": _AMOUNT, "divergence_logit_gap": _AMOUNT, "ties_by_forward": _COUNT,
             "repeat_latency_s": ("a non-empty list of finite numbers > 0",
                                  lambda v: isinstance(v, list) and v and all(map(_SECONDS[1], v)))}
 

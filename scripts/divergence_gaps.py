@@ -22,22 +22,20 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.__main__ import fail  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
-from bench.metrics import judge_output, lossless_columns  # noqa: E402
+from bench.metrics import lossless_columns  # noqa: E402
 from bench.registry import REFERENCE  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.records import read_records, records_path, run_dirs  # noqa: E402
 from bench.rundir import recorded_config  # noqa: E402
-from bench.runner import recorded_spec  # noqa: E402
-from decoders.methods.autoregressive import step_logits  # noqa: E402
+from bench.runner import judge_lossless, recorded_spec  # noqa: E402
 
 COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
-           "divergence_ulps", "first_real_divergence", "divergence_tie", "dtype"]
+           "divergence_ulps", "first_real_divergence", "ties_by_forward", "divergence_tie", "dtype"]
 
 
 def divergences(root: Path) -> pd.DataFrame:
@@ -65,8 +63,7 @@ def divergences(root: Path) -> pd.DataFrame:
                 # a later turn renders the run's own earlier answers, as the runner did
                 previous = [records[f"{r['prompt_id']}#{t}"]["text"] for t in range(r["turn"])]
                 ids = render(lm.tokenizer, prompts[r["prompt_id"]], r["turn"], previous, rendering)[1]
-                with torch.inference_mode():
-                    verdict = judge_output(r["tokens"], ref["tokens"], step_logits(lm, ids, r["tokens"]))
+                verdict = judge_lossless(lm, ids, r["tokens"], ref["tokens"])
                 rows.append({"dataset": ref_dir.parent.name, "decoder": run.name, "prompt": r["prompt_id"],
                              "key": r["key"], "new_tokens": len(ref["tokens"]),
                              "dtype": str(lm.dtype).replace("torch.", ""),

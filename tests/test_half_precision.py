@@ -96,6 +96,7 @@ def test_a_genuine_tie_is_a_tie(tied):
     assert verdict["lossless"] is False and verdict["first_divergence"] <= 2
     assert verdict["divergence_ulps"] == 0 and verdict["divergence_logit_gap"] == 0
     assert verdict["divergence_tie"] is True and verdict["first_real_divergence"] is None
+    assert verdict["ties_by_forward"] == 0  # an exact tie needs no second computation
 
 
 def test_a_genuine_bug_is_a_real_divergence(tied):
@@ -117,6 +118,35 @@ def test_a_genuine_bug_is_a_real_divergence(tied):
     same = judge_lossless(lm, prompt, reference, reference)
     assert metrics.lossless_columns([same, tie, verdict, late]) == {
         "lossless": 0.25, "lossless_up_to_ties": 0.5, "real_divergences": 2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_departure_past_the_step_tolerance_is_a_tie_only_where_the_prefix_forward_ranks_it_first(dtype):
+    """Two computations of one logit can differ by more than TIE_ULPS (a 16-token forward against
+    one-token steps, 7B float16 on an H100 / H200: up to 10 ulps). The one-forward recomputation
+    proves a tie the step alone cannot; where it ranks the token low too, the departure stays real."""
+    dtype = getattr(torch, dtype)
+    top = torch.tensor(1.5, dtype=dtype)
+    step = torch.tensor([1.5, 1.0, 1.0], dtype=dtype)
+    step[1] = top - 6 * metrics.ulp(1.5, dtype)  # 6 ulps below the step's top-1: past TIE_ULPS
+    agrees = torch.tensor([1.5, 1.5, 1.0], dtype=dtype)  # the prefix forward: token 1 ties token 0
+    calls = []
+
+    def forward(logits):
+        return lambda i: calls.append(i) or logits
+
+    tie = metrics.judge_output([0, 1], [0, 0], [step, step], forward=forward(agrees))
+    assert tie["first_divergence"] == 1 and tie["divergence_ulps"] == 6
+    assert tie["divergence_tie"] is True and tie["ties_by_forward"] == 1 and calls == [1]
+    real = metrics.judge_output([0, 1], [0, 0], [step, step], forward=forward(step))
+    assert real["first_real_divergence"] == 1 and real["divergence_tie"] is False and real["ties_by_forward"] == 0
+    alone = metrics.judge_output([0, 1], [0, 0], [step, step])  # no second computation: the step decides
+    assert alone["first_real_divergence"] == 1
+    calls.clear()
+    near = step.clone()
+    near[1] = top - metrics.ulp(1.5, dtype)  # within TIE_ULPS: no second forward at all
+    assert metrics.judge_output([0, 1], [0, 0], [near, near], forward=forward(step))["divergence_tie"] is True
+    assert calls == []
 
 
 def test_summary_reports_ties_and_real_divergences():

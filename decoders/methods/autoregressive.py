@@ -45,6 +45,12 @@ def step_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Ite
         feed = [token]
 
 
+def prefix_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int], i: int) -> torch.Tensor:
+    """The target's next-token logits before tokens[i] from one forward over the prompt and
+    tokens[:i] (a fresh prefill): what step_logits yields there, summed in another order."""
+    return lm.forward([*prompt_ids, *tokens[:i]], lm.new_cache(), last_only=True)[-1]
+
+
 def top_two_logits(lm: LM, ids: Sequence[int]) -> tuple[float, float]:
     """The target's two largest next-token logits after `ids` (one fresh forward, untimed)."""
     top2 = torch.topk(lm.forward(list(ids), lm.new_cache(), last_only=True)[-1].float(), 2).values

@@ -32,11 +32,11 @@ sys.path.insert(0, str(REPO / "scripts" / "gpu"))
 from big_target import COMMON, SHAPES, UNTRAINED  # noqa: E402
 
 from bench.models import borrow_tokenizer  # noqa: E402
-from bench.runner import build  # noqa: E402
-from bench.metrics import departure_ulps, judge_output, ulp  # noqa: E402
+from bench.runner import build, judge_lossless  # noqa: E402
+from bench.metrics import departure_ulps, ulp  # noqa: E402
 from decoders.core.kv_cache import causal_mask  # noqa: E402
 from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.methods.autoregressive import autoregressive_decode, step_logits  # noqa: E402
+from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
 
 # Sets of scaled_dot_product_attention kernels torch may choose from (its math kernel always can);
 # the harness's own choice on a GPU is decoders/core/lm.py's use_attention_kernels, set at load.
@@ -142,7 +142,7 @@ def print_decodes(lm, specs: dict, prompt: list[int], fresh, max_new_tokens: int
         gen = decoder.generate(lm, ids, max_new_tokens, Sampling(), lm.stop_ids)
         # judged as the runner's check_lossless judges: against autoregressive greedy, ties told apart
         reference = autoregressive_decode(lm, ids, max_new_tokens, Sampling(), lm.stop_ids).tokens
-        verdict = judge_output(gen.tokens, reference, step_logits(lm, ids, gen.tokens))
+        verdict = judge_lossless(lm, ids, gen.tokens, reference)
         judged = ("identical" if verdict["lossless"] else "departs at ties only" if verdict["divergence_tie"]
                   else f"REAL DIVERGENCE at {verdict['first_real_divergence']}")
         steps = gen.steps[1:]
