@@ -17,6 +17,7 @@ What it guarantees (tests/test_records.py injects each fault):
 - No write through a symbolic link: every file a run opens in its directory (the lock, the
   records, the rejected lines, temporary files) is opened with O_NOFOLLOW (open_own), so a
   planted records.jsonl.lock -> ~/.bashrc is refused in one line, never truncated.
+- Times are written to the microsecond (to_microseconds).
 - A run directory may hold records.jsonl.gz instead (the checked-in reference runs, compressed
   with gzip -9 -n): every reader takes it (records_path, run_dirs, open_jsonl); it is read-only,
   so a run or leaderboard that would write into it is refused (bench.rundir.check_owned).
@@ -40,6 +41,24 @@ from .errors import BenchError
 
 RECORDS = "records.jsonl"
 GZIPPED = RECORDS + ".gz"  # a read-only run (results/reference/): gzip -9 -n of records.jsonl
+
+
+def is_time(key: str) -> bool:
+    """A field of seconds (latency_s, ttft_s, a trace's target_time, ...), not a rate (tokens_per_s)."""
+    return (key.endswith("_s") or key.endswith("_time")) and not key.endswith("per_s")
+
+
+def to_microseconds(value, key: str = ""):
+    """`value` (a record, or any part of one) with every time rounded to the microsecond. A perf_counter
+    difference's last digits are noise far below what a step's time varies by, and they made up about
+    half of the checked-in records' compressed bytes (results/reference/ must travel in a small checkout)."""
+    if isinstance(value, float) and is_time(key):
+        return round(value, 6)
+    if isinstance(value, list):
+        return [to_microseconds(v, key) for v in value]
+    if isinstance(value, dict):
+        return {k: to_microseconds(v, k) for k, v in value.items()}
+    return value
 
 
 def open_jsonl(path: Path):
@@ -361,6 +380,7 @@ class RecordLog:
             raise RuntimeError(f"record {record['key']} written twice")
         if why := invalid(record):  # a harness bug: resume would reject it and generate the prompt again
             raise RuntimeError(f"record {record['key']} does not meet the schema: {why}")
+        record = to_microseconds(record)
         line = (json.dumps(record) + "\n").encode()
         size = os.fstat(self._fd).st_size
         try:
