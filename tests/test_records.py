@@ -32,6 +32,19 @@ def test_append_flushes_each_line(tmp_path):
     assert (tmp_path / "records.jsonl").read_text().count("\n") == 2
 
 
+def test_times_are_written_to_the_microsecond_and_nothing_else_is_rounded(tmp_path):
+    log = RecordLog(tmp_path / "records.jsonl", resume=False)
+    log.append(rec("a#0", latency_s=0.123456789, tokens_per_s=12.3456789, score=0.987654321,
+                   trace={"target_time": [0.0100000049, 0.02], "committed": [1, 2]},
+                   reference={"latency_s": 1.0000004, "tokens_per_s": 3.14159265}))
+    log.close()
+    back = read_records(tmp_path / "records.jsonl")[0]
+    assert back["latency_s"] == 0.123457 and back["trace"]["target_time"] == [0.01, 0.02]
+    assert back["reference"]["latency_s"] == 1.0
+    assert back["tokens_per_s"] == 12.3456789 and back["reference"]["tokens_per_s"] == 3.14159265  # rates stay
+    assert back["score"] == 0.987654321 and back["trace"]["committed"] == [1, 2]
+
+
 def test_existing_records_need_resume(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text(line("a#0"))
