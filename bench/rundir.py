@@ -261,18 +261,19 @@ def claim_board(out_dir: Path) -> None:
 REPORT_FILES = ("report.csv", "report.md")
 
 
-def check_report_dir(out_dir: Path, key: str = "--out") -> None:
-    """bench.report writes report.csv and report.md only into a new or empty directory, or a report's
-    own (nothing else in it): --out must not replace a run's, a leaderboard's or the user's files,
-    nor write through a link planted in their place."""
+def check_report_dir(out_dir: Path, key: str = "--out", files: tuple[str, ...] = REPORT_FILES,
+                     what: str = "a report") -> None:
+    """bench.report writes report.csv and report.md (bench.forecast its `files`) only into a new or empty
+    directory, or a report's own (nothing else in it): --out must not replace a run's, a leaderboard's
+    or the user's files, nor write through a link planted in their place."""
     path = Path(out_dir)
     entries = _entries(path, key)
     if not entries:
         return
     _refuse_links(path, entries, key)
-    if not set(entries) <= set(REPORT_FILES):
-        raise BenchError(f"{key} {out_dir} exists and holds more than a report ({_shown(entries)}); a report is "
-                         "written only into a new or empty directory, or a report's own: choose another")
+    if not set(entries) <= set(files):
+        raise BenchError(f"{key} {out_dir} exists and holds more than {what} ({_shown(entries)}); {what} is "
+                         f"written only into a new or empty directory, or {what}'s own: choose another")
 
 
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
