@@ -4,12 +4,17 @@ one autoregressive step, and how close the 1-token step is to its floor: the mod
 once at this machine's measured read bandwidth (a read-only stream). A path ending in +inductor
 is that path with model.compile=inductor (compiled first; its compile time is printed apart).
 
-    python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--refresh] [--out DIR] [hydra overrides...]
+    python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--context 256[,1024...]] [--refresh] [--out DIR]
+        [hydra overrides...]
 
 Profiles are cached under cache_dir/latency/, keyed by device, CPU threads, model, dtype,
 attention kernel and fast path: lookahead's `auto` W/N/G, Sequoia's tree=auto and Medusa's
 choices=auto divide by the one of the path the run uses. --out writes the table (CSV), the
-plot and provenance.json there (results/reference/fast_path/ holds the README's).
+plot and provenance.json there (results/reference/fast_path/ holds the README's). Several
+--context values (a forecast of long answers needs the cost at the contexts they reach,
+bench/forecast.py) measure each context in turn: profile.csv then gains a context column, a block
+of rows per context, each relative to its own context's step (only the first context is cached,
+plotted and in provenance.json's autoregressive_s); a single --context writes what it always did.
 """
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import provenance  # noqa: E402
-from decoders.tuning.profile import candidate_labels, forward_latency, parse_candidate, profile_key  # noqa: E402
+from decoders.tuning.profile import (  # noqa: E402
+    candidate_labels, forward_latency, measure_forward_latency, parse_candidate, profile_key)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -74,7 +80,8 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--context", default="256",
+                        help="cached tokens before each forward; several, comma-separated, profile each in turn")
     parser.add_argument("--paths", default=",".join(candidate_labels()),
                         help="fast paths to profile, comma-separated: none, "
                              "prepacked (its default threshold), prepacked>=N; +inductor: compiled too")
@@ -86,6 +93,11 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
         choices = [(p, parse_candidate(p.removesuffix("+inductor"))) for p in paths]
     except ValueError as e:
         parser.error(str(e))
+    contexts = args.context.split(",")
+    if not all(c.strip().isdigit() and int(c) >= 1 for c in contexts):
+        parser.error(f"--context {args.context}: give cached-token counts >= 1, comma-separated (e.g. 256,1024)")
+    args.contexts = list(dict.fromkeys(int(c) for c in contexts))
+    args.context = args.contexts[0]  # the one cached, plotted and in provenance.json's autoregressive_s
     return args, overrides, choices
 
 
@@ -97,6 +109,7 @@ class Profiles:
     steps: dict[str, float] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     compile_s: dict[str, float] = field(default_factory=dict)
+    other_contexts: dict[int, "Profiles"] = field(default_factory=dict)  # --context's further values: curves, steps
 
 
 def profile_paths(lm, cache_dir: str, args: argparse.Namespace, choices: list[tuple[str, tuple]]) -> Profiles:
@@ -116,6 +129,9 @@ def profile_paths(lm, cache_dir: str, args: argparse.Namespace, choices: list[tu
         profile = forward_latency(lm, cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)
         profiles.curves[path] = profile["latency_s"][:args.max_tokens]  # a longer cached profile serves a shorter ask
         profiles.steps[path], profiles.keys[path] = profile["autoregressive_s"], profile["key"]
+        for context in args.contexts[1:]:  # not cached: the cache keeps one context, the one tuners read
+            other = profiles.other_contexts.setdefault(context, Profiles())
+            other.curves[path], other.steps[path] = measure_forward_latency(lm, args.max_tokens, context, args.repeats)
     return profiles
 
 
@@ -185,6 +201,7 @@ def provenance_info(lm, args: argparse.Namespace, profiles: Profiles, floor: Flo
                 copy_bandwidth_bytes_per_s=floor.copy_bandwidth, read_bandwidth_bytes_per_s=floor.read_bandwidth,
                 floor_s=floor.seconds, step_vs_floor={p: s / floor.seconds for p, s in profiles.steps.items()},
                 compile_seconds=profiles.compile_s, context=args.context, repeats=args.repeats,
+                **({"contexts": args.contexts} if len(args.contexts) > 1 else {}),
                 command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
     return info
 
@@ -198,13 +215,18 @@ def main() -> None:
     lm = instantiate(cfg.model, fast_path="none", compile="none").load()
     profiles = profile_paths(lm, cfg.cache_dir, args, choices)
     table = latency_table(profiles, args.max_tokens)
+    if profiles.other_contexts:
+        blocks = [(args.context, table)] + [(c, latency_table(p, args.max_tokens)) for c, p in
+                                            profiles.other_contexts.items()]
+        table = pd.concat([t.assign(context=c) for c, t in blocks], ignore_index=True)
+        table = table[["context"] + [c for c in table.columns if c != "context"]]
     floor = measure_floor(lm)
     print_steps_against_floor(lm, args, profiles.steps, floor)
-    for path, latency in profiles.curves.items():
-        table[f"{path}_vs_floor"] = [s / floor.seconds for s in latency]
+    for path in profiles.curves:
+        table[f"{path}_vs_floor"] = table[f"{path}_ms"] / 1e3 / floor.seconds
     shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    fig = plot(lm, table, profiles.steps)
+    fig = plot(lm, table.iloc[:args.max_tokens], profiles.steps)  # the first context's rows
     out = Path(args.out) if args.out else Path(cfg.cache_dir).expanduser() / "latency"
     out.mkdir(parents=True, exist_ok=True)
     stem = "profile" if args.out else profile_key(lm, fast_path=False)
