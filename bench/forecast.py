@@ -92,6 +92,11 @@ class Roofline:
         return 1e3 * max(params * self.bytes_per_param / self.bandwidth_bytes_per_s, flops / self.peak_flops) \
             + self.fixed_ms
 
+    def model_forward_ms(self, spec: dict, tokens: float, context: float) -> float:
+        """One forward of a model of flops spec `spec` (LM.flops_spec(): matmul_params, n_layers, d_attn):
+        `tokens` new tokens after `context` cached ones, its weights read once, its FLOPs by forward_flops."""
+        return self.forward_ms(forward_flops(spec, tokens, context), spec["matmul_params"])
+
 
 @dataclass
 class Profile:
@@ -294,8 +299,7 @@ def target_prices(run: Run, profile: Profile, fast_path: str | None) -> Prices:
                          f"a provenance.json (python -m bench writes it); none in {run.directory} or the two "
                          "directories above it")
     roofline = profile.roofline
-    return Prices(lambda tokens, context: roofline.forward_ms(forward_flops(spec, tokens, context),
-                                                              spec["matmul_params"]),
+    return Prices(lambda tokens, context: roofline.model_forward_ms(spec, tokens, context),
                   "roofline", overhead_ms=profile.step_overhead_ms)
 
 
