@@ -76,7 +76,7 @@ class Part:
 TARGET = Part("Vicuna-7B-v1.3", LAYERS * (LAYER + 2 * D) + D + D * VOCAB, LAYERS, D, 7 * LAYERS + 1)
 # EAGLE-1/2 for Vicuna-7B (yuhuili/EAGLE-Vicuna-7B-v1.3; Spec-Bench model/eagle*/cnets.py): fc (2d -> d),
 # one decoder layer, and the target's lm_head on its output.
-EAGLE_DRAFT = Part("EAGLE draft (fc + 1 layer + the target's head)", 2 * D * D + LAYER + D * VOCAB, 1, D, 9)
+EAGLE_DRAFT = Part("EAGLE draft: fc, 1 layer, the target's head", 2 * D * D + LAYER + D * VOCAB, 1, D, 9)
 # Medusa-1 (FasterDecoding/medusa-vicuna-7b-v1.3): 5 heads, each one ResBlock (d -> d) and its own d -> V head
 # (the published layout this harness's GPU kit draws: results/reference/gpu/2026-11-26-h100/README.md).
 MEDUSA_HEADS = Part("5 Medusa-1 heads", 5 * (D * D + D * VOCAB), 0, D, 10)
@@ -164,13 +164,20 @@ def ridge_tokens(roofline: Roofline, context: float = CONTEXT) -> int:
 
 
 def describe_draft(method: Method) -> str:
+    """The draft's forwards in a step, grouped by network, with its matmul parameters."""
     if not method.draft:
         return "none"
-    parts = {}
+    groups: dict[str, list[tuple[Part, float]]] = {}
     for part, tokens in method.draft:
-        parts.setdefault(re.sub(r" \d+$", " i", part.name), []).append(tokens)  # Hydra's heads: "Hydra head i"
-    return "; ".join(f"{name}: {len(t)} forward{'s' if len(t) > 1 else ''} of {'/'.join(f'{x:g}' for x in t)} tokens"
-                     for name, t in parts.items())
+        groups.setdefault(re.sub(r" \d+$", " i", part.name), []).append((part, tokens))  # Hydra's "head i"
+    text = []
+    for name, forwards in groups.items():
+        sizes = sorted({p.matmul_params / 1e6 for p, _ in forwards})
+        size = f"{sizes[0]:.0f}M" if len(sizes) == 1 else f"{sizes[0]:.0f}-{sizes[-1]:.0f}M"
+        n = len(forwards)
+        text.append(f"{name} ({size}): {n} forward{'s' if n > 1 else ''} of "
+                    f"{'/'.join(f'{t:g}' for _, t in forwards)} tokens")
+    return "; ".join(text)
 
 
 def table(rooflines: dict[str, Roofline]) -> pd.DataFrame:
@@ -188,7 +195,8 @@ def table(rooflines: dict[str, Roofline]) -> pd.DataFrame:
             target, draft = step_ms(m, roofline)
             row |= {f"ar_ms_{label}": ar, f"target_ms_{label}": target, f"draft_ms_{label}": draft,
                     f"step_vs_ar_{label}": (target + draft) / ar}
-        row |= {"draft": describe_draft(m), "draft_params_m": sum(p.matmul_params for p, _ in m.draft) / 1e6,
+        row |= {"draft": describe_draft(m),
+                "draft_params_read_per_step_m": sum(p.matmul_params for p, _ in m.draft) / 1e6,
                 "width_source": m.width_source, "draft_source": m.draft_source}
         rows.append(row)
     return pd.DataFrame(rows)
