@@ -1,6 +1,6 @@
 """scripts/spec_bench_forecast.py: a method's step priced on a roofline and worked out by hand, a
-negative control that fails where a method's width or its draft is left out, and the A100 profiles'
-figures (no model is loaded)."""
+negative control that fails where a method's width or its draft is left out, the A100 profiles'
+figures, and the checked-in table against the script (no model is loaded)."""
 from __future__ import annotations
 
 import dataclasses
@@ -85,3 +85,16 @@ def test_the_a100_profiles_and_the_target(monkeypatch):
     assert a.fixed_ms == 0 and b.fixed_ms == pytest.approx(measured, abs=0.005)
     assert sbf.TARGET.matmul_params == 6_738_415_616 - 32000 * 4096
 
+
+def test_the_checked_in_table_is_the_scripts(monkeypatch):
+    monkeypatch.undo()
+    rooflines = {k: read_roofline(p).roofline for k, p in sbf.PROFILES.items()}
+    fresh = sbf.table(rooflines)
+    stored = pd.read_csv(sbf.OUT / "forecast.csv")
+    assert list(stored.columns) == list(fresh.columns) and list(stored["method"]) == list(fresh["method"])
+    numeric = fresh.select_dtypes("number").columns
+    pd.testing.assert_frame_equal(stored[numeric], fresh[numeric], rtol=1e-5, check_dtype=False)
+    readme = (sbf.OUT / "README.md").read_text()
+    for row in fresh.itertuples():
+        assert f"| {row.method} | {row.spec_bench_mean_accepted_tokens} | {row.spec_bench_speedup:.2f}x | " \
+               f"{row.forecast_a:.2f}x |" in readme
