@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from decoders.core.batch import decode_batch, latencies
-from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, kept_as_is,
-                                    widest_step)
+from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, check_sampling,
+                                    foresee, kept_as_is, widest_step)
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
@@ -88,6 +88,10 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
     if not isinstance(decoder, Decoder):
         raise BenchError(f"decoder: {type(decoder).__name__} is not a decoder: it needs name, lossless and "
                          f"generate(lm, prompt_ids, max_new_tokens, sampling, stop_ids) (decoders/core/contract.py)")
+    try:
+        check_sampling(decoder, sampling)  # a greedy-only decoder (the oracle) refuses gen.temperature > 0
+    except ValueError as e:
+        raise BenchError(str(e)) from None
     size = cfg.gen.get("batch_size", 1)
     if size > 1 and not isinstance(decoder, Batches):
         raise BenchError(f"decoder {decoder.name} decodes one prompt at a time, "
@@ -159,6 +163,7 @@ def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
     if record["status"] != "ok":
         return record
     lm = ctx.lm
+    foresee(ctx.decoder, lm, ids, budget(ctx, ids), lm.stop_ids)  # untimed: before the clock (the oracle's pre-pass)
     lm.sync()
     start = time.perf_counter()
     gen = ctx.decoder.generate(lm, ids, budget(ctx, ids), sampling, lm.stop_ids)
@@ -177,8 +182,10 @@ def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
     ready = [s for s in started if s[2]["status"] == "ok"]
     if ready:
         lm = ctx.lm
-        lm.sync()
         rows = [ids for *_, ids, _ in ready]
+        for ids in rows:  # untimed: before the batch's clock (the oracle's pre-pass)
+            foresee(ctx.decoder, lm, ids, budget(ctx, ids), lm.stop_ids)
+        lm.sync()
         gens, stats = decode_batch(ctx.decoder, lm, rows, [budget(ctx, ids) for ids in rows], [s for *_, s in ready],
                                    lm.stop_ids)
         batch = {"id": ready[0][2]["key"], "size": ctx.cfg.gen.batch_size, **stats.as_dict()}
@@ -326,6 +333,8 @@ def warmup(ctx: RunContext, units: list) -> None:
         return
     ids = rows[0]
     with kept_as_is(decoder, lm):  # a hot table must not hold the first prompt's continuation
+        for row in rows:
+            foresee(decoder, lm, row, min(16, budget(ctx, row)), lm.stop_ids)
         if cfg.gen.batch_size > 1:
             decode_batch(decoder, lm, rows, [min(16, budget(ctx, r)) for r in rows], [sampling] * len(rows),
                          lm.stop_ids)

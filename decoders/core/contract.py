@@ -50,6 +50,29 @@ class ReportsTuning(Protocol):
 
 
 @runtime_checkable
+class Foresees(Protocol):
+    """Drafts from the target's own greedy continuation of each prompt (the oracle). The runner calls
+    foresee() with a prompt's ids and token budget before that prompt's clock starts, so the pass
+    that finds the continuation is in no timed figure; generate() may call it again (a lookup then)."""
+
+    def foresee(self, lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids) -> None: ...
+
+
+def foresee(decoder: Decoder, lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids) -> None:
+    """The untimed per-prompt preparation of a decoder that Foresees; nothing for any other."""
+    if isinstance(decoder, Foresees):
+        decoder.foresee(lm, prompt_ids, max_new_tokens, stop_ids)
+
+
+def check_sampling(decoder: Decoder, sampling: Sampling) -> None:
+    """A decoder that decodes greedily only (`greedy_only = True`: the oracle drafts the greedy
+    continuation) refuses sampling: one ValueError naming gen.temperature and what is allowed."""
+    if getattr(decoder, "greedy_only", False) and not sampling.greedy:
+        raise ValueError(f"decoder {decoder.name} decodes greedily only: gen.temperature must be 0, "
+                         f"got {sampling.temperature}")
+
+
+@runtime_checkable
 class CarriesState(Protocol):
     """Drafts from what earlier prompts left behind (recycling's hot table). `carried(lm)` is that
     state, a dict changed in place; warm-ups and timed repeats put it back as it was (see
