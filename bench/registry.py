@@ -18,6 +18,10 @@ from .errors import BenchError
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 REFERENCE = "autoregressive"  # the method every speedup is against: the leaderboard's reference entry
 ENTRIES_NODE = "decoder_entries"  # the config conf/leaderboard.yaml's defaults list takes the default entries from
+# Methods that are no default leaderboard entry. The oracle drafts from the target's own output (an
+# instrument for a device's speedup against acceptance, not a method one could run): beside the
+# methods it would read as the fastest. It joins a board when named: +leaderboard.decoders.<label>=[decoder=oracle].
+NOT_DEFAULT_ENTRIES = frozenset({"oracle"})
 
 
 def decoder_configs(extra_conf_dirs=()) -> dict[str, Path]:
@@ -52,12 +56,12 @@ def searchpath_dirs(overrides: list[str]) -> list[Path]:
 
 
 def store_leaderboard_entries(extra_conf_dirs=()) -> list[str]:
-    """Every method's default leaderboard entry, `<name>: [decoder=<name>]`, as the config node
-    conf/leaderboard.yaml's defaults list takes before its own variants: composed before the
-    command line's overrides, so `leaderboard.decoders.<name>=[...]` replaces one. Returns the names."""
+    """Every method's default leaderboard entry, `<name>: [decoder=<name>]` (but NOT_DEFAULT_ENTRIES'), as
+    the config node conf/leaderboard.yaml's defaults list takes before its own variants: composed before
+    the command line's overrides, so `leaderboard.decoders.<name>=[...]` replaces one. Returns the names."""
     from hydra.core.config_store import ConfigStore
 
-    names = list(decoder_configs(extra_conf_dirs))
+    names = [n for n in decoder_configs(extra_conf_dirs) if n not in NOT_DEFAULT_ENTRIES]
     ConfigStore.instance().store(name=ENTRIES_NODE,
                                  node={"leaderboard": {"decoders": {n: [f"decoder={n}"] for n in names}}})
     return names

@@ -73,6 +73,10 @@ VARIANTS = {
                "list-seed2": dict(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, heads_seed=2)},
     "bpd": {"2-p4-seed3": dict(block=2, paths=4, ranks_per_head=3, heads_seed=3),
             "neural-p3": dict(rescore="neural", paths=3, block=3)},
+    # oracle-acceptance-tree-depth: every draft right, none, and the published trees (cut, and whole)
+    "oracle": {"1-chain-7": dict(acceptance=1.0, depth=7), "0-chain-1": dict(acceptance=0.0, depth=1),
+               "0.8-eagle-9": dict(acceptance=0.8, tree="eagle/mc_sim_7b_63", depth=9, seed=3),
+               "1-medusa-2": dict(acceptance=1.0, tree="medusa/mc_sim_7b_63", depth=2)},
 }
 
 
