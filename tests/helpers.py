@@ -76,6 +76,23 @@ def smollm2() -> LM:
 _REFERENCES: dict[int, tuple] = {}
 
 
+def round_to_half(module: torch.nn.Module) -> None:
+    """Round `module`'s floating-point weights to float16, as an add-on file stores them
+    (decoders/core/weights_file.py, save_weights), so that a file round trip can be checked exactly."""
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.half())
+
+
+def assert_stored_in_half(path: Path) -> None:
+    """The add-on file at `path` holds its floating-point tensors in float16."""
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        dtypes = {f.get_tensor(k).dtype for k in f.keys()}
+    assert dtypes and dtypes <= {torch.float16, torch.int64}, dtypes
+
+
 def greedy_reference(lm: LM, ids, max_new_tokens: int, stop_ids):
     """Autoregressive greedy's Generation for `ids` on `lm`, decoded once per model and arguments
     (tests of many decoders on the session's SmolLM2 compare against the same references). The

@@ -11,7 +11,7 @@ from decoders.methods.draft_model import (SelfDraft, build_draft, check_same_voc
 from decoders.methods.hf_peers import HFAssisted
 from decoders.core.lm import LM
 from decoders.core.sampling import Sampling
-from helpers import tiny_lm
+from helpers import assert_stored_in_half, round_to_half, tiny_lm
 
 GREEDY = Sampling()
 
@@ -56,7 +56,9 @@ def test_adapter_round_trip_and_effect(tmp_path):
         adapter.proj.weight.normal_(0, 0.1)
         adapter.norm.weight.mul_(1.5)
     path = tmp_path / "a.safetensors"
+    round_to_half(adapter)
     save_adapter(adapter, path, layers=2, info={"note": "test"})
+    assert_stored_in_half(path)
     loaded = load_adapter(lm.model, path, layers=2)
     for a, b in zip(adapter.state_dict().values(), loaded.state_dict().values()):
         torch.testing.assert_close(a, b)

@@ -19,7 +19,7 @@ from decoders.core.loop import feed, propose, score
 from decoders.core.sampling import Sampling
 from decoders.methods.eagle import Eagle, FeatureDraftProposer
 from decoders.methods.eagle_draft import load_draft, new_draft, save_draft
-from helpers import REPO, chi2_pvalue, tiny_lm
+from helpers import REPO, assert_stored_in_half, chi2_pvalue, round_to_half, tiny_lm
 from test_lookahead import (LENGTH, N_CONTROL, N_SAMPLES, _verify_without_residual, assert_matches_exact,  # noqa: F401
                             exact_joint, sample_counts, stat_model, ALPHA)
 from transformers import DynamicCache
@@ -182,7 +182,9 @@ def test_file_round_trip_keeps_weights_vocabulary_and_info(tmp_path):
     lm = tiny_lm(seed=0)
     vocab = [1, 5, 9, 20, 33, 60]
     draft = new_draft(lm, vocab=vocab, seed=3)
+    round_to_half(draft)
     save_draft(draft, tmp_path / "d.safetensors", {"accuracy": [[0.5, 0.1], [0.3, 0.1]]})
+    assert_stored_in_half(tmp_path / "d.safetensors")
     back = load_draft(lm, tmp_path / "d.safetensors")
     assert back.vocab.tolist() == vocab and back.accuracy() == [[0.5, 0.1], [0.3, 0.1]]
     for a, b in zip(draft.state_dict().values(), back.state_dict().values()):

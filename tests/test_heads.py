@@ -25,7 +25,7 @@ from decoders.methods.medusa import Medusa, choose_size, expected_tokens, typica
 from decoders.methods.ngram_lm import NgramLM
 from decoders.core.sampling import Sampler, Sampling
 from decoders.core.tree import TokenTree
-from helpers import REPO, chi2_pvalue, tiny_lm
+from helpers import REPO, assert_stored_in_half, chi2_pvalue, round_to_half, tiny_lm
 from test_greedy_equality import check_trace
 from test_lookahead import ALPHA, LENGTH, N_SAMPLES, exact_joint, sample_counts, stat_model  # noqa: F401
 
@@ -170,7 +170,9 @@ def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypat
 def test_heads_file_round_trip_and_errors(tmp_path):
     lm = tiny_lm(seed=0)
     heads = new_heads(lm, 2, seed=5)
+    round_to_half(heads)
     save_heads(heads, tmp_path / "h.safetensors", {"accuracy": [[0.5], [0.25]]})
+    assert_stored_in_half(tmp_path / "h.safetensors")
     loaded = load_heads(lm, tmp_path / "h.safetensors")
     h = torch.randn(3, 64)
     assert torch.equal(loaded(h), heads(h)) and loaded.k == 2 and loaded.accuracy() == [[0.5], [0.25]]
