@@ -27,6 +27,7 @@ from decoders.methods.recycling import Recycling
 from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
 from decoders.methods.specinfer import SpecInfer
+from decoders.methods.suffix import Suffix
 from helpers import chi2_pvalue, first_quick, greedy_reference, run_cli, tiny_lm
 from test_heads import tiny_ngram  # noqa: F401  (fixture)
 
@@ -45,6 +46,7 @@ BATCHED = {
     "prompt_lookup-10-2": PromptLookupDecoding(num_tokens=10, max_ngram=2),
     "jacobi-4": Jacobi(block_size=4),
     "recycling-cold-16-4-4": Recycling(tree_size=16, depth=4, successors=4, hot_start=False),
+    "suffix-request-only": Suffix(use_global=False),  # the global trie makes a row's drafts depend on the batch
     "specinfer-2x3": SpecInfer(draft=SelfDraft(layers=1), num_drafts=2, depth=3),
     "sequoia-8-3": Sequoia(draft=SelfDraft(layers=1), budget=8, depth=3, auto_tokens=16),
     "bpd-3-seed1": BPD(num_heads=3, heads_seed=1),

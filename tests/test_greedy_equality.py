@@ -41,6 +41,9 @@ NARROWED = {"medusa": ["decoder.auto_sizes=[1,2]"]}
 VARIANTS = {
     "hf_pld": {"3-1": dict(num_tokens=3, max_ngram=1), "1-3": dict(num_tokens=1, max_ngram=3)},
     "prompt_lookup": {"3-1": dict(num_tokens=3, max_ngram=1), "1-4": dict(num_tokens=1, max_ngram=4)},
+    # suffix-alpha-max_depth[-min_token_prob]; the request's trie alone; one node a step
+    "suffix": {"a4-d6-p0": dict(alpha=4.0, max_depth=6, min_token_prob=0.0), "a0.5-d3": dict(alpha=0.5, max_depth=3),
+               "request-only": dict(use_global=False), "1tok": dict(max_spec_tokens=1)},
     "recycling": {"1-1-1": dict(tree_size=1, depth=1, successors=1),
                   "12-2-6": dict(tree_size=12, depth=2, successors=6),
                   "40-10-3": dict(tree_size=40, depth=10, successors=3),

@@ -25,7 +25,7 @@ TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard
         'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.draft_weights=null","decoder.tree=static"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
-LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "eagle", "eagle-static",
+LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "suffix", "eagle", "eagle-static",
           "hf_assisted", "jacobi", "lookahead",
           "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",

@@ -25,6 +25,7 @@ from decoders.methods.jacobi import Jacobi
 from decoders.core.loop import SideBranch, layout
 from decoders.methods.prompt_lookup import PromptLookupDecoding
 from decoders.methods.recycling import Recycling
+from decoders.methods.suffix import Suffix
 from decoders.methods.lookahead import Lookahead, window_mask, window_offsets
 from decoders.methods.ngram_pool import NGramPool
 from decoders.core.sampling import Sampling, probs
@@ -576,6 +577,11 @@ SAMPLED_CASES = {
     "recycling-6-2-4-t1.0-topk3": (Recycling(tree_size=6, depth=2, successors=4), dict(temperature=1.0, top_k=3),
                                    dict(temperature=1.0)),
     "jacobi-2-t0.8-topp0.9": (Jacobi(block_size=2), dict(temperature=0.8, top_p=0.9), dict(temperature=0.8)),
+    # suffix decoding: deterministic candidates from the suffix tries, the same verification; with the global
+    # trie each sample drafts from the earlier samples' outputs too (still drawn before this sample's randomness)
+    "suffix-t0.8": (Suffix(), dict(temperature=0.8), dict(temperature=1.0)),
+    "suffix-request-only-a2-t1.0-topp0.9": (Suffix(alpha=2.0, use_global=False), dict(temperature=1.0, top_p=0.9),
+                                            dict(temperature=1.0)),
 }
 
 
@@ -628,5 +634,18 @@ def test_negative_control_lookahead_with_a_wrong_verifier_is_rejected(stat_model
     counts, hit_share = sample_counts(
         lambda s: Lookahead(window=3, ngram=2, guess_set_size=3).generate(lm, prompt, LENGTH, s, set()), kwargs,
         N_CONTROL)
+    assert hit_share > 0
+    assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA
+
+
+@pytest.mark.slow
+def test_negative_control_suffix_with_a_wrong_verifier_is_rejected(stat_model, monkeypatch):
+    """The same check has power on suffix decoding's drafts: with the verifier that forgets the
+    residual, its samples are rejected."""
+    lm, prompt = stat_model
+    monkeypatch.setattr(loop_module, "verify_sampling", _verify_without_residual)
+    kwargs = dict(temperature=0.8)
+    decoder = Suffix()
+    counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL)
     assert hit_share > 0
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA
