@@ -19,6 +19,9 @@ O(L D) time and at most L D nodes; the global trie O(D) per output token, at mos
 matching O(D) in the request's trie (its open suffixes are the matches) and O(D^2) in the global
 one; growing one tree O(M log M) plus its nodes' children; at most 2 (D - 1) candidates, longest
 match first, stopping once no smaller tree (alpha * p nodes) can outscore the best so far.
+The global trie is never pruned (the authors evict the oldest outputs past a cap): it holds up to
+D nodes, a few KB in CPython, per output token learnt, for as long as the decoder lives (the
+leaderboard builds its decoders once per dataset).
 """
 from __future__ import annotations
 
