@@ -19,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .errors import BenchError
+from .errors import BenchError, fail
 from .registry import decoder_configs, searchpath_dirs
 from .settings import check_settings
 
@@ -30,11 +30,6 @@ MAX_CHECKED_COMBINATIONS = 256
 FIXED_HYDRA_KEYS = ("hydra.output_subdir", "hydra.job_logging", "hydra.hydra_logging")
 # Keys renamed after commands were written with them: Hydra's own error would not name the new key.
 RENAMED_KEYS = {"decoder.head": "decoder.draft_weights", "decoder.head_seed": "decoder.draft_seed"}
-
-
-def fail(message) -> None:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    sys.exit(2)
 
 
 def error_reason(e: BaseException) -> str:

@@ -56,7 +56,7 @@ from decoders.core.lm import forward_flops
 from decoders.tuning.profile import step_cost
 
 from . import metrics, rundir
-from .errors import BenchError
+from .errors import BenchError, fail
 from .leaderboard_tables import prompt_of, run_pairs
 from .records import read_records, records_path, run_dirs
 
@@ -509,8 +509,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:  # before printing: a bad --out fails before any output
             write(Path(args.out), table, md)
     except BenchError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)
     print(md)
     if args.out:
         print(f"\nwrote {Path(args.out) / 'forecast.csv'} and {Path(args.out) / 'forecast.md'}", file=sys.stderr)

@@ -27,7 +27,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from . import metrics, rundir
-from .errors import BenchError
+from .errors import BenchError, fail
 from .records import GZIPPED, RECORDS, iter_records, records_path, run_dirs
 
 # What bench.metrics.summarize reads of a record. While streaming, numbers go into float64 arrays
@@ -145,8 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:  # before printing: a bad --out fails before any output
             write(Path(args.out), table, md)
     except BenchError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)
     print(md)
     if args.out:
         print(f"\nwrote {Path(args.out) / 'report.csv'} and {Path(args.out) / 'report.md'}", file=sys.stderr)

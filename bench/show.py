@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import BenchError
+from .errors import BenchError, fail
 from .prompts import encode
 from .records import read_records, records_path
 from .runner import recorded_spec
@@ -183,8 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             show(args.run_dir, args.prompt, args.turn, args.out, False if args.no_color else None)
     except BenchError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.errors import BenchError  # noqa: E402
+from bench.errors import BenchError, fail  # noqa: E402
 from bench.records import iter_records, records_path, run_dirs  # noqa: E402
 
 FIELDS = ("committed", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "draft_forward_tokens", "info")
@@ -75,5 +75,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except BenchError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        fail(e)

@@ -25,7 +25,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.__main__ import fail  # noqa: E402
+from bench.errors import fail  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 from bench.metrics import lossless_columns  # noqa: E402
 from bench.registry import REFERENCE  # noqa: E402

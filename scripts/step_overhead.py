@@ -39,7 +39,7 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import provenance  # noqa: E402
-from bench.__main__ import fail  # noqa: E402
+from bench.errors import fail  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
 from bench.registry import decoder_configs  # noqa: E402
