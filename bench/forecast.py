@@ -61,7 +61,6 @@ from .leaderboard_tables import prompt_of, run_pairs
 from .records import read_records, records_path, run_dirs
 
 ROOFLINE_KEYS = ("device", "bandwidth_gb_s", "peak_flops", "fixed_ms", "bytes_per_param")
-FILES = ("forecast.csv", "forecast.md")
 PROVENANCE_FILES = ("provenance.json", "profile_provenance.json")  # a profile's: profile_device's, the GPU kit's copy
 SAME_DEVICE_KEYS = ("device_name", "dtype", "torch_threads")
 TRACE_COLUMNS = ("forward_tokens", "context_tokens", "target_time", "draft_time", "overhead_time",
@@ -486,13 +485,6 @@ def to_markdown(table: pd.DataFrame) -> str:
     return table.to_markdown(index=False, floatfmt=".4g")
 
 
-def write(out: Path, table: pd.DataFrame, md: str) -> None:
-    rundir.check_report_dir(out, files=FILES, what="a forecast")
-    hint = "give a writable directory with room"
-    rundir.write_atomic(out / "forecast.csv", table.to_csv(index=False), hint)
-    rundir.write_atomic(out / "forecast.md", md + "\n", hint)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.forecast", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a run directory, or a directory of runs (a leaderboard's)")
@@ -506,13 +498,13 @@ def main(argv: list[str] | None = None) -> None:
         runs = find_runs(Path(args.run_dir))
         table = forecast(runs, profile, args.path)
         md = "\n".join(notes(table, profile, runs, Path(args.run_dir))) + "\n\n" + to_markdown(table)
-        if args.out:  # before printing: a bad --out fails before any output
-            write(Path(args.out), table, md)
+        # written before printing: a bad --out fails before any output
+        written = rundir.write_report(Path(args.out), "forecast", table, md) if args.out else []
     except BenchError as e:
         fail(e)
     print(md)
-    if args.out:
-        print(f"\nwrote {Path(args.out) / 'forecast.csv'} and {Path(args.out) / 'forecast.md'}", file=sys.stderr)
+    if written:
+        print(f"\nwrote {' and '.join(map(str, written))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -124,13 +124,6 @@ def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, l
     return pd.concat(tables, ignore_index=True), varying
 
 
-def write(out: Path, table: pd.DataFrame, md: str) -> None:
-    rundir.check_report_dir(out)
-    hint = "give a writable directory with room"
-    rundir.write_atomic(out / "report.csv", table.to_csv(index=False), hint)
-    rundir.write_atomic(out / "report.md", md + "\n", hint)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="run or sweep directories")
@@ -142,13 +135,13 @@ def main(argv: list[str] | None = None) -> None:
         table, varying = report(args.paths, args.by_category)
         shown = [c for c in metrics.DISPLAY[:3] + varying + metrics.DISPLAY[3:] if c in table.columns]
         md = table[shown].to_markdown(index=False, floatfmt=".4g")
-        if args.out:  # before printing: a bad --out fails before any output
-            write(Path(args.out), table, md)
+        # written before printing: a bad --out fails before any output
+        written = rundir.write_report(Path(args.out), "report", table, md) if args.out else []
     except BenchError as e:
         fail(e)
     print(md)
-    if args.out:
-        print(f"\nwrote {Path(args.out) / 'report.csv'} and {Path(args.out) / 'report.md'}", file=sys.stderr)
+    if written:
+        print(f"\nwrote {' and '.join(map(str, written))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

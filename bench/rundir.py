@@ -258,22 +258,30 @@ def claim_board(out_dir: Path) -> None:
     _mark(Path(out_dir), BOARD_MARKER, "decoding-bench leaderboard")
 
 
-REPORT_FILES = ("report.csv", "report.md")
-
-
-def check_report_dir(out_dir: Path, key: str = "--out", files: tuple[str, ...] = REPORT_FILES,
-                     what: str = "a report") -> None:
-    """bench.report writes report.csv and report.md (bench.forecast its `files`) only into a new or empty
-    directory, or a report's own (nothing else in it): --out must not replace a run's, a leaderboard's
-    or the user's files, nor write through a link planted in their place."""
+def check_report_dir(out_dir: Path, name: str = "report", key: str = "--out") -> None:
+    """A report (bench.report's report.csv/.md, bench.forecast's forecast.csv/.md: NAME.csv and NAME.md)
+    is written only into a new or empty directory, or a report's own of that name (nothing else in it):
+    --out must not replace a run's, a leaderboard's or the user's files, nor write through a link
+    planted in their place."""
     path = Path(out_dir)
     entries = _entries(path, key)
     if not entries:
         return
     _refuse_links(path, entries, key)
-    if not set(entries) <= set(files):
+    if not set(entries) <= {f"{name}.csv", f"{name}.md"}:
+        what = f"a {name}"
         raise BenchError(f"{key} {out_dir} exists and holds more than {what} ({_shown(entries)}); {what} is "
                          f"written only into a new or empty directory, or {what}'s own: choose another")
+
+
+def write_report(out_dir: Path, name: str, table, md: str) -> list[Path]:
+    """NAME.csv (the table) and NAME.md into out_dir, once check_report_dir allows it; the paths written."""
+    check_report_dir(out_dir, name)
+    hint = "give a writable directory with room"
+    csv, text = Path(out_dir) / f"{name}.csv", Path(out_dir) / f"{name}.md"
+    write_atomic(csv, table.to_csv(index=False), hint)
+    write_atomic(text, md + "\n", hint)
+    return [csv, text]
 
 
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
 
@@ -58,7 +59,6 @@ def save_weights(module: nn.Module, path: str | Path, fmt: str, meta: dict[str, 
     """Floating-point tensors in float16, as the EAGLE and Medusa authors publish theirs: half the
     bytes of float32 (the shipped add-ons must travel to a GPU machine in a small checkout), and
     loaders cast to the run's dtype. Measured on SmolLM2's add-ons: results/reference/adapters_fp16/."""
-    import torch
     from safetensors.torch import save_file
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
