@@ -123,7 +123,7 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4, ad
                     "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
                     "bpd-neural-p2-self4": BPD(heads=HEADS, rescore="neural", paths=2,
                                                draft=SelfDraft(layers=4, adapter=SELF4))}
-SMOLLM2_TESTED = ["hf_generate", "hf_pld", "hf_pld-3-1", "suffix", "jacobi-4", "lookahead", "lookahead-1-2-1",
+SMOLLM2_TESTED = ["hf_generate", "hf_pld", "hf_pld-3-1", "suffix", "oracle", "jacobi-4", "lookahead", "lookahead-1-2-1",
                   "lookahead-7-3-unbounded", *SMOLLM2_DECODERS]
 # Drafts accepted per target forward (the prefill's included), over the six SmolLM2 prompts of
 # test_greedy_equality_smollm2, at least: each floor is about half the value measured (torch 2.13 CPU,
@@ -133,6 +133,7 @@ ACCEPTANCE_FLOORS = {  # decoder: floor, with the value measured
     "hf_pld": 0.17,                   # 0.356
     "hf_pld-3-1": 0.13,               # 0.263
     "suffix": 0.17,                   # 0.356 (its global trie learning from the prompts before, in this order)
+    "oracle": 0.4,                    # 0.818 (its defaults: acceptance 0.5, a chain of 4)
     "jacobi-4": 0.025,                # 0.057
     "lookahead": 0.25,                # 0.506
     "lookahead-1-2-1": 0.11,          # 0.228
