@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from decoders import TokenTree
+from decoders.core.kv_cache import KVCache
 from decoders.core.loop import layout
 from helpers import tiny_lm
 
@@ -77,6 +78,45 @@ def test_crop_rolls_back_rejected_tokens():
     assert torch.allclose(lm.forward([40], cache)[-1], fresh_logits(lm, PROMPT + [40])[-1], atol=1e-5)
     with pytest.raises(ValueError, match="cannot crop"):
         cache.crop(len(cache) + 1)
+
+
+def cache_state(cache):
+    return [(layer.keys.clone(), layer.values.clone()) for layer in cache.hf.layers]
+
+
+@pytest.mark.parametrize("reserve", [0, 3, 64])
+def test_the_slab_holds_what_a_dynamic_cache_holds_through_growth_keep_and_crop(reserve):
+    """A KVSlab (the default cache: one tensor for every layer) against transformers' DynamicCache, edited
+    the same way: the same keys and values, bitwise, after a prefill, a tree, a keep that moves
+    positions, a crop, and growth past a reserve of 3 positions (grown at every forward) or 64 (never)."""
+    lm = tiny_lm(seed=4)
+    slab, plain = lm.new_cache(reserve=reserve), KVCache.for_model(lm.config, slab=False)
+    assert slab.slab is not None and plain.slab is None
+    tree = TokenTree([7, 11, 12, 13, 14, 15], [-1, 0, 0, 2, 2, 4])
+    mask, positions = layout(len(PROMPT), 1, tree)
+    for cache in (slab, plain):
+        lm.forward(PROMPT, cache)
+        lm.forward(tree.tokens, cache, position_ids=positions, mask=mask)
+    assert all(torch.equal(a, b) for pa, pb in zip(cache_state(slab), cache_state(plain)) for a, b in zip(pa, pb))
+    for edit in (lambda c: c.keep([*range(len(PROMPT)), *(len(PROMPT) + i for i in tree.path(5))]),
+                 lambda c: lm.forward([21, 22, 23], c), lambda c: c.crop(len(PROMPT) + 5),
+                 lambda c: lm.forward(list(range(30, 40)), c)):
+        for cache in (slab, plain):
+            edit(cache)
+        assert len(slab) == len(plain)
+        assert all(torch.equal(a, b) for pa, pb in zip(cache_state(slab), cache_state(plain)) for a, b in zip(pa, pb))
+
+
+def test_the_slab_refuses_a_layer_of_another_shape_and_sliding_windows_stay_dynamic():
+    lm = tiny_lm()
+    cache = lm.new_cache()
+    lm.forward(PROMPT, cache)
+    k = cache.hf.layers[0].keys
+    with pytest.raises(ValueError, match="every layer's keys must be"):
+        cache.slab.grow(k[:, :1], len(cache) + 100)
+    from transformers import MistralConfig
+    windowed = MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, sliding_window=4)
+    assert KVCache.for_model(windowed).slab is None  # a sliding window's layer edits itself: DynamicCache
 
 
 def test_last_only_and_hidden_state():

@@ -216,8 +216,8 @@ class CacheSpy:
         self.caches, self.snapshots, self.edits = [], [], []
         monkeypatch.setattr(lm, "new_cache", self._new_cache)
 
-    def _new_cache(self):
-        cache = self.real_new_cache()
+    def _new_cache(self, **kwargs):
+        cache = self.real_new_cache(**kwargs)
         self.caches.append(cache)
         for name in ("keep", "crop"):
             real = getattr(cache, name)

@@ -10,7 +10,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from decoders.core.hf_trace import hf_generate
 from decoders.methods.autoregressive import autoregressive_decode
-from decoders.core.sampling import Sampling, next_token, probs
+from decoders.core.sampling import Sampling, argmax, next_token, probs
 from helpers import chi2_pvalue, tiny_lm
 
 ALPHA = 1e-3
@@ -191,3 +191,16 @@ def test_hf_generate_samples_exact_two_token_distribution(lm_and_joint):
     assert counts[joint == 0].sum() == 0, "a token outside the top-p nucleus was sampled"
     p = chi2_pvalue(counts, joint)
     assert p > ALPHA, (counts / N_E2E, joint, p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_argmax_is_torchs_first_index_of_the_largest_in_every_dtype(dtype):
+    """sampling.argmax reads a CPU tensor through numpy: the same index as torch.argmax (the first of equal
+    largest values), rows and a single row alike, ties made on purpose (half precision makes many)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 4096, generator=gen).mul(4).round().div(4).to(dtype)  # coarse: ties everywhere
+    logits[3, 100] = logits[3, 2000] = logits[3].max() + 1  # an exact tie for the top: the first wins
+    expected = torch.argmax(logits, dim=-1).tolist()
+    assert argmax(logits) == expected and expected[3] == 100
+    assert [argmax(row) for row in logits] == expected
+    assert argmax(logits[5:9]) == expected[5:9]  # a view of other rows

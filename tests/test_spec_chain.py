@@ -37,7 +37,7 @@ def test_both_caches_hold_only_committed_tokens(monkeypatch, seed, k):
     prompt = torch.randint(0, 64, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
     target_caches = []
     make_cache = lm.new_cache
-    monkeypatch.setattr(lm, "new_cache", lambda: target_caches.append(make_cache()) or target_caches[-1])
+    monkeypatch.setattr(lm, "new_cache", lambda **kw: target_caches.append(make_cache(**kw)) or target_caches[-1])
     checked = []
     draft_chain = spec_chain_module.draft_chain
 

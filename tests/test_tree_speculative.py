@@ -85,7 +85,7 @@ def test_both_caches_hold_only_committed_tokens(monkeypatch, decoder, seed):
     dec.generate(lm, prompt, 4, GREEDY, set())  # calibrates sequoia before the caches are watched
     target_caches = []
     make_cache = lm.new_cache
-    monkeypatch.setattr(lm, "new_cache", lambda: target_caches.append(make_cache()) or target_caches[-1])
+    monkeypatch.setattr(lm, "new_cache", lambda **kw: target_caches.append(make_cache(**kw)) or target_caches[-1])
     checked = []
     real = tree_draft_module.draft_tree
 

@@ -185,8 +185,12 @@ class LM:
             torch.cuda.synchronize(device)
 
     # ---- forward ------------------------------------------------------------------------
-    def new_cache(self) -> KVCache:
-        return KVCache(DynamicCache(config=self.config), contiguous=self.compiled is not None)
+    def new_cache(self, reserve: int = 0) -> KVCache:
+        """An empty cache, room for `reserve` positions made at its first forward. One slab for all
+        layers (kv_cache.KVSlab) unless the forward is compiled (its graph keeps DynamicCache's
+        layout) or the layers are spread over devices."""
+        compiled = self.compiled is not None
+        return KVCache.for_model(self.config, reserve, slab=len(self.cuda_devices) <= 1, contiguous=compiled)
 
     def _capture_hidden(self, module, args, output):
         if self._want_hidden:

@@ -260,7 +260,7 @@ def speculative_decode(lm: LM, proposer: Proposer, prompt_ids: Sequence[int], ma
     """Decode with `proposer`'s drafts, one target forward per step. `accept` replaces exact
     verification (Medusa's typical acceptance: lossy)."""
     tracer = Tracer(lm.sync)
-    cache = lm.new_cache()
+    cache = lm.new_cache(reserve=len(prompt_ids) + max_new_tokens + 64)  # and a step's tree, mostly
     d = Decoding(proposer, sampler, accept, list(prompt_ids), max_new_tokens, stop_ids)
     while True:
         with tracer.draft():

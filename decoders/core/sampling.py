@@ -54,6 +54,15 @@ class Sampling:
         return torch.Generator(device=device).manual_seed(self.seed)
 
 
+def argmax(logits: torch.Tensor):
+    """Each row's largest entry's index (the first on ties, as torch.argmax and transformers), as Python
+    ints: an int for a 1-D tensor, a list for 2-D. On a CPU numpy finds it: torch's CPU argmax took 44 us
+    for one 49,152-logit row against numpy's 4 (float32; other dtypes widen exactly to it first)."""
+    if logits.device.type != "cpu":
+        return torch.argmax(logits, dim=-1).tolist()
+    return logits.detach().to(torch.float32).numpy().argmax(-1).tolist()
+
+
 def probs(logits: torch.Tensor, sampling: Sampling, warpers: LogitsProcessorList | None = None) -> torch.Tensor:
     """Rows of logits (n, V) -> rows of the sampling distribution (float32)."""
     warpers = sampling.warpers() if warpers is None else warpers
@@ -68,7 +77,7 @@ def next_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Ge
                warpers: LogitsProcessorList | None = None) -> int:
     """Greedy argmax (first index on ties, as transformers) or one sample."""
     if sampling.greedy:
-        return int(torch.argmax(logits_row))
+        return argmax(logits_row)
     p = probs(logits_row[None], sampling, warpers)[0]
     return int(torch.multinomial(p, 1, generator=generator))
 

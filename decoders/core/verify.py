@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .sampling import argmax
 from .tree import TokenTree
 
 
@@ -22,10 +23,10 @@ def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[in
 
         def predicted(node: int) -> int:
             if node not in rows:
-                rows[node] = int(torch.argmax(target_logits[node]))
+                rows[node] = argmax(target_logits[node])
             return rows[node]
     else:
-        prediction = torch.argmax(target_logits, dim=-1).tolist()
+        prediction = argmax(target_logits)
         predicted = prediction.__getitem__
 
     path = tree.longest_path(lambda node, child: tree.tokens[child] == predicted(node))

@@ -16,7 +16,7 @@ from ..core.trace import Generation, Tracer
 def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
                           stop_ids) -> Generation:
     tracer = Tracer(lm.sync)
-    cache = lm.new_cache()
+    cache = lm.new_cache(reserve=len(prompt_ids) + max_new_tokens)
     warpers = sampling.warpers()
     generator = sampling.generator(lm.output_device)
     tokens: list[int] = []

@@ -17,7 +17,7 @@ from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.kv_cache import KVCache
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
-from ..core.sampling import Sampler
+from ..core.sampling import Sampler, argmax
 from ..core.tree import TokenTree
 from .draft_model import DRAFT_REQUIRED, build_draft
 
@@ -49,7 +49,7 @@ def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int,
             logits = draft.forward([tokens[-1]], cache, last_only=True)[-1]
             forward_tokens, flops = forward_tokens + 1, flops + forward_flops(spec, 1, context)
         if sampler.greedy:
-            tokens.append(int(torch.argmax(logits)))
+            tokens.append(argmax(logits))
         else:
             q = sampler.probs(logits[None])[0]
             dists.append(q)
