@@ -8,6 +8,10 @@ YAML and variants; test_lookahead.py its sampled distribution; test_batch.py its
   highest-scoring candidate of both tries wins;
 - the global trie: a request repeated drafts long from its first output, not without the global
   trie (the negative control), and a new target starts empty;
+- its bound (max_cached_requests): past it the oldest outputs are evicted, leaving exactly the trie of
+  the outputs kept (against a brute-force count) in reused slots; a request whose earlier output was
+  evicted drafts as if it had never been learnt (the negative control: a bound one larger keeps it),
+  and every output stays autoregressive's, one prompt at a time or in a batch;
 - repeats stay repeats: a timed repeat starts from the global trie its first run started from, so it
   drafts exactly as the first run did (the check fails when the runner does not put the trie back).
 """
@@ -128,6 +132,52 @@ def test_deepcopy_is_independent():
     assert all_counts(copy.deepcopy(trie)) == all_counts(trie)
 
 
+def check_free_slots(trie: SuffixTrie) -> None:
+    """Evicted nodes' slots hold nothing and no live node points at one."""
+    assert all(trie.count[i] == 0 and trie.kids[i] is None for i in trie.free)
+    live = {child for kids in trie.kids if kids for child in kids.values()}
+    assert not live & set(trie.free) and len(set(trie.free)) == len(trie.free)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_eviction_leaves_the_trie_of_the_outputs_kept(seed):
+    """Random sequences stored under a bound of k: the oldest are evicted first in, first out, and the
+    counts are then exactly those of the last k sequences (a brute-force count), with no node left over.
+    Negative control: without the bound every sequence is still counted."""
+    rng = random.Random(seed)
+    depth, bound = rng.randrange(2, 7), rng.randrange(1, 4)
+    sequences = [[rng.randrange(3) for _ in range(rng.randrange(0, 30))] for _ in range(bound + 4)]
+    bounded, unbounded = SuffixTrie(depth, max_sequences=bound), SuffixTrie(depth)
+    for i, seq in enumerate(sequences, 1):
+        bounded.add(seq)
+        unbounded.add(seq)
+        kept = sequences[max(0, i - bound):i]
+        assert list(bounded.stored) == kept and bounded.evicted == i - len(kept) and bounded.sequences == i
+        expected = brute_counts(kept, depth)
+        assert all_counts(bounded) == expected and len(bounded) == 1 + len(expected)
+        assert bounded.count[0] == sum(map(len, kept))
+        check_free_slots(bounded)
+    assert bounded.evicted == 4
+    assert all_counts(unbounded) == brute_counts(sequences, depth) and unbounded.evicted == 0
+    assert all_counts(unbounded) != all_counts(bounded)
+
+
+def test_evicted_slots_are_reused():
+    """One sequence stored again and again under a bound of 1: the trie never grows past its first size."""
+    trie = SuffixTrie(4, max_sequences=1)
+    trie.add([1, 2, 3, 1, 2])
+    size = len(trie.count)
+    for _ in range(5):
+        trie.add([1, 2, 3, 1, 2])
+        assert len(trie.count) == size and trie.free == []
+    trie.add([7])
+    assert len(trie) == 2 and len(trie.free) == size - 2  # the root and "7", in a reused slot
+    check_free_slots(trie)
+    other = copy.deepcopy(trie)
+    other.add([8, 9])
+    assert list(trie.stored) == [[7]] and list(other.stored) == [[8, 9]] and count(trie, [7]) == 1
+
+
 # ---- the speculation tree ------------------------------------------------------------------------
 # 5 is followed by 1 three times (then 9, 9, 8) and by 2 once: the hand-computed path probabilities
 # after "5": 1: 3/4, 1 9: 3/4 * 2/3, 1 9 5: * 2/2, 2: 1/4, 1 8: 3/4 * 1/3, 2 9: 1/4 * 1/1, 1 8 5: 1/4.
@@ -214,6 +264,7 @@ def test_the_highest_score_wins_across_tries():
     ("max_spec_tokens", 0, "decoder.max_spec_tokens must be an integer >= 1"),
     ("max_depth", 1, "decoder.max_depth must be an integer >= 2"),
     ("use_global", "yes", "decoder.use_global must be one of True, False"),
+    ("max_cached_requests", 0, "decoder.max_cached_requests must be an integer >= 1 or None"),
     ("max_spec_tokens", 5000, "1 + max_spec_tokens 5000"),
 ])
 def test_bad_settings_are_refused_in_one_line(key, value, message):
@@ -268,6 +319,29 @@ def test_an_output_cut_at_a_stop_token_is_learnt_to_its_end():
     out = decoder.generate(lm, PROMPT, 40, GREEDY, stop)
     assert out.tokens == free[:free.index(free[5]) + 1]
     assert decoder.carried(lm)["global"].count[0] == len(out.tokens)
+
+
+def test_an_evicted_output_is_no_longer_drafted_from():
+    """PROMPT, another prompt, then PROMPT again. With a bound of 1 the other prompt's output evicts
+    PROMPT's first one, so the third decoding drafts as the first did (nothing of its output is left);
+    with a bound of 2 (the negative control) it drafts it from the global trie in a few steps. Every
+    output equals autoregressive's."""
+    lm = tiny_lm(seed=0)
+    reference = autoregressive_decode(lm, PROMPT, 40, GREEDY, set()).tokens
+    other = [1, 2, 3, 4]
+    for bound in (1, 2):
+        decoder = Suffix(max_cached_requests=bound)
+        first = decoder.generate(lm, PROMPT, 40, GREEDY, set())
+        decoder.generate(lm, other, 40, GREEDY, set())
+        again = decoder.generate(lm, PROMPT, 40, GREEDY, set())
+        trie = decoder.carried(lm)["global"]
+        assert first.tokens == again.tokens == reference
+        assert trie.sequences == 3 and trie.evicted == 3 - bound and len(trie.stored) == bound
+        if bound == 1:
+            assert not any(s.info["from_global"] and s.info["match_length"] >= 8 for s in again.steps)
+            assert len(again.steps) >= 30
+        else:
+            assert len(again.steps) <= 8 and max(s.info["match_length"] for s in again.steps) >= 8
 
 
 # ---- repeats stay repeats ---------------------------------------------------------------------------
@@ -345,3 +419,21 @@ def test_batched_rows_are_lossless_and_all_learnt():
         assert gen.tokens == autoregressive_decode(lm, prompt, 24, GREEDY, set()).tokens
     assert decoder.carried(lm)["global"].sequences == 1 + len(prompts)
     assert len(gens[0].steps) < 12  # the repeated prompt drafts from the first decoding's output
+
+
+def test_batched_rows_under_the_bound_are_lossless():
+    """A bound of 2 outputs: rows finishing in a batch evict one another's outputs as they join;
+    every row still equals autoregressive greedy, and the trie holds the last two outputs learnt."""
+    from decoders.core.batch import decode_batch
+
+    lm = tiny_lm(seed=0)
+    prompts = [PROMPT, [1, 2, 3, 1, 2], PROMPT, [9], [4, 4, 4]]
+    decoder = Suffix(max_cached_requests=2)
+    decoder.generate(lm, PROMPT, 24, GREEDY, set())
+    gens, _ = decode_batch(decoder, lm, prompts, 24, [GREEDY] * len(prompts), set())
+    for prompt, gen in zip(prompts, gens):
+        assert gen.tokens == autoregressive_decode(lm, prompt, 24, GREEDY, set()).tokens
+    trie = decoder.carried(lm)["global"]
+    assert trie.sequences == 1 + len(prompts) and trie.evicted == len(prompts) - 1 and len(trie.stored) == 2
+    assert all_counts(trie) == brute_counts(trie.stored, trie.max_depth)
+    check_free_slots(trie)

@@ -19,14 +19,17 @@ O(L D) time and at most L D nodes; the global trie O(D) per output token, at mos
 matching O(D) in the request's trie (its open suffixes are the matches) and O(D^2) in the global
 one; growing one tree O(M log M) plus its nodes' children; at most 2 (D - 1) candidates, longest
 match first, stopping once no smaller tree (alpha * p nodes) can outscore the best so far.
-The global trie is never pruned (the authors evict the oldest outputs past a cap): it holds up to
-D nodes, a few KB in CPython, per output token learnt, for as long as the decoder lives (the
-leaderboard builds its decoders once per dataset).
+The global trie holds the last `max_cached_requests` outputs (the authors' bound, their default
+10,000 in vLLM: past it the oldest output is evicted, first in first out): up to D nodes, a few
+KB in CPython, per output token it holds. Evicting an output takes off exactly what learning it
+added, in O(D) per token (its suffixes' counts fall by one; a node left at count 0 is unlinked and
+its slot reused), so the trie is then the trie of the outputs kept.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,23 +44,32 @@ class SuffixTrie:
     """Every suffix of the stored sequences, cut to `max_depth` tokens, as a trie. A node is the
     string on its path; its count is how many positions of the stored sequences that string starts
     at (an occurrence at a sequence's end, with nothing after it yet, included), so a child's count
-    over its parent's is how often the string went on with the child's token."""
+    over its parent's is how often the string went on with the child's token.
 
-    def __init__(self, max_depth: int):
-        self.max_depth = max_depth
+    With `max_sequences` (the global trie), whole sequences stored by `add` are kept, oldest first,
+    and the oldest is evicted (`remove`) before one more would exceed it."""
+
+    def __init__(self, max_depth: int, max_sequences: int | None = None):
+        self.max_depth, self.max_sequences = max_depth, max_sequences
         self.count: list[int] = [0]  # per node; the root's: tokens stored
         self.kids: list[dict[int, int] | None] = [None]  # per node: token -> child node (None: no child yet)
+        self.free: list[int] = []  # slots of evicted nodes, reused before new ones
         self.sequences = 0  # sequences begun (the global trie: outputs learnt)
+        self.evicted = 0  # sequences evicted (the global trie: outputs it no longer holds)
+        self.stored: deque[list[int]] = deque()  # with max_sequences: the sequences held, oldest first
 
     def __len__(self) -> int:
-        return len(self.count)
+        """Nodes held, the root included (evicted ones' slots left for reuse are not)."""
+        return len(self.count) - len(self.free)
 
     def __deepcopy__(self, memo) -> "SuffixTrie":
         """A copy in one pass over flat lists (contract.carried_copy takes one per timed repeat)."""
-        other = SuffixTrie(self.max_depth)
+        other = SuffixTrie(self.max_depth, self.max_sequences)
         other.count = list(self.count)
         other.kids = [None if k is None else dict(k) for k in self.kids]
-        other.sequences = self.sequences
+        other.free = list(self.free)
+        other.sequences, other.evicted = self.sequences, self.evicted
+        other.stored = deque(list(s) for s in self.stored)
         return other
 
     def child(self, node: int, token: int) -> int | None:
@@ -71,9 +83,12 @@ class SuffixTrie:
             kids = self.kids[node] = {}
         child = kids.get(token)
         if child is None:
-            child = kids[token] = len(self.count)
-            self.count.append(0)
-            self.kids.append(None)
+            if self.free:
+                child = kids[token] = self.free.pop()  # an evicted node's slot: count 0, no children
+            else:
+                child = kids[token] = len(self.count)
+                self.count.append(0)
+                self.kids.append(None)
         self.count[child] += 1
         return child
 
@@ -89,9 +104,35 @@ class SuffixTrie:
         return open_[:keep]
 
     def add(self, tokens: Sequence[int]) -> None:
-        """Store one whole sequence (a finished output)."""
+        """Store one whole sequence (a finished output); with max_sequences, first evict the oldest
+        stored ones until this one fits."""
+        tokens = [int(t) for t in tokens]
+        if self.max_sequences is not None:
+            while len(self.stored) >= self.max_sequences:
+                self.remove(self.stored.popleft())
+            self.stored.append(tokens)
         self.sequences += 1
         self.extend([], tokens)
+
+    def remove(self, tokens: Sequence[int]) -> None:
+        """Take off one stored sequence: the counts `add` raised, each lowered by one. A node left at
+        count 0 (no stored string goes through it any more, nor through its children, whose counts are
+        at most its own) is unlinked from its parent and its slot kept for reuse."""
+        tokens = [int(t) for t in tokens]
+        self.evicted += 1
+        for start in range(len(tokens)):
+            self.count[0] -= 1
+            node = 0
+            for token in tokens[start:start + self.max_depth]:
+                kids = self.kids[node]
+                child = kids[token]
+                self.count[child] -= 1
+                if self.count[child] == 0:
+                    del kids[token]
+                    if not kids:
+                        self.kids[node] = None
+                    self.free.append(child)
+                node = child
 
     def matches(self, context: Sequence[int]) -> list[int]:
         """The nodes of the context's suffixes found here, by length: [last 1 token, last 2, ...],
@@ -227,6 +268,7 @@ class Suffix:
     min_token_prob: float = 0.1  # a node joins only if its path probability is at least this
     max_depth: int = 24  # stored suffixes are cut to this many tokens: match + draft depth <= max_depth
     use_global: bool = True  # also draft from earlier requests' outputs (a trie kept per target)
+    max_cached_requests: int | None = 10000  # outputs the global trie holds, the oldest evicted past it; None: no bound
 
     def __post_init__(self):
         _check_number("alpha", self.alpha, 0, None, low_open=True)
@@ -234,6 +276,7 @@ class Suffix:
         check("max_spec_tokens", self.max_spec_tokens, at_least=1)
         check("max_depth", self.max_depth, at_least=2)
         check("use_global", self.use_global, one_of=(True, False))
+        check("max_cached_requests", self.max_cached_requests, at_least=1, also=(None,))
         self.widest_step = check_step(1 + self.max_spec_tokens, f"1 + max_spec_tokens {self.max_spec_tokens}")
         self._carried: PerTarget[dict] = PerTarget()  # per target: {"global": the trie of earlier outputs}
 
@@ -246,7 +289,7 @@ class Suffix:
     def global_trie(self, lm: LM) -> SuffixTrie | None:
         if not self.use_global:
             return None
-        return self.carried(lm).setdefault("global", SuffixTrie(self.max_depth))
+        return self.carried(lm).setdefault("global", SuffixTrie(self.max_depth, self.max_cached_requests))
 
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         """Rows of one batch share the global trie (a row's output joins it when the row finishes):
