@@ -259,8 +259,8 @@ PRESETS = {
     "heads": (["autoregressive", "medusa", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1",
                "bpd-p4", "bpd-ngram-p4"], 1),
     "baselines": (["autoregressive", "hf_generate"], 3),
-    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-static", "recycling", "medusa", "lookahead-auto",
-                 "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
+    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-static", "recycling", "suffix", "medusa",
+                 "lookahead-auto", "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
     "long_outputs": (["autoregressive", "prompt_lookup", "lookahead", "recycling", "eagle", "medusa", "spec_chain",
                       "sequoia"], 1),
 }
