@@ -45,7 +45,7 @@ from bench.prompts import render, rendering_for  # noqa: E402
 from bench.registry import decoder_configs  # noqa: E402
 from bench.runner import build  # noqa: E402
 from decoders.core import loop  # noqa: E402
-from decoders.core.contract import LoadsAddOns  # noqa: E402
+from decoders.core.contract import LoadsAddOns, foresee  # noqa: E402
 from decoders.core.kv_cache import KVCache  # noqa: E402
 from decoders.core.sampling import Sampling  # noqa: E402
 from decoders.core.trace import Tracer  # noqa: E402
@@ -82,8 +82,8 @@ def instrument(clock: Clock, lm) -> None:
     # the target's cache only: a draft's own cache edits belong to the draft's time
     new_cache = lm.new_cache
 
-    def marked_cache():
-        cache = new_cache()
+    def marked_cache(**kwargs):
+        cache = new_cache(**kwargs)
         cache.of_target = True
         return cache
     lm.new_cache = marked_cache
@@ -158,6 +158,7 @@ def main() -> None:
         decoder.generate(lm, ids[0], 8, Sampling(), lm.stop_ids)  # warm-up
         measured = []
         for prompt in ids:
+            foresee(decoder, lm, prompt, args.max_new_tokens, lm.stop_ids)  # untimed, as the runner does
             clock.spent.clear()
             gen = decoder.generate(lm, prompt, args.max_new_tokens, Sampling(), lm.stop_ids)
             measured.append(per_step(gen, clock.spent))

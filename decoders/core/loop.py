@@ -18,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Collection, ContextManager, Protocol, Sequence
 
+import numpy as np
 import torch
 
 from .kv_cache import KVCache
 from .lm import LM
 from .sampling import Sampler
 from .trace import Generation, Tracer, truncate_at_stop
-from .tree import TokenTree
+from .tree import TokenTree, ancestor_rows
 from .verify import verify_greedy, verify_sampling
 
 
@@ -113,22 +114,23 @@ def layout(cache_len: int, uncached: int, tree: TokenTree, side: SideBranch | No
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask (q, cache_len + q) and positions for [the `uncached` committed tokens (the root last),
     side branch, tree nodes after the root]. Both branches see every committed token; a tree node
-    sees its own ancestors, a side token what side.mask allows; neither branch sees the other."""
+    sees its own ancestors, a side token what side.mask allows; neither branch sees the other.
+    Built in numpy and made tensors once: each of its ten tensor operations cost more than all of it."""
     c, u, n = cache_len, uncached, len(tree)
     s = len(side.tokens) if side is not None else 0
     q = u + s + n - 1
-    mask = torch.zeros(q, c + q, dtype=torch.bool)
+    mask = np.zeros((q, c + q), dtype=np.bool_)
     mask[:, :c] = True
-    mask[:u, c:c + u] = torch.tril(torch.ones(u, u, dtype=torch.bool))
+    mask[:u, c:c + u] = np.tri(u, dtype=np.bool_)
     mask[u:, c:c + u] = True
-    mask[u + s:, c + u + s:] = tree.ancestor_mask()[1:, 1:]
+    mask[u + s:, c + u + s:] = ancestor_rows(tuple(tree.parents))[1:, 1:]
     root = c + u - 1
-    positions = [torch.arange(c, c + u)]
+    positions = [np.arange(c, c + u)]
     if side is not None:
-        mask[u:u + s, c + u:c + u + s] = side.mask
-        positions.append(root + side.offsets)
-    positions.append(root + torch.tensor(tree.depths[1:], dtype=torch.long))
-    return mask, torch.cat(positions)
+        mask[u:u + s, c + u:c + u + s] = side.mask.numpy()
+        positions.append(root + side.offsets.numpy())
+    positions.append(root + np.asarray(tree.depths[1:], dtype=np.int64))
+    return torch.from_numpy(mask), torch.from_numpy(np.concatenate(positions).astype(np.int64, copy=False))
 
 
 @dataclass
@@ -142,7 +144,7 @@ class Feed:
     side: int  # of `tokens`, the side branch's
     mask: torch.Tensor | None  # (len(tokens), cached + len(tokens)); None: a chain without side branch, fed causally
     positions: torch.Tensor | None  # None with the mask: cached, cached + 1, ...
-    logits_rows: list[int]  # the rows scored: the root, the side rows asked for, the tree after the root
+    logits_rows: list[int]  # the rows scored: the root, the tree after the root, then the side rows asked for
 
     def kept(self, path: list[int]) -> list[int]:
         """The rows the target's cache keeps: the committed tokens through the root, then the accepted nodes."""
@@ -162,9 +164,11 @@ def feed(cached: int, sequence: Sequence[int], proposal: Proposal) -> Feed:
     mask = positions = None
     if side is not None or not tree.is_chain():
         mask, positions = layout(cached, u, tree, side)
-    rows = [u - 1, *(u + r for r in side.rows)] if side is not None else [u - 1]
+    # The tree's rows first, so that its logits are a view of the forward's, not a copy (a side branch's
+    # rows, a copy, cost 0.1-0.2 ms a step: a row is the whole vocabulary)
+    side_rows = [u + r for r in side.rows] if side is not None else []
     return Feed(uncached + side_tokens + tree.tokens[1:], cached, u, s, mask, positions,
-                rows + list(range(u + s, u + s + n - 1)))
+                [u - 1, *range(u + s, u + s + n - 1), *side_rows])
 
 
 def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, uncached: int) -> Scores:
@@ -175,11 +179,8 @@ def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, 
     features = extra if proposal.feature_layers else None
     if side is None:
         return Scores(logits, None, hidden, features)
-    k, s = len(side.rows), len(side.tokens)
-
-    def tree_rows(x):
-        return torch.cat([x[:1], x[1 + k:]])
-    return Scores(tree_rows(logits), logits[1:1 + k], tree_rows(hidden) if hidden is not None else None,
+    n, s = len(proposal.tree), len(side.tokens)
+    return Scores(logits[:n], logits[n:], hidden[:n] if hidden is not None else None,
                   torch.cat([features[:uncached], features[uncached + s:]]) if features is not None else None)
 
 
