@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import math
-import types
+import sys
 
 import pytest
 import torch
@@ -29,9 +29,12 @@ from decoders.methods.eagle import Eagle
 from decoders.methods.eagle_draft import load_draft
 from decoders.methods.heads import load_heads
 from decoders.methods.medusa import Medusa
-from helpers import chi2_pvalue, tiny_lm
+from helpers import REPO, chi2_pvalue, tiny_lm
 from test_lookahead import LENGTH, VOCAB, ALPHA, cycle_prompt, exact_joint, sample_counts
 from transformers import DynamicCache
+
+sys.path.insert(0, str(REPO / "scripts"))
+from eagle1_layout import write_eagle1  # noqa: E402  the authors' EAGLE-1 module, shared with a script
 
 GREEDY = Sampling()
 N_PUBLISHED = 200  # samples per exact-distribution case
@@ -53,51 +56,7 @@ def perturbed(shape, gen, scale=0.3, base=0.0):
 
 
 # ---- checkpoints in the authors' layouts -----------------------------------------------------------
-def eagle1_reference_module(lm, seed: int):
-    """The authors' EAGLE-1/2 draft (eagle-llm's cnets.Model), randomly initialised, its embedding the
-    target's (as ea_model.py loads it). Under transformers 5 a PretrainedConfig always holds
-    rope_scaling {'rope_type': 'default', ...}, which cnets' `rope_scaling is None` test misreads as
-    a scaling to apply (KeyError 'type'); a plain namespace with the fields it reads avoids that."""
-    try:
-        from eagle.model.cnets import Model
-    except ImportError:
-        pytest.fail("the EAGLE-1/2 oracle is the authors' module: "
-                    "pip install --no-deps eagle-llm (the README's test command)")
-    cfg = lm.config
-    ns = types.SimpleNamespace(vocab_size=lm.vocab_size, hidden_size=cfg.hidden_size,
-                               intermediate_size=cfg.intermediate_size,
-                               num_hidden_layers=1, num_attention_heads=cfg.num_attention_heads,
-                               num_key_value_heads=cfg.num_key_value_heads, max_position_embeddings=2048,
-                               rms_norm_eps=cfg.rms_norm_eps, rope_scaling=None, pretraining_tp=1, hidden_act="silu",
-                               pad_token_id=None)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Model(ns).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(perturbed(p.shape, gen, 0.1, 1.0) if "norm" in name else p + perturbed(p.shape, gen, 0.1))
-        model.embed_tokens.weight.copy_(lm.model.get_input_embeddings().weight)
-    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": ns.hidden_size,
-              "intermediate_size": ns.intermediate_size,
-              "num_attention_heads": ns.num_attention_heads, "num_key_value_heads": ns.num_key_value_heads,
-              "num_hidden_layers": 1, "vocab_size": ns.vocab_size, "rms_norm_eps": ns.rms_norm_eps,
-              "hidden_act": "silu", "max_position_embeddings": 2048, "bias": True}
-    return model, config
-
-
-def write_eagle1(path, lm, seed: int, fmt: str = "bin", embed: bool = True, **config_extra):
-    model, config = eagle1_reference_module(lm, seed)
-    path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.clone() for k, v in model.state_dict().items() if embed or k != "embed_tokens.weight"}
-    if fmt == "bin":
-        torch.save(state, path / "pytorch_model.bin")
-    else:
-        save_file(state, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({**config, **config_extra}))
-    return model
-
-
+# EAGLE-1/2's is written by the authors' own module: scripts/eagle1_layout.py (write_eagle1).
 def write_eagle3(path, lm, seed: int, draft_vocab: int | None = None, embed: bool = False):
     """An EAGLE-3 draft in cnets.py's layout: fc (3d -> d), midlayer.*, norm, lm_head over a draft
     vocabulary with d2t (draft id -> target id offset) and t2d."""
