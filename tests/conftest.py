@@ -53,7 +53,7 @@ def pytest_xdist_make_scheduler(config, log):
 # check (scripts/gpu/check.sh) runs `-m "cuda and not slow"`: there `slow` keeps SmolLM2 out, which
 # cannot travel to the GPU machine, and the CLI runs and training scripts on tiny-random are what it checks.
 SLOW_FIXTURES = {"smollm"}
-QUICK_TOOLS = {"git", "nvidia-smi"}  # bench/provenance.py's queries, milliseconds each: not slow
+QUICK_TOOLS = {"git", "nvidia-smi", "uname"}  # bench/provenance.py's queries (uname: platform.platform()), ms each
 REAL_MODEL_PARAMS = 100_000_000  # SmolLM2-135M has 135M; the suite's tiny models, thousands
 
 
