@@ -14,7 +14,7 @@ nearly free, so that what is left is each method's own cost. Its embedding rows 
 RMS, which makes its layer's input norm the identity, so a one-layer EAGLE-1 draft (no input norm,
 fc over [embedding, features]) can copy it: the draft is that copy, fc passing the token's
 embedding, with relative noise (--noise) so that it agrees with the target often but not always
-(at 0.05 about 2.4 of at most 5 drafted tokens are accepted per step; even at 0 the copy is not
+(at 0.05 about 2.3 of at most 5 drafted tokens are accepted per step; even at 0 the copy is not
 exact, since the draft never sees the prompt's first token). The draft is built with the
 authors' module (scripts/eagle1_layout.py) and both sides load the same file. Prompts are random
 token ids (seeded).
