@@ -25,6 +25,16 @@ if WORKERS > 1:  # one process (-n 0) keeps torch's default
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
     torch.set_num_threads(THREADS)
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers: they find the library built
+def pytest_sessionstart(session):
+    """model.fast_path=kernel's extension (decoders/core/kernels.py) is built, once per machine (a few
+    seconds of g++), before any test: a test that built it would start a compiler, which the slow-mark
+    check below counts. Where it cannot build, test_kernels.py skips saying why and the path falls back."""
+    from decoders.core import kernels
+
+    kernels.dtype_supported(torch.float32)
+
+
 # Test files run whole on one xdist worker: SLURM's single-node cluster (one per machine: ports,
 # daemons), and files whose module fixture is a costly run every worker would otherwise repeat.
 # (A scheduler, not xdist_group marks: xdist 3.8 renames grouped tests through a node attribute

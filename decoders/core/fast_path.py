@@ -1,4 +1,5 @@
-"""The fast forward path (model.fast_path): linear layers on oneDNN-prepacked weights, CPU.
+"""The fast forward path (model.fast_path): linear layers on oneDNN-prepacked weights, CPU
+(model.fast_path=kernel, our own kernel, lives in kernels.py).
 
 The kernels are private torch ops: prepacked_supported probes them before use.
 """
@@ -18,7 +19,7 @@ from torch import nn
 # the 1-row step included. Where the packed kernel starts to win depends on the CPU (4 rows on a
 # Sapphire Rapids Xeon, 1 row on a Zen 5 EPYC: results/reference/fast_path/README.md), so below
 # `min_rows` the native kernel is kept; these are the defaults, and model.fast_path=auto measures it.
-FAST_PATHS = ("none", "prepacked")
+FAST_PATHS = ("none", "prepacked", "kernel")  # kernel: our own small-M kernel, decoders/core/kernels.py
 PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
 
 

@@ -14,6 +14,7 @@ from transformers import DynamicCache
 
 from .compiled import COMPILE_MODES, CompiledForward, compile_supported
 from .fast_path import FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, prepack, prepacked_supported, unpack
+from . import kernels
 from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask
 
 
@@ -67,10 +68,12 @@ class LM:
         # A model whose modules are shared with an LM already on the fast path (a self-draft) is on it too.
         packed = [m for m in model.modules() if type(m) is PrepackedLinear]
         self.fast_path = "prepacked" if packed else "none"
+        if any(type(m) is kernels.KernelLinear for m in model.modules()):
+            self.fast_path = "kernel"
         self.packed_min_rows = packed[0]._min_rows if packed else None  # rows from which "prepacked" packs
         self.fast_path_note = ""  # why the path in use differs from the one asked for, if it does
         self.fast_path_bytes = 0  # memory the fast path holds beyond the model's own weights
-        if fast_path != self.fast_path or fast_path == "prepacked":  # packs what is not packed yet
+        if fast_path != self.fast_path or fast_path != "none":  # packs what is not packed yet
             self.set_fast_path(fast_path, self.packed_min_rows)
         self.compiled: CompiledForward | None = None
         self.compile, self.compile_note = "none", ""
@@ -104,18 +107,32 @@ class LM:
 
     # ---- fast forward path ------------------------------------------------------------------
     def set_fast_path(self, path: str, min_rows: int | None = None) -> str:
-        """Switch the kernel path of every linear layer: "none" (transformers' own) or
+        """Switch the kernel path of every linear layer: "none" (transformers' own),
         "prepacked" (oneDNN-packed weights for inputs of `min_rows` rows or more, CPU; default
-        PACKED_MIN_ROWS for the dtype). A path this machine cannot run falls back to "none",
-        with the reason in fast_path_note. Returns the path in use."""
+        PACKED_MIN_ROWS for the dtype) or "kernel" (ours, decoders/core/kernels.py: inputs of 1 to
+        kernels.MAX_ROWS rows, CPU with AVX-512; built at first use, kernel_build_seconds). A path
+        this machine cannot run falls back to "none", with the reason in fast_path_note. Returns the
+        path in use."""
         if path not in FAST_PATHS:
             raise ValueError(f"fast path {path!r} is not one of {', '.join(FAST_PATHS)}")
         if min_rows is not None and (not isinstance(min_rows, int) or min_rows < 1):
             raise ValueError(f"packed min_rows must be an integer >= 1, not {min_rows!r}")
         self.fast_path_note = ""
+        if path != self.fast_path:  # off the path in use first: one path at a time
+            unpack(self.model)
+            kernels.unswap(self.model)
+            self.fast_path, self.fast_path_bytes, self.packed_min_rows = "none", 0, None
         if path == "none":
             unpack(self.model)
+            kernels.unswap(self.model)
             self.fast_path, self.fast_path_bytes, self.packed_min_rows = "none", 0, None
+        elif path == "kernel":
+            why_not = kernels.kernel_supported(self.model)
+            if why_not:
+                self.fast_path_note = f"kernel unavailable: {why_not}"
+            else:
+                self.fast_path_bytes += kernels.swap(self.model)
+                self.fast_path = "kernel"
         else:
             why_not = prepacked_supported(self.model)
             if why_not:
@@ -133,7 +150,14 @@ class LM:
             dtype = next(module.parameters(), self.model.get_input_embeddings().weight).dtype
             rows = self.packed_min_rows if dtype == self.dtype else PACKED_MIN_ROWS.get(dtype, 1)
             self.fast_path_bytes += prepack(module, rows)
+        elif self.fast_path == "kernel":  # a dtype the kernel cannot run here stays native
+            self.fast_path_bytes += kernels.swap(module)
         return module
+
+    @property
+    def kernel_build_seconds(self) -> float:
+        """Seconds this process spent building the kernel path's extension (0: loaded from torch's cache)."""
+        return kernels.build_seconds
 
     # ---- what metrics need -------------------------------------------------------------
     @property

@@ -1,0 +1,201 @@
+// model.fast_path=kernel: y = x W^T (+ bias) for inputs of a few rows (a decode step, a tree's
+// verification), CPU, AVX-512. Built by decoders/core/kernels.py (torch.utils.cpp_extension.load) and
+// called through ctypes: a plain C interface on raw pointers, no torch headers, so that it builds in
+// seconds; kernels.py allocates and checks every tensor.
+//
+// Weights are repacked once into column panels of PANEL = 32 output columns: float32 (P, K, 32),
+// bfloat16 (P, ceil(K / 2), 32, 2) (pairs of k, as vdpbf16ps reads them), N zero-padded to a multiple
+// of 32. Each panel is streamed from memory once per call whatever the number of rows: a register
+// block of up to ROWS rows x 32 columns (two zmm accumulators a row, x broadcast, FMA) walks the
+// panel, and the further row blocks reuse it from cache (a panel is 72-196 KB for SmolLM2's shapes).
+// OpenMP threads (the libgomp torch has loaded: torch.set_num_threads holds) split the panels.
+//
+// Every output element is accumulated over k = 0, 1, ..., K - 1 in that order, from zero, then the
+// bias added: a row's result is bitwise the same whether computed alone or among other rows.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t PANEL = 32;  // output columns per panel: two zmm of float32 accumulators
+constexpr int ROWS = 8;        // rows per register block: 2 * ROWS accumulators of the 32 zmm registers
+constexpr int64_t PREFETCH = 8;  // k steps ahead the weight stream is prefetched (8 * 128 bytes)
+constexpr int64_t GRAIN_BYTES = 1 << 17;  // the least weight bytes worth a thread of their own (a wake-up)
+
+inline int64_t panels(int64_t n) { return (n + PANEL - 1) / PANEL; }
+
+inline __mmask16 tail_mask(int64_t valid) {  // the first `valid` of 16 lanes (valid may be <= 0 or >= 16)
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
+                     : valid <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << valid) - 1);
+}
+
+// Panels [0, p) split over the threads in contiguous chunks of at least `grain`, as at::parallel_for
+// does (a team of the calling thread's omp_get_max_threads(), which torch.set_num_threads sets).
+template <typename F>
+void for_panels(int64_t p, int64_t grain, const F& body) {
+  const int64_t threads = omp_get_max_threads();
+  const int64_t chunks = std::min<int64_t>(threads, (p + grain - 1) / grain);
+  if (chunks <= 1 || omp_in_parallel()) {
+    body(0, p);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t team = std::min<int64_t>(omp_get_num_threads(), chunks);
+    const int64_t tid = omp_get_thread_num();
+    const int64_t size = (p + team - 1) / team, begin = tid * size;
+    if (tid < team && begin < p) body(begin, std::min(p, begin + size));
+  }
+}
+
+// ---- float32 -------------------------------------------------------------------------------
+template <int R>
+inline void block_f32(const float* x, int64_t ldx, const float* wp, int64_t k, const float* bias,
+                      float* y, int64_t ldy, int64_t valid) {
+  __m512 acc[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const float* w = wp + i * PANEL;
+    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL + 16), _MM_HINT_T0);
+    const __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * ldx + i]);
+      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+    }
+  }
+  const __mmask16 m0 = tail_mask(valid), m1 = tail_mask(valid - 16);
+  if (bias != nullptr) {
+    const __m512 b0 = _mm512_maskz_loadu_ps(m0, bias), b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = _mm512_add_ps(acc[r][0], b0);
+      acc[r][1] = _mm512_add_ps(acc[r][1], b1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(y + r * ldy, m0, acc[r][0]);
+    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, acc[r][1]);
+  }
+}
+
+using BlockF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
+constexpr BlockF32 BLOCKS_F32[ROWS + 1] = {nullptr, block_f32<1>, block_f32<2>, block_f32<3>, block_f32<4>,
+                                           block_f32<5>, block_f32<6>, block_f32<7>, block_f32<8>};
+
+// ---- bfloat16 (avx512_bf16: vdpbf16ps; fp32 accumulation) ---------------------------------------
+__attribute__((target("avx512f,avx512bw"))) inline __m512 bf16_to_f32(__mmask16 mask, const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+inline void block_bf16(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, const uint16_t* bias,
+                       uint16_t* y, int64_t ldy, int64_t valid) {
+  __m512 acc[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const uint16_t* w = wp + i * PANEL * 2;
+    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL * 2), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL * 2 + 32), _MM_HINT_T0);
+    const __m512bh w0 = (__m512bh)_mm512_load_si512(w), w1 = (__m512bh)_mm512_load_si512(w + 32);
+    const bool last_odd = 2 * i + 1 == k;  // an odd K: the last pair is (x[K - 1], 0), the weight's pad is 0 too
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      if (last_odd) {
+        pair = x[r * ldx + 2 * i];
+      } else {
+        std::memcpy(&pair, x + r * ldx + 2 * i, sizeof(pair));
+      }
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
+    }
+  }
+  const __mmask16 m0 = tail_mask(valid), m1 = tail_mask(valid - 16);
+  if (bias != nullptr) {
+    const __m512 b0 = bf16_to_f32(m0, bias), b1 = bf16_to_f32(m1, bias + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = _mm512_add_ps(acc[r][0], b0);
+      acc[r][1] = _mm512_add_ps(acc[r][1], b1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {  // rounded to bfloat16 to nearest even, once, as torch rounds
+    _mm256_mask_storeu_epi16(y + r * ldy, m0, (__m256i)_mm512_cvtneps_pbh(acc[r][0]));
+    _mm256_mask_storeu_epi16(y + r * ldy + 16, m1, (__m256i)_mm512_cvtneps_pbh(acc[r][1]));
+  }
+}
+
+using BlockBF16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const uint16_t*, uint16_t*, int64_t,
+                           int64_t);
+constexpr BlockBF16 BLOCKS_BF16[ROWS + 1] = {nullptr, block_bf16<1>, block_bf16<2>, block_bf16<3>, block_bf16<4>,
+                                             block_bf16<5>, block_bf16<6>, block_bf16<7>, block_bf16<8>};
+
+template <typename T, typename Block>
+void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_elems, const T* bias, int64_t n,
+            T* y, const Block* blocks) {
+  const int64_t p = panels(n);
+  const int64_t grain = std::max<int64_t>(1, GRAIN_BYTES / (panel_elems * static_cast<int64_t>(sizeof(T))));
+  for_panels(p, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t col = q * PANEL, valid = std::min<int64_t>(PANEL, n - col);
+      for (int64_t r = 0; r < m; r += ROWS) {
+        const int64_t rows = std::min<int64_t>(ROWS, m - r);
+        blocks[rows](x + r * k, k, packed + q * panel_elems, k, bias ? bias + col : nullptr, y + r * n + col, n,
+                     valid);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+int64_t db_kernel_panel() { return PANEL; }
+
+// weight (n, k) row-major -> out (ceil(n/32), k, 32), zeroed by the caller.
+void db_pack_f32(const float* w, int64_t n, int64_t k, float* out) {
+  for_panels(panels(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q)
+      for (int64_t j = 0; j < PANEL && q * PANEL + j < n; ++j)
+        for (int64_t i = 0; i < k; ++i) out[(q * k + i) * PANEL + j] = w[(q * PANEL + j) * k + i];
+  });
+}
+
+// weight (n, k) bfloat16 bits -> out (ceil(n/32), ceil(k/2), 32, 2), zeroed by the caller.
+void db_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
+  const int64_t pairs = (k + 1) / 2;
+  for_panels(panels(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q)
+      for (int64_t j = 0; j < PANEL && q * PANEL + j < n; ++j)
+        for (int64_t i = 0; i < k; ++i) out[((q * pairs + i / 2) * PANEL + j) * 2 + i % 2] = w[(q * PANEL + j) * k + i];
+  });
+}
+
+// y (m, n) = x (m, k) W^T + bias (n, or null); x and y row-major and contiguous, W packed by db_pack_f32.
+void db_linear_f32(const float* x, int64_t m, int64_t k, const float* packed, const float* bias, int64_t n,
+                   float* y) {
+  linear(x, m, k, packed, k * PANEL, bias, n, y, BLOCKS_F32);
+}
+
+// The same in bfloat16 (bits as uint16), W packed by db_pack_bf16; accumulated in float32, rounded once.
+void db_linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, const uint16_t* bias,
+                    int64_t n, uint16_t* y) {
+  linear(x, m, k, packed, (k + 1) / 2 * 2 * PANEL, bias, n, y, BLOCKS_BF16);
+}
+
+}  // extern "C"

@@ -1,0 +1,275 @@
+"""model.fast_path=kernel: our own small-M linear kernel (kernels.cpp beside this file), CPU, AVX-512.
+
+Every nn.Linear's class is swapped for KernelLinear (the same module: parameters, tying, hooks and
+sharing stay as they are), which keeps its weight repacked into column panels and computes inputs of
+1..MAX_ROWS rows on them: each weight is streamed once for all the rows, and each output is summed
+over k in a fixed order, so a row's result is bitwise the same alone or among others (a tree's
+verification and a one-token step agree in the linears). Wider inputs (a prompt's prefill) and
+autograd keep the native kernel.
+
+The extension (plain C on raw pointers, called through ctypes: no torch headers, so it builds in
+seconds) is built at first use by torch.utils.cpp_extension.load (g++ -O3 with AVX-512 flags;
+bfloat16's kernel needs avx512_bf16) into torch's extension cache, TORCH_EXTENSIONS_DIR or
+~/.cache/torch_extensions/<python>_<accelerator>/decoding_bench_kernels_<hash of source and flags>/,
+once per machine: later processes load the built library from there without a compiler. The build's
+seconds are kept apart (build_seconds), never inside a timed run. kernel_supported says in one line
+why a machine cannot take the path (no AVX-512, no avx512_bf16 for bfloat16, no compiler, a build
+error); the caller then keeps the native path.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+# AVX-512 for every kernel; the bfloat16 one adds avx512_bf16 by a target attribute in the source,
+# so the float32 kernels still run on an AVX-512 CPU without it.
+CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mprefer-vector-width=512",
+          "-fopenmp"]
+LDFLAGS = ["-fopenmp"]  # OpenMP: the same libgomp torch has loaded (torch.set_num_threads holds)
+MAX_ROWS = 64  # wider inputs run the native kernel (oneDNN/MKL block over k; a prompt's prefill)
+PANEL = 32  # output columns per packed panel (kernels.cpp)
+NEEDED_FLAGS = {torch.float32: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma"),
+                torch.bfloat16: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma", "avx512_bf16")}
+
+_lib: ctypes.CDLL | None = None  # the loaded extension
+_why_not: str | None = None  # why it cannot load here, once found (not tried again in this process)
+build_seconds = 0.0  # seconds this process spent building it (0 when it was loaded from the cache)
+
+
+def extension_name() -> str:
+    """The extension's name in torch's cache: a new source, new flags or another torch build a new one."""
+    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode())
+    return f"decoding_bench_kernels_{digest.hexdigest()[:12]}"
+
+
+def build_directory(name: str) -> Path:
+    from torch.utils import cpp_extension
+    try:
+        return Path(cpp_extension._get_build_directory(name, False))
+    except (AttributeError, TypeError):  # a torch without the private helper: its documented default
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+        return Path(root) / name
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags (Linux: /proc/cpuinfo), or None where they cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def missing_instructions(dtype: torch.dtype) -> str | None:
+    """Why this CPU cannot run the kernel for `dtype`, or None."""
+    if dtype not in NEEDED_FLAGS:
+        return f"the kernel path supports float32 and bfloat16, not {str(dtype).replace('torch.', '')}"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the kernel path needs an x86-64 CPU with AVX-512, not {platform.machine()}"
+    flags = cpu_flags()
+    if flags is None:
+        return "cannot read this CPU's instruction sets (/proc/cpuinfo)"
+    missing = [f for f in NEEDED_FLAGS[dtype] if f not in flags]
+    if missing:
+        what = "bfloat16 kernel" if missing == ["avx512_bf16"] else "kernel path"
+        return f"this CPU lacks {', '.join(missing)} (the {what} needs it)"
+    return None
+
+
+def _build() -> Path:
+    """The extension's library in torch's cache, built there first if it is not (a compiler and ninja needed)."""
+    global build_seconds
+    name = extension_name()
+    where = build_directory(name)
+    library = where / f"{name}.so"
+    if library.is_file() and not (where / "lock").exists():  # built before, by any process: no compiler needed
+        return library
+    from torch.utils import cpp_extension
+    print(f"model.fast_path=kernel: building the AVX-512 kernels once for this machine into {where}",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    built = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+                               is_python_module=False, verbose=False)
+    build_seconds += time.perf_counter() - start
+    return Path(built)
+
+
+def extension() -> ctypes.CDLL:
+    """The loaded extension, or RuntimeError with one line saying why not (remembered for this process)."""
+    global _lib, _why_not
+    if _lib is None and _why_not is None:
+        try:
+            lib = ctypes.CDLL(str(_build()))
+            i64, ptr = ctypes.c_int64, ctypes.c_void_p
+            lib.db_kernel_panel.restype = i64
+            for name in ("db_pack_f32", "db_pack_bf16"):
+                getattr(lib, name).argtypes = [ptr, i64, i64, ptr]
+                getattr(lib, name).restype = None
+            for name in ("db_linear_f32", "db_linear_bf16"):
+                getattr(lib, name).argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
+                getattr(lib, name).restype = None
+            if lib.db_kernel_panel() != PANEL:
+                raise RuntimeError(f"the library's panel is {lib.db_kernel_panel()} columns, not {PANEL}")
+            _lib = lib
+        except Exception as e:  # noqa: BLE001 -- a compiler's error, missing ninja, a bad cache: one line
+            text = str(e).strip().splitlines()
+            _why_not = (f"the kernel extension did not build or load ({type(e).__name__}"
+                        f"{': ' + text[0][:200] if text else ''})")
+    if _lib is None:
+        raise RuntimeError(_why_not)
+    return _lib
+
+
+def dtype_supported(dtype: torch.dtype) -> str | None:
+    """None if the kernel runs `dtype` on this machine (building the extension if need be), else why not."""
+    why_not = missing_instructions(dtype)
+    if why_not:
+        return why_not
+    try:
+        w = torch.arange(1, 2 * 37 + 1, dtype=torch.float32).reshape(2, 37).to(dtype)  # an odd K, 2 of 32 columns
+        out = linear(torch.ones(3, 37, dtype=dtype), pack(w), torch.ones(2, dtype=dtype), 2)
+        if out.shape != (3, 2) or not torch.equal(out, (w.float().sum(1) + 1).to(dtype).expand(3, 2)):
+            return "the kernel gave a wrong result on a probe"
+    except RuntimeError as e:
+        return str(e).splitlines()[0] if str(e) else "the kernel extension failed"
+    return None
+
+
+def kernel_supported(model: nn.Module) -> str | None:
+    """None if the kernel path runs `model` here, else why not, in one line."""
+    ref = model.get_input_embeddings().weight
+    if ref.device.type != "cpu":
+        return f"the kernel path is CPU only; this model is on {ref.device.type}"
+    return dtype_supported(ref.dtype)
+
+
+# ---- the kernels on tensors ------------------------------------------------------------------------
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A (n, k) CPU weight in the kernel's column panels: float32 (ceil(n/32), k, 32), bfloat16
+    (ceil(n/32), ceil(k/2), 32, 2); zero-padded, a plain tensor."""
+    lib = extension()
+    w = weight.detach().contiguous()
+    n, k = w.shape
+    p = -(-n // PANEL)
+    if w.dtype == torch.float32:
+        out = torch.zeros(p, k, PANEL, dtype=w.dtype)
+        lib.db_pack_f32(w.data_ptr(), n, k, out.data_ptr())
+    elif w.dtype == torch.bfloat16:
+        out = torch.zeros(p, -(-k // 2), PANEL, 2, dtype=w.dtype)
+        lib.db_pack_bf16(w.data_ptr(), n, k, out.data_ptr())
+    else:
+        raise TypeError(f"the kernel packs float32 and bfloat16 weights, not {w.dtype}")
+    return out
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """x (..., k) @ W^T + bias for W (n, k) packed by pack(); x, bias in W's dtype, on the CPU."""
+    k = x.shape[-1]
+    f32 = packed.dtype == torch.float32
+    if x.dtype != packed.dtype or packed.shape[0] != -(-n // PANEL) or packed.shape[1] != (k if f32 else -(-k // 2)):
+        raise ValueError(f"input {tuple(x.shape)} {x.dtype} does not fit the packed weight "
+                         f"{tuple(packed.shape)} {packed.dtype} of {n} outputs")
+    if bias is not None and (bias.dtype != x.dtype or bias.numel() != n):
+        raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} for {n} outputs in {x.dtype}")
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    (_lib.db_linear_f32 if f32 else _lib.db_linear_bf16)(
+        x2.data_ptr(), x2.shape[0], k, packed.data_ptr(), bias.data_ptr() if bias is not None else None, n,
+        out.data_ptr())
+    return out
+
+
+# Packed copies by (address, dtype), for kernel_linear: a compiled graph calls it with the weight.
+_PACKED: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def _register(weight: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    key = (weight.data_ptr(), weight.dtype)
+    _PACKED[key] = packed
+    weakref.finalize(weight, _PACKED.pop, key, None)  # a later tensor at the same address must not find it
+    return packed
+
+
+@torch.library.custom_op("decoding_bench::kernel_linear", mutates_args=())
+def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    packed = _PACKED.get((weight.data_ptr(), weight.dtype))
+    if packed is None:
+        packed = _register(weight, pack(weight))
+    return linear(x, packed, bias, weight.shape[0])
+
+
+@kernel_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+class KernelLinear(nn.Linear):
+    """An nn.Linear (its class swapped) computing inputs of 1..MAX_ROWS rows with the kernel, on a
+    packed copy of its weight rebuilt when the weight changes (training, .to())."""
+
+    def _pack(self) -> torch.Tensor:
+        weight = self.weight
+        try:
+            version = weight._version
+        except RuntimeError:  # an inference tensor cannot change in place
+            version = 0
+        key = (weight.data_ptr(), weight.dtype, version)
+        if self.__dict__.get("_kernel_key") != key:
+            self._kernel_packed = _register(weight, pack(weight))
+            self._kernel_key = key
+        return self._kernel_packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if (not 0 < rows <= MAX_ROWS or x.dtype != weight.dtype or weight.dtype not in _DTYPES
+                or x.device.type != "cpu" or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            return F.linear(x, weight, self.bias)
+        if torch.compiler.is_compiling():
+            return kernel_linear(x, weight, self.bias)
+        return linear(x, self._pack(), self.bias, self.out_features)
+
+
+_DTYPES: set[torch.dtype] = set()  # dtypes KernelLinear runs here (filled by swap, as each is probed)
+
+
+def swap(model: nn.Module) -> int:
+    """Swap every plain nn.Linear of `model` whose dtype the kernel runs here to KernelLinear; returns
+    the bytes of the packed copies made (modules already swapped, e.g. a self-draft's shared layers,
+    cost nothing). Call kernel_supported first."""
+    extra = 0
+    for module in model.modules():
+        if type(module) is nn.Linear and module.weight.device.type == "cpu":
+            dtype = module.weight.dtype
+            if dtype not in _DTYPES and dtype_supported(dtype) is None:
+                _DTYPES.add(dtype)
+            if dtype in _DTYPES:
+                module.__class__ = KernelLinear
+                extra += module._pack().numel() * module.weight.element_size()
+    return extra
+
+
+def unswap(model: nn.Module) -> None:
+    for module in model.modules():
+        if type(module) is KernelLinear:
+            module.__class__ = nn.Linear
+            _PACKED.pop((module.weight.data_ptr(), module.weight.dtype), None)
+            for attr in ("_kernel_packed", "_kernel_key"):
+                module.__dict__.pop(attr, None)

@@ -1,0 +1,212 @@
+"""model.fast_path=kernel (decoders/core/kernels.py): the kernel against F.linear, each row's result
+bitwise the same alone or among others, the module swap (tying, repacking, switching paths), the
+fallback in one line where the kernel cannot run, and decoders through the path: float32
+token-identical to autoregressive through the same path, bfloat16 up to ties. Speed is measured by
+scripts/profile_device.py and scripts/bench_linear_kernels.py, not here. The extension is built before
+the session (tests/conftest.py); where it cannot build these tests skip, saying why."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import decoders.core.kernels as kernels
+from bench.runner import judge_lossless
+from decoders.core.lm import LM
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
+from helpers import first_quick, tiny_lm
+from test_fast_path import _linears, _tied_model
+from test_greedy_equality import DECODERS as ALL_DECODERS, check_trace, tiny_case
+
+WHY_NOT = {dtype: kernels.dtype_supported(dtype) for dtype in (torch.float32, torch.bfloat16)}
+DTYPES = [pytest.param(dtype, marks=pytest.mark.skipif(WHY_NOT[dtype] is not None, reason=f"kernel: {WHY_NOT[dtype]}"),
+                       id=str(dtype).replace("torch.", "")) for dtype in WHY_NOT]
+pytestmark = pytest.mark.skipif(WHY_NOT[torch.float32] is not None, reason=f"kernel: {WHY_NOT[torch.float32]}")
+ROWS = [1, 2, 3, 5, 8, 9, 16, 31, 32, 64]
+GREEDY = Sampling()
+
+
+def _within_bound(out, x, w, b):
+    """|out - exact| within the float32 summation bound (K + 2) u sum |x_i w_i| (u = 2^-24), plus, in
+    bfloat16, the output's own rounding (2^-8 of it): the bound a sum in any order meets."""
+    x, w = x.double(), w.double()
+    exact = F.linear(x, w, b.double() if b is not None else None)
+    magnitude = F.linear(x.abs(), w.abs(), b.double().abs() if b is not None else None)
+    bound = (x.shape[-1] + 2) * 2.0 ** -24 * magnitude
+    if out.dtype == torch.bfloat16:
+        bound = bound + 2.0 ** -8 * exact.abs()
+    return bool(((out.double() - exact).abs() <= bound + 1e-30).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n, k", [(70, 37), (33, 64), (96, 576), (5, 1)])  # n not a multiple of 32; odd k
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_matches_f_linear(dtype, n, k, bias):
+    g = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    packed = kernels.pack(w)
+    for m in ROWS:
+        x = torch.randn(m, k, generator=g).to(dtype)
+        out = kernels.linear(x, packed, b, n)
+        native = F.linear(x, w, b)
+        assert out.shape == native.shape == (m, n) and out.dtype == dtype
+        assert _within_bound(out, x, w, b), m
+        assert _within_bound(native, x, w, b)  # the bound the native kernel meets too
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert torch.allclose(out.float(), native.float(), rtol=tol, atol=tol * float(native.abs().max())), m
+    x3 = torch.randn(2, 3, k, generator=g).to(dtype)  # (batch, tokens, k) as a model feeds it
+    flat = kernels.linear(x3.reshape(6, k), packed, b, n)
+    assert torch.equal(kernels.linear(x3, packed, b, n), flat.reshape(2, 3, n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_each_row_is_bitwise_the_same_alone_or_among_others(dtype):
+    """Each output is summed over k in one order whatever the rows: a tree's verification of 32 tokens
+    gives each row the bits a one-token step gives it (the linears; attention is another matter)."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(100, 576, generator=g).to(dtype), torch.randn(100, generator=g).to(dtype)
+    packed = kernels.pack(w)
+    x = torch.randn(64, 576, generator=g).to(dtype)
+    full = kernels.linear(x, packed, b, 100)
+    for m in ROWS:
+        assert torch.equal(kernels.linear(x[:m], packed, b, 100), full[:m]), m
+    for r in range(0, 64, 7):
+        assert torch.equal(kernels.linear(x[r:r + 1], packed, b, 100), full[r:r + 1]), r
+        assert torch.equal(kernels.linear(x[r:r + 9], packed, b, 100)[0], full[r]), r
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_matches_the_native_path(dtype):
+    """The model's logits through the kernel path against the native path's, at the dtype's tolerance:
+    a prompt past MAX_ROWS (native), then widths the kernel takes."""
+    native, fast = tiny_lm(seed=3, fast_path="none"), tiny_lm(seed=3, fast_path="kernel")
+    native.model.to(dtype), fast.model.to(dtype)
+    assert fast.fast_path == "kernel" and all(type(m) is kernels.KernelLinear for m in _linears(fast))
+    ids = [(7 * i + 3) % 64 for i in range(kernels.MAX_ROWS + 40)]
+    caches = native.new_cache(), fast.new_cache()
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    for start, end in [(0, kernels.MAX_ROWS + 6), (kernels.MAX_ROWS + 6, kernels.MAX_ROWS + 7),
+                       (kernels.MAX_ROWS + 7, kernels.MAX_ROWS + 40)]:
+        a, b = (lm.forward(ids[start:end], c) for lm, c in zip((native, fast), caches))
+        assert torch.allclose(a.float(), b.float(), atol=tol, rtol=tol), (start, end)
+
+
+def test_the_swap_keeps_tied_weights_and_repacks_a_changed_weight():
+    lm = LM(_tied_model(), fast_path="kernel")
+    emb, head = lm.model.get_input_embeddings(), lm.model.get_output_embeddings()
+    assert head.weight is emb.weight and type(head) is kernels.KernelLinear
+    assert lm.fast_path_bytes >= sum(m.weight.numel() * 4 for m in _linears(lm))  # padded panels
+    ids = [1, 2, 3]
+    before = lm.forward(ids, lm.new_cache())
+    with torch.no_grad():
+        emb.weight.mul_(2)  # the tied head changes in place: its packed copy is rebuilt
+    after = lm.forward(ids, lm.new_cache())
+    ref = LM(_tied_model(), fast_path="none")
+    with torch.no_grad():
+        ref.model.get_input_embeddings().weight.mul_(2)
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, ref.forward(ids, ref.new_cache()), atol=1e-5)
+    heads = lm.accelerate(torch.nn.Linear(4, 4))  # an add-on joins the path
+    assert type(heads) is kernels.KernelLinear
+    assert lm.set_fast_path("prepacked") == "prepacked"  # one path at a time
+    assert not any(type(m) is kernels.KernelLinear for m in lm.model.modules())
+    assert lm.set_fast_path("kernel") == "kernel" and lm.packed_min_rows is None
+    assert not any(type(m).__name__ == "PrepackedLinear" for m in lm.model.modules())
+    lm.set_fast_path("none")
+    assert lm.fast_path == "none" and lm.fast_path_bytes == 0
+    assert all(type(m) is torch.nn.Linear and "_kernel_packed" not in m.__dict__ for m in _linears(lm))
+    assert lm.model.get_output_embeddings().weight is lm.model.get_input_embeddings().weight
+
+
+def test_autograd_and_other_dtypes_keep_the_native_kernel():
+    lm = tiny_lm(seed=1, fast_path="kernel")
+    layer = lm.model.lm_head
+    x = torch.randn(3, layer.in_features, requires_grad=True)
+    layer(x).sum().backward()  # autograd: F.linear, so gradients flow
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    half = torch.nn.Linear(8, 4).half()
+    assert type(lm.accelerate(half)) is torch.nn.Linear  # float16: not the kernel's, left native
+
+
+def _fresh_build_state(monkeypatch):
+    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setattr(kernels, "_why_not", None)
+    monkeypatch.setattr(kernels, "_DTYPES", set())
+
+
+def test_a_failed_build_falls_back_in_one_line(monkeypatch):
+    _fresh_build_state(monkeypatch)
+
+    def no_compiler():
+        raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)\nmore lines")
+
+    monkeypatch.setattr(kernels, "_build", no_compiler)
+    lm = tiny_lm(seed=1, fast_path="kernel")
+    assert lm.fast_path == "none" and "\n" not in lm.fast_path_note
+    assert lm.fast_path_note == ("kernel unavailable: the kernel extension did not build or load (RuntimeError: "
+                                 "Ninja is required to load C++ extensions (pip install ninja to get it))")
+    ref = tiny_lm(seed=1, fast_path="none")
+    ids = [1, 2, 3, 4]
+    assert torch.equal(lm.forward(ids, lm.new_cache()), ref.forward(ids, ref.new_cache()))
+
+
+def test_missing_instructions_fall_back_in_one_line(monkeypatch):
+    _fresh_build_state(monkeypatch)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"})
+    bf16 = tiny_lm(seed=1, fast_path="kernel", dtype="bfloat16")
+    assert bf16.fast_path == "none"
+    assert bf16.fast_path_note == "kernel unavailable: this CPU lacks avx512_bf16 (the bfloat16 kernel needs it)"
+    assert tiny_lm(seed=1, fast_path="kernel").fast_path == "kernel"  # float32 runs without it
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "fma"})
+    lm = tiny_lm(seed=1, fast_path="kernel")
+    assert lm.fast_path == "none" and lm.fast_path_note.startswith("kernel unavailable: this CPU lacks avx512f")
+    fp16 = tiny_lm(seed=1, fast_path="kernel", dtype="float16")
+    assert fp16.fast_path_note == "kernel unavailable: the kernel path supports float32 and bfloat16, not float16"
+    meta = _tied_model().to("meta")
+    assert kernels.kernel_supported(meta) == "the kernel path is CPU only; this model is on meta"
+
+
+def test_the_op_traces_for_torch_compile():
+    """model.compile traces KernelLinear into an opaque op with a fake (shape-only) version; inductor's
+    own compile is tested in test_compile.py's way (slow), here dynamo and AOT autograd only."""
+    lm = tiny_lm(seed=2, fast_path="kernel")
+    layer = lm.model.lm_head
+    x = torch.randn(1, 5, layer.in_features)
+    with torch.inference_mode():
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=True)
+        assert torch.equal(compiled(x), layer(x))
+        assert torch.equal(compiled(x[:, :3]), layer(x[:, :3]))
+
+
+# ---- decoders through the path ---------------------------------------------------------------------
+# A chain copied from the text, a window and n-gram pool, a tree from a random feature draft.
+DECODERS = {label: ALL_DECODERS[label] for label in ("prompt_lookup", "lookahead", "eagle-dynamic-10-3-4-seed1")}
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("seed", first_quick(range(2)))
+def test_greedy_equality_float32(decoder, seed):
+    """Token-identical to autoregressive through the same path (float32)."""
+    lm = tiny_lm(seed=seed, fast_path="kernel")
+    assert lm.fast_path == "kernel"
+    for kind in ("random", "repetitive"):
+        prompt = tiny_case(seed, kind)
+        reference = autoregressive_decode(lm, prompt, 40, GREEDY, stop_ids=set())
+        out = DECODERS[decoder].generate(lm, prompt, 40, GREEDY, set())
+        assert out.tokens == reference.tokens, (decoder, kind)
+        check_trace(out, 40, set())
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_greedy_equality_bfloat16_up_to_ties(decoder, dtype):
+    lm = tiny_lm(seed=2, fast_path="kernel", dtype="bfloat16")
+    assert lm.fast_path == "kernel"
+    prompt = tiny_case(2, "repetitive")
+    reference = autoregressive_decode(lm, prompt, 20, GREEDY, stop_ids=set())
+    out = DECODERS[decoder].generate(lm, prompt, 20, GREEDY, set())
+    check_trace(out, 20, set())
+    verdict = judge_lossless(lm, prompt, out.tokens, reference.tokens)
+    assert verdict["first_real_divergence"] is None, verdict
