@@ -240,6 +240,8 @@ def pick_path(curves: dict[str, Curve], info: dict, chosen: str | None, where: P
         rows = info.get("packed_min_rows")
         default = {str(k).replace("torch.", ""): v for k, v in PACKED_MIN_ROWS.items()}.get(info.get("dtype"))
         wanted = [f"prepacked>={rows}"] + (["prepacked"] if rows == default else [])
+    elif info.get("fast_path") == "kernel":
+        wanted = ["kernel"]
     for label in (w + suffix for w in wanted):
         if label in curves:
             return label

@@ -168,7 +168,7 @@ def check_compile(name: str, compile: str) -> None:
 
 def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str = "none") -> LM:
     """model.fast_path: auto = measured choice on CPU (cached under cache_dir), nothing on CUDA;
-    none / prepacked as asked (a path this machine cannot run falls back to none, with the reason noted).
+    none / prepacked / kernel as asked (a path this machine cannot run falls back to none, with the reason noted).
     Then model.compile, traced over the path chosen: auto = compiled where that measures faster
     (measured once per device, model, dtype and path, cached under cache_dir), none / inductor as asked."""
     if fast_path == "auto":
@@ -218,7 +218,7 @@ class PretrainedModel:
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     system_message: str | None = None  # a system turn before every chat conversation (a reference's rendering)
     max_context: int | None = None  # default: config.max_position_embeddings
-    fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked
+    fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked, kernel (ours, AVX-512)
     compile: str = "none"  # decode-step forward: none (eager), inductor, auto (measured, cached; 7B+ confs)
     cache_dir: str | None = None  # where auto's measured choice is cached
     drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)

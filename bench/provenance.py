@@ -79,6 +79,7 @@ def collect(lm) -> dict:
         "packed_min_rows": lm.packed_min_rows,  # prepacked: the fewest rows a linear layer packs
         "fast_path_note": lm.fast_path_note,
         "fast_path_extra_bytes": lm.fast_path_bytes,
+        "kernel_build_seconds": round(getattr(lm, "kernel_build_seconds", 0.0), 1),  # kernel: built here, untimed
         "compile": lm.compile,  # model.compile that ran; compile time is never inside a timed run
         "compile_note": lm.compile_note,
         "compile_seconds": round(lm.compile_seconds, 1),

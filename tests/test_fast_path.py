@@ -13,7 +13,8 @@ from bench.errors import BenchError
 from bench.models import TinyRandomModel
 from bench.provenance import collect
 from decoders.methods.draft_model import SelfDraft
-from decoders.core.fast_path import PrepackedLinear
+from decoders.core.fast_path import FAST_PATHS, PrepackedLinear
+from decoders.core.kernels import kernel_supported
 from decoders.core.lm import LM
 from decoders.tuning.profile import choose_fast_path, profile_key
 from helpers import tiny_lm
@@ -105,23 +106,28 @@ def test_self_draft_shares_the_targets_path_and_packs_its_adapter():
 def test_auto_measures_once_caches_and_records(tmp_path):
     lm = tiny_lm(seed=5, fast_path="none")
     choice = choose_fast_path(lm, tmp_path)
-    assert choice["chosen"] in ("none", "prepacked") and lm.fast_path == choice["chosen"]
-    assert lm.packed_min_rows == choice["min_rows"] and (choice["min_rows"] is None) == (choice["chosen"] == "none")
-    assert set(choice["measured"]) == {"none", "prepacked>=1", "prepacked>=2", "prepacked>=4"}
+    assert choice["chosen"] in FAST_PATHS and lm.fast_path == choice["chosen"]
+    assert lm.packed_min_rows == choice["min_rows"]
+    assert (choice["min_rows"] is None) == (choice["chosen"] != "prepacked")
+    # our kernel is a candidate where this CPU runs it (its build before, never inside, its timing)
+    kernel = {"kernel"} if kernel_supported(lm.model) is None else set()
+    assert set(choice["measured"]) == {"none", "prepacked>=1", "prepacked>=2", "prepacked>=4"} | kernel
+    assert set(choice["unavailable"]) == {"kernel"} - kernel
+    assert not kernel or choice["measured"]["kernel"]["kernel_build_s"] >= 0
     assert all(m["autoregressive_s"] > 0 and m["k16_s"] > 0 for m in choice["measured"].values())
     cached = tmp_path / "fast_path" / f"{profile_key(lm, fast_path=False)}.json"
     assert json.loads(cached.read_text())["chosen"] == choice["chosen"]
-    for other, rows in [("prepacked", 2), ("none", None), ("prepacked", 1)]:  # the cache decides next time
+    for other, rows in [("prepacked", 2), ("none", None), ("prepacked", 1)] + [("kernel", None)] * len(kernel):
         cached.write_text(json.dumps({**choice, "chosen": other, "min_rows": rows}))
         assert choose_fast_path(lm, tmp_path)["chosen"] == other and (lm.fast_path, lm.packed_min_rows) == (other, rows)
     cached.write_text(json.dumps({"chosen": "prepacked"}))  # made before min_rows was measured: measured again
     assert "min_rows" in choose_fast_path(lm, tmp_path) and "min_rows" in json.loads(cached.read_text())
     cached.write_text("{not json")  # damaged: measured again
-    assert choose_fast_path(lm, tmp_path)["chosen"] in ("none", "prepacked")
+    assert choose_fast_path(lm, tmp_path)["chosen"] in FAST_PATHS
     assert profile_key(lm) != profile_key(lm, fast_path=False)  # latency profiles are kept per path
     keys = {(p, m): (lm.set_fast_path(p, m), profile_key(lm))[1]
-            for p, m in [("none", None), ("prepacked", 1), ("prepacked", 4)]}
-    assert len(set(keys.values())) == 3  # ... and per threshold
+            for p, m in [("none", None), ("prepacked", 1), ("prepacked", 4), ("kernel", None)]}
+    assert len(set(keys.values())) == 3 + len(kernel)  # ... and per threshold
 
 
 @pytest.mark.parametrize("min_rows", [1, 2, 4, 8])

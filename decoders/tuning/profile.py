@@ -49,16 +49,13 @@ def profile_key(lm: LM, fast_path: bool = True) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 
-def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256,
-                            repeats: int = 5) -> tuple[list[float], float]:
-    """Seconds of one target forward of k = 1..max_tokens new tokens after `context`
-    cached ones, fed as tree/window decoders feed them (explicit positions and a bool mask,
-    logits for every row), and of one autoregressive step (1 token, causal, no mask): the
-    unit step costs are measured in. Sizes are visited in a fresh random order each round so
-    that drift spreads over all of them; each size keeps its fastest round (other load only
-    ever adds time, so the minimum is the least noisy estimate), and the curve is made
-    non-decreasing in k (more tokens never cost less on the same kernels)."""
-    rng = random.Random(0)
+def forward_samples(lm: LM, max_tokens: int = 48, context: int = 256, repeats: int = 5,
+                    seed: int = 0) -> dict[int, list[float]]:
+    """Seconds of each forward of k = 1..max_tokens new tokens after `context` cached ones, fed as
+    tree/window decoders feed them (explicit positions and a bool mask, logits for every row), and
+    (k = 0) of one autoregressive step (1 token, causal, no mask): `repeats` rounds, the sizes
+    visited in a fresh random order each round so that drift spreads over all of them."""
+    rng = random.Random(seed)
     ids = [rng.randrange(lm.vocab_size) for _ in range(context + max_tokens)]
     cache = lm.new_cache()
     lm.forward(ids[:context], cache, last_only=True)
@@ -86,6 +83,16 @@ def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256,
         rng.shuffle(order)
         for k in order:
             samples[k].append(one(k))
+    return samples
+
+
+def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256,
+                            repeats: int = 5) -> tuple[list[float], float]:
+    """Seconds of one target forward of k = 1..max_tokens new tokens and of one autoregressive
+    step (forward_samples): each size keeps its fastest round (other load only ever adds time, so
+    the minimum is the least noisy estimate), and the curve is made non-decreasing in k (more
+    tokens never cost less on the same kernels)."""
+    samples = forward_samples(lm, max_tokens, context, repeats)
     fastest = [min(samples[k]) for k in range(1, max_tokens + 1)]
     return list(itertools.accumulate(fastest, max)), min(samples[0])
 
@@ -149,16 +156,16 @@ def step_costs(lm: LM) -> dict:
 
 
 def candidate_labels() -> list[str]:
-    """What auto measures: the native path, and the packed one from 1, 2 or 4 rows up."""
-    return ["none"] + [f"prepacked>={m}" for m in PACKED_MIN_ROWS_CHOICES]
+    """What auto measures: the native path, the packed one from 1, 2 or 4 rows up, and our kernel."""
+    return ["none"] + [f"prepacked>={m}" for m in PACKED_MIN_ROWS_CHOICES] + ["kernel"]
 
 
 def parse_candidate(label: str) -> tuple[str, int | None]:
     """"none" -> ("none", None); "prepacked" -> ("prepacked", None: the dtype's default);
-    "prepacked>=N" -> ("prepacked", N)."""
+    "prepacked>=N" -> ("prepacked", N); "kernel" -> ("kernel", None)."""
     path, _, rows = label.partition(">=")
-    if path not in FAST_PATHS or (rows and (path == "none" or not rows.isdigit() or int(rows) < 1)):
-        raise ValueError(f"fast path {label!r} is not allowed; use none, prepacked or prepacked>=N (N >= 1)")
+    if path not in FAST_PATHS or (rows and (path != "prepacked" or not rows.isdigit() or int(rows) < 1)):
+        raise ValueError(f"fast path {label!r} is not allowed; use none, prepacked, prepacked>=N (N >= 1) or kernel")
     return path, int(rows) if rows else None
 
 
@@ -167,7 +174,9 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
     device and model, measured (the 1-token step plus forwards of 2, 4, 8 and 16 new tokens
     after 256 cached ones, each size's fastest of 3 rounds), and cache the choice per device,
     threads, model and dtype. The packed path is measured from 1, 2 and 4 rows up: where oneDNN's
-    packed kernel starts to beat the native one depends on the CPU. On CUDA it changes nothing.
+    packed kernel starts to beat the native one depends on the CPU; our kernel too, where this CPU
+    has it (its build, once per machine, happens before its timing: kernel_build_s). On CUDA it
+    changes nothing.
     Returns the choice ("chosen", "min_rows") with its measurements."""
     if lm.device.type != "cpu":
         lm.set_fast_path("none")
@@ -193,6 +202,8 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
             notes[candidate] = lm.fast_path_note
             continue
         measured[label] = {"path": candidate, "min_rows": min_rows, **step_costs(lm)}
+        if candidate == "kernel":
+            measured[label]["kernel_build_s"] = round(lm.kernel_build_seconds, 1)  # before, never inside, the timing
 
     best = measured[min(measured, key=lambda c: cost(measured[c]))]
     lm.set_fast_path(best["path"], best["min_rows"])
