@@ -5,7 +5,7 @@ once at this machine's measured read bandwidth (a read-only stream). A path endi
 is that path with model.compile=inductor (compiled first; its compile time is printed apart).
 
     python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--context 256[,1024...]] [--refresh] [--out DIR]
-        [hydra overrides...]
+        [--paths none,prepacked>=1,kernel,...] [--interleave ROUNDS] [hydra overrides...]
 
 Profiles are cached under cache_dir/latency/, keyed by device, CPU threads, model, dtype,
 attention kernel and fast path: lookahead's `auto` W/N/G, Sequoia's tree=auto and Medusa's
@@ -15,6 +15,11 @@ plot and provenance.json there (results/reference/fast_path/ holds the README's)
 bench/forecast.py) measure each context in turn: profile.csv then gains a context column, a block
 of rows per context, each relative to its own context's step (only the first context is cached,
 plotted and in provenance.json's autoregressive_s); a single --context writes what it always did.
+
+--interleave ROUNDS compares the paths side by side on a busy machine: each path on its own copy
+of the model, loaded and packed (and built: kernel_build_seconds) before any timing, then ROUNDS
+rounds, each visiting every path in turn (the order rotating) for one forward of every size; each
+size's median over the rounds (the *_ms columns; *_min_ms its fastest) is reported, nothing cached.
 """
 from __future__ import annotations
 
@@ -84,9 +89,11 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
                         help="cached tokens before each forward; several, comma-separated, profile each in turn")
     parser.add_argument("--paths", default=",".join(candidate_labels()),
                         help="fast paths to profile, comma-separated: none, "
-                             "prepacked (its default threshold), prepacked>=N; +inductor: compiled too")
+                             "prepacked (its default threshold), prepacked>=N, kernel; +inductor: compiled too")
     parser.add_argument("--refresh", action="store_true", help="measure again even if cached")
     parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
+    parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                        help="measure the paths in turn, ROUNDS rounds, and report medians (nothing cached)")
     args, overrides = parser.parse_known_args()
     paths = [p for p in args.paths.split(",") if p]
     try:
@@ -97,6 +104,8 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
     if not all(c.strip().isdigit() and int(c) >= 1 for c in contexts):
         parser.error(f"--context {args.context}: give cached-token counts >= 1, comma-separated (e.g. 256,1024)")
     args.contexts = list(dict.fromkeys(int(c) for c in contexts))
+    if args.interleave and len(args.contexts) > 1:
+        parser.error("--interleave measures one --context")
     args.context = args.contexts[0]  # the one cached, plotted and in provenance.json's autoregressive_s
     return args, overrides, choices
 
@@ -109,6 +118,8 @@ class Profiles:
     steps: dict[str, float] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     compile_s: dict[str, float] = field(default_factory=dict)
+    fastest: dict[str, list[float]] = field(default_factory=dict)  # --interleave: each size's fastest round
+    rounds: dict[str, dict[int, list[float]]] = field(default_factory=dict)  # --interleave: every sample
     other_contexts: dict[int, "Profiles"] = field(default_factory=dict)  # --context's further values: curves, steps
 
 
@@ -120,6 +131,7 @@ def profile_paths(lm, cache_dir: str, args: argparse.Namespace, choices: list[tu
         if lm.set_fast_path(*choice) != choice[0]:
             print(f"{path}: skipped ({lm.fast_path_note})")
             continue
+        say_kernel_build(lm, path)
         if path.endswith("+inductor"):
             if lm.set_compile("inductor") != "inductor":
                 print(f"{path}: skipped ({lm.compile_note})")
@@ -135,6 +147,54 @@ def profile_paths(lm, cache_dir: str, args: argparse.Namespace, choices: list[tu
     return profiles
 
 
+def say_kernel_build(lm, path: str) -> None:
+    if lm.fast_path == "kernel":
+        built = lm.kernel_build_seconds
+        print(f"{path}: kernel extension {f'built in {built:.1f} s' if built else 'loaded from torch_extensions'} "
+              "(not in any timing)")
+
+
+def profile_interleaved(cfg, args: argparse.Namespace, choices: list[tuple[str, tuple]]):
+    """--interleave: every path on its own copy of the model, set up before any timing; then rounds of
+    one forward of every size per path, the paths visited in a rotating order. Returns the Profiles
+    (medians per size, fastest apart) and the first path's model (for the floor and provenance)."""
+    import statistics
+
+    from decoders.tuning.profile import forward_samples
+
+    models = {}
+    profiles = Profiles()
+    for path, choice in choices:
+        lm = instantiate(cfg.model, fast_path="none", compile="none").load()
+        if lm.set_fast_path(*choice) != choice[0]:
+            print(f"{path}: skipped ({lm.fast_path_note})")
+            continue
+        say_kernel_build(lm, path)
+        if path.endswith("+inductor"):
+            if lm.set_compile("inductor") != "inductor":
+                print(f"{path}: skipped ({lm.compile_note})")
+                continue
+            profiles.compile_s[path] = lm.compile_seconds
+            print(f"{path}: compiled in {profiles.compile_s[path]:.1f} s (not in any timing)")
+        models[path] = lm
+        profiles.keys[path] = profile_key(lm)
+        profiles.rounds[path] = {k: [] for k in range(args.max_tokens + 1)}
+    paths = list(models)
+    for r in range(args.interleave):
+        for path in paths[r % len(paths):] + paths[:r % len(paths)]:
+            samples = forward_samples(models[path], args.max_tokens, args.context, repeats=1, seed=r)
+            for k, seconds in samples.items():
+                profiles.rounds[path][k] += seconds
+        print(f"round {r + 1}/{args.interleave}: " + ", ".join(
+            f"{p} {statistics.median(profiles.rounds[p][0]) * 1e3:.1f} ms" for p in paths), flush=True)
+    for path in paths:
+        rounds = profiles.rounds[path]
+        profiles.curves[path] = [statistics.median(rounds[k]) for k in range(1, args.max_tokens + 1)]
+        profiles.fastest[path] = [min(rounds[k]) for k in range(1, args.max_tokens + 1)]
+        profiles.steps[path] = statistics.median(rounds[0])
+    return profiles, models[paths[0]]
+
+
 def latency_table(profiles: Profiles, max_tokens: int) -> pd.DataFrame:
     """Per path: ms by tokens, relative to its own 1-token step and to the native (none) path's."""
     steps = profiles.steps
@@ -144,6 +204,8 @@ def latency_table(profiles: Profiles, max_tokens: int) -> pd.DataFrame:
         table[f"{path}_ms"] = [s * 1e3 for s in latency]
         table[f"{path}_vs_own_step"] = [s / steps[path] for s in latency]
         table[f"{path}_vs_native_step"] = [s / base for s in latency]
+        if path in profiles.fastest:
+            table[f"{path}_min_ms"] = [s * 1e3 for s in profiles.fastest[path]]
     return table
 
 
@@ -166,8 +228,10 @@ def measure_floor(lm) -> Floor:
 
 def print_steps_against_floor(lm, args: argparse.Namespace, steps: dict[str, float], floor: Floor) -> None:
     """The floor, and each path's 1-token step against it and against the memory-copy bandwidth."""
+    how = (f"median of {args.interleave} interleaved rounds" if args.interleave
+           else f"fastest of {args.repeats} rounds")
     print(f"{lm.name}, {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
-          f"{args.context} cached tokens, fastest of {args.repeats} rounds per size; "
+          f"{args.context} cached tokens, {how} per size; "
           f"weights {floor.weight_bytes / 1e6:.0f} MB, read once at {floor.read_bandwidth / 1e9:.1f} GB/s "
           f"(read-only stream) in {floor.seconds * 1e3:.1f} ms: the step's floor")
     for path, step in steps.items():
@@ -201,6 +265,8 @@ def provenance_info(lm, args: argparse.Namespace, profiles: Profiles, floor: Flo
                 copy_bandwidth_bytes_per_s=floor.copy_bandwidth, read_bandwidth_bytes_per_s=floor.read_bandwidth,
                 floor_s=floor.seconds, step_vs_floor={p: s / floor.seconds for p, s in profiles.steps.items()},
                 compile_seconds=profiles.compile_s, context=args.context, repeats=args.repeats,
+                kernel_build_seconds=round(lm.kernel_build_seconds, 1), interleaved_rounds=args.interleave or None,
+                statistic="median of interleaved rounds" if args.interleave else "fastest round, non-decreasing in k",
                 **({"contexts": args.contexts} if len(args.contexts) > 1 else {}),
                 command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
     return info
@@ -212,8 +278,11 @@ def main() -> None:
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    lm = instantiate(cfg.model, fast_path="none", compile="none").load()
-    profiles = profile_paths(lm, cfg.cache_dir, args, choices)
+    if args.interleave:
+        profiles, lm = profile_interleaved(cfg, args, choices)
+    else:
+        lm = instantiate(cfg.model, fast_path="none", compile="none").load()
+        profiles = profile_paths(lm, cfg.cache_dir, args, choices)
     table = latency_table(profiles, args.max_tokens)
     if profiles.other_contexts:
         blocks = [(args.context, table)] + [(c, latency_table(p, args.max_tokens)) for c, p in
