@@ -1,17 +1,26 @@
 """Linear-layer kernels on this CPU for a forward of k rows, over a model-sized set of weights
 (so that nothing stays in cache, as in a real forward), relative to the native 1-row pass.
 
-    python scripts/bench_linear_kernels.py [--layers 30] [--out results/reference/fast_path]
+    python scripts/bench_linear_kernels.py [--layers 30] [--rows 1,2,4,8,16,32] [--repeats 7]
+        [--variants "-DDB_ROWS=12;-DDB_PREFETCH=0"] [--out results/reference/fast_path]
 
 The shapes are SmolLM2-135M's (q, k, v, o, gate, up, down of 30 layers). Kernels: native
 F.linear; oneDNN prepacked for any k (what model.fast_path=prepacked uses); MKL packed for one
-fixed k (what torch.compile's CPU freezing emits for static shapes), in float32 and bfloat16.
+fixed k (what torch.compile's CPU freezing emits for static shapes), in float32 only; ours
+(model.fast_path=kernel, decoders/core/kernels.py) where this CPU runs it, and --variants of it
+(the same source built with other -D knobs: DB_ROWS, DB_PANEL, DB_PREFETCH) for tuning. Every
+repeat passes over every kernel in a rotating order (side by side on a busy machine); each
+kernel's median pass is reported.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,63 +30,107 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from decoders.core import kernels  # noqa: E402
+
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 ROWS = (1, 2, 4, 8, 16, 32)
+MKL_ROWS = (2, 8, 16)  # one packed copy per k: measured at a few
 
 
-def timed(fn, weights, k: int, dtype, repeats: int) -> float:
-    xs = {i: torch.randn(k, i, dtype=dtype) for i in {i for _, i in SHAPES}}
-    def one_pass():
-        for layer in weights:
-            for j, (_, i) in enumerate(SHAPES):
-                fn(xs[i], layer, j)
-    for _ in range(2):
-        one_pass()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        one_pass()
-        best = min(best, time.perf_counter() - start)
-    return best
+def variant(flags: str, where: Path) -> kernels.Library:
+    """The kernel's source built with extra -D flags (g++, the same flags as the extension)."""
+    name = hashlib.sha1(flags.encode()).hexdigest()[:8]
+    library = where / f"variant_{name}.so"
+    subprocess.run(["g++", *kernels.CFLAGS, "-shared", "-fPIC", *flags.split(), "-o", str(library),
+                    str(kernels.SOURCE)], check=True)
+    return kernels.Library(library)
+
+
+def kernel_table(dtype, layers: int, libraries: dict[str, kernels.Library]) -> dict:
+    """name -> (prepare(k) -> one pass over every layer for inputs of k rows), for `dtype`."""
+    weights = [[torch.randn(o, i, dtype=dtype) * 0.02 for o, i in SHAPES] for _ in range(layers)]
+    flat = [w for layer in weights for w in layer]
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in flat]
+    table = {}
+
+    def inputs(k):
+        return [torch.randn(k, w.shape[1], dtype=dtype) for w in flat]
+
+    def native(k):
+        xs = inputs(k)
+        return lambda: [F.linear(x, w) for x, w in zip(xs, flat)]
+
+    def packed(k):
+        xs = inputs(k)
+        return lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in zip(xs, onednn)]
+
+    table["native"], table["onednn_prepacked"] = native, packed
+    if dtype == torch.float32:
+        def mkl(k):
+            if k not in MKL_ROWS:
+                return None
+            xs, fixed = inputs(k), [torch.ops.mkl._mkl_reorder_linear_weight(w, k) for w in flat]
+            return lambda: [torch.ops.mkl._mkl_linear(x, p, w, None, k) for x, p, w in zip(xs, fixed, flat)]
+        table["mkl_packed_fixed_k"] = mkl
+    for label, lib in libraries.items():
+        ours = [lib.pack(w) for w in flat]
+
+        def kernel(k, lib=lib, ours=ours):
+            xs = inputs(k)
+            return lambda: [lib.linear(x, p, None, w.shape[0]) for x, p, w in zip(xs, ours, flat)]
+        table[label] = kernel
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)))
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--variants", default="", help="';'-separated -D flag sets of kernels.cpp to build beside")
     parser.add_argument("--out", help="write kernels.csv and kernels_provenance.json here")
     args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
     torch.manual_seed(0)
-    rows = []
-    with torch.inference_mode():
-        for dtype in (torch.float32, torch.bfloat16):
-            weights = [[torch.randn(o, i, dtype=dtype) * 0.02 for o, i in SHAPES] for _ in range(args.layers)]
-            packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
-            index = {id(layer): n for n, layer in enumerate(weights)}
-            native = lambda x, layer, j: F.linear(x, layer[j])  # noqa: E731
-            onednn = lambda x, layer, j: torch.ops.mkldnn._linear_pointwise(  # noqa: E731
-                x, packed[index[id(layer)]][j], None, "none", [], "")
-            unit = timed(native, weights, 1, dtype, args.repeats)
-            name = str(dtype).replace("torch.", "")
-            for k in ROWS:
-                rows.append({"dtype": name, "kernel": "native", "rows": k,
-                             "vs_native_1_row": timed(native, weights, k, dtype, args.repeats) / unit})
-                rows.append({"dtype": name, "kernel": "onednn_prepacked", "rows": k,
-                             "vs_native_1_row": timed(onednn, weights, k, dtype, args.repeats) / unit})
-                if dtype == torch.float32 and k in (2, 8, 16):  # one packed copy per k: measured at a few
-                    mkl = [[torch.ops.mkl._mkl_reorder_linear_weight(w, k) for w in layer] for layer in weights]
-                    fixed = lambda x, layer, j: torch.ops.mkl._mkl_linear(  # noqa: E731
-                        x, mkl[index[id(layer)]][j], layer[j], None, k)
-                    rows.append({"dtype": name, "kernel": "mkl_packed_fixed_k", "rows": k,
-                                 "vs_native_1_row": timed(fixed, weights, k, dtype, args.repeats) / unit})
-                    del mkl
-            print(f"{name}: native 1-row pass over "
-                  f"{sum(o * i for o, i in SHAPES) * args.layers * dtype.itemsize / 1e6:.0f} MB "
-                  f"of weights: {unit * 1e3:.1f} ms", flush=True)
-    table = pd.DataFrame(rows).pivot_table(index=["dtype", "kernel"], columns="rows", values="vs_native_1_row")
+    results = []
+    with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
+        for name in args.dtypes.split(","):
+            dtype = getattr(torch, name)
+            why_not = kernels.dtype_supported(dtype)
+            libraries = {} if why_not else {"kernel": kernels.extension()}
+            if why_not:
+                print(f"{name}: kernel skipped ({why_not})")
+            for flags in filter(None, (v.strip() for v in args.variants.split(";"))):
+                if not why_not:
+                    libraries[f"kernel[{flags}]"] = variant(flags, Path(tmp))
+            table = kernel_table(dtype, args.layers, libraries)
+            seconds: dict[tuple[str, int], list[float]] = {}
+            for k in rows:
+                passes = {label: prepare(k) for label, prepare in table.items()}
+                passes = {label: run for label, run in passes.items() if run is not None}
+                for run in passes.values():
+                    run()  # warm-up
+                labels = list(passes)
+                for r in range(args.repeats):
+                    for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                        start = time.perf_counter()
+                        passes[label]()
+                        seconds.setdefault((label, k), []).append(time.perf_counter() - start)
+                del passes
+            unit = statistics.median(seconds[("native", rows[0])])
+            megabytes = sum(o * i for o, i in SHAPES) * args.layers * dtype.itemsize / 1e6
+            print(f"{name}: native {rows[0]}-row pass over {megabytes:.0f} MB of weights: {unit * 1e3:.1f} ms "
+                  f"(median of {args.repeats}, interleaved)", flush=True)
+            for (label, k), s in seconds.items():
+                results.append({"dtype": name, "kernel": label, "rows": k, "ms": statistics.median(s) * 1e3,
+                                "vs_native_1_row": statistics.median(s) / unit})
+    frame = pd.DataFrame(results)
+    table = frame.pivot_table(index=["dtype", "kernel"], columns="rows", values="vs_native_1_row", sort=False)
     print(table.to_string(float_format=lambda v: f"{v:.2f}"))
     if args.out:
         from bench.provenance import git_output
+        from decoders.tuning.profile import device_name
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "kernels.csv")
@@ -86,6 +139,8 @@ def main() -> None:
             "git_commit": git_output("rev-parse", "HEAD"),
             "git_dirty": bool(git_output("status", "--porcelain", "--untracked-files=no")),
             "torch": importlib.metadata.version("torch"), "torch_threads": torch.get_num_threads(),
+            "device_name": device_name(torch.device("cpu")), "statistic": "median of interleaved passes",
+            "ms": {f"{r['dtype']}/{r['kernel']}/{r['rows']}": round(r["ms"], 3) for r in results},
             "command": " ".join(["python scripts/bench_linear_kernels.py", *sys.argv[1:]])}, indent=2))
 
 

@@ -6,7 +6,7 @@
 // Weights are repacked once into column panels of PANEL = 32 output columns: float32 (P, K, 32),
 // bfloat16 (P, ceil(K / 2), 32, 2) (pairs of k, as vdpbf16ps reads them), N zero-padded to a multiple
 // of 32. Each panel is streamed from memory once per call whatever the number of rows: a register
-// block of up to ROWS rows x 32 columns (two zmm accumulators a row, x broadcast, FMA) walks the
+// block of up to ROWS = 12 rows x 32 columns (two zmm accumulators a row, x broadcast, FMA) walks the
 // panel, and the further row blocks reuse it from cache (a panel is 72-196 KB for SmolLM2's shapes).
 // OpenMP threads (the libgomp torch has loaded: torch.set_num_threads holds) split the panels.
 //
@@ -16,15 +16,32 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace {
 
-constexpr int64_t PANEL = 32;  // output columns per panel: two zmm of float32 accumulators
-constexpr int ROWS = 8;        // rows per register block: 2 * ROWS accumulators of the 32 zmm registers
-constexpr int64_t PREFETCH = 8;  // k steps ahead the weight stream is prefetched (8 * 128 bytes)
+// The tuning knobs (macros so that scripts/bench_linear_kernels.py --variants can build others beside).
+#ifndef DB_PANEL
+#define DB_PANEL 32
+#endif
+#ifndef DB_ROWS
+#define DB_ROWS 12
+#endif
+#ifndef DB_PREFETCH
+#define DB_PREFETCH 0
+#endif
+// Chosen on a Zen 4 EPYC, one thread (results/reference/kernels/README.md): 12 rows beat 8 and 6 by a
+// few percent at 16-32 rows, a 64-column panel was no better, and software prefetch (4-16 k steps
+// ahead) no better than the hardware's on a sequential panel.
+constexpr int64_t PANEL = DB_PANEL;  // output columns per panel: PANEL / 16 zmm of float32 accumulators a row
+constexpr int VECS = DB_PANEL / 16;
+constexpr int ROWS = DB_ROWS;  // rows per register block: ROWS * VECS accumulators of the 32 zmm registers
+constexpr int64_t PREFETCH = DB_PREFETCH;  // k steps ahead the weight stream is prefetched (0: none)
 constexpr int64_t GRAIN_BYTES = 1 << 17;  // the least weight bytes worth a thread of their own (a wake-up)
+static_assert(DB_PANEL % 16 == 0 && ROWS >= 1 && ROWS <= 12 && ROWS * VECS + VECS + 1 <= 32, "registers");
 
 inline int64_t panels(int64_t n) { return (n + PANEL - 1) / PANEL; }
 
@@ -54,42 +71,52 @@ void for_panels(int64_t p, int64_t grain, const F& body) {
 
 // ---- float32 -------------------------------------------------------------------------------
 template <int R>
-inline void block_f32(const float* x, int64_t ldx, const float* wp, int64_t k, const float* bias,
-                      float* y, int64_t ldy, int64_t valid) {
-  __m512 acc[R][2];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; ++i) {
-    const float* w = wp + i * PANEL;
-    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL + 16), _MM_HINT_T0);
-    const __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
+inline void finish_f32(__m512 (&acc)[R][VECS], const float* bias, float* y, int64_t ldy, int64_t valid) {
+#pragma GCC unroll 4
+  for (int c = 0; c < VECS; ++c) {
+    const __mmask16 mask = tail_mask(valid - 16 * c);
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * ldx + i]);
-      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+      _mm512_mask_storeu_ps(y + r * ldy + 16 * c, mask, bias != nullptr ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
     }
-  }
-  const __mmask16 m0 = tail_mask(valid), m1 = tail_mask(valid - 16);
-  if (bias != nullptr) {
-    const __m512 b0 = _mm512_maskz_loadu_ps(m0, bias), b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      acc[r][0] = _mm512_add_ps(acc[r][0], b0);
-      acc[r][1] = _mm512_add_ps(acc[r][1], b1);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(y + r * ldy, m0, acc[r][0]);
-    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, acc[r][1]);
   }
 }
 
+template <int R>
+inline void block_f32(const float* x, int64_t ldx, const float* wp, int64_t k, const float* bias,
+                      float* y, int64_t ldy, int64_t valid) {
+  __m512 acc[R][VECS];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < VECS; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const float* w = wp + i * PANEL;
+    if (PREFETCH > 0) {
+#pragma GCC unroll 4
+      for (int c = 0; c < VECS; ++c)
+        _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL + 16 * c), _MM_HINT_T0);
+    }
+    __m512 wv[VECS];
+#pragma GCC unroll 4
+    for (int c = 0; c < VECS; ++c) wv[c] = _mm512_load_ps(w + 16 * c);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * ldx + i]);
+#pragma GCC unroll 4
+      for (int c = 0; c < VECS; ++c) acc[r][c] = _mm512_fmadd_ps(xb, wv[c], acc[r][c]);
+    }
+  }
+  finish_f32<R>(acc, bias, y, ldy, valid);
+}
+
 using BlockF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
-constexpr BlockF32 BLOCKS_F32[ROWS + 1] = {nullptr, block_f32<1>, block_f32<2>, block_f32<3>, block_f32<4>,
-                                           block_f32<5>, block_f32<6>, block_f32<7>, block_f32<8>};
+template <int... I>
+constexpr std::array<BlockF32, ROWS + 1> f32_blocks(std::integer_sequence<int, I...>) {
+  return {nullptr, block_f32<I + 1>...};
+}
+constexpr auto BLOCKS_F32 = f32_blocks(std::make_integer_sequence<int, ROWS>{});  // by rows in the block
 
 // ---- bfloat16 (avx512_bf16: vdpbf16ps; fp32 accumulation) ---------------------------------------
 __attribute__((target("avx512f,avx512bw"))) inline __m512 bf16_to_f32(__mmask16 mask, const uint16_t* p) {
@@ -100,15 +127,22 @@ template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 inline void block_bf16(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, const uint16_t* bias,
                        uint16_t* y, int64_t ldy, int64_t valid) {
-  __m512 acc[R][2];
+  __m512 acc[R][VECS];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < VECS; ++c) acc[r][c] = _mm512_setzero_ps();
   const int64_t pairs = (k + 1) / 2;
   for (int64_t i = 0; i < pairs; ++i) {
     const uint16_t* w = wp + i * PANEL * 2;
-    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL * 2), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL * 2 + 32), _MM_HINT_T0);
-    const __m512bh w0 = (__m512bh)_mm512_load_si512(w), w1 = (__m512bh)_mm512_load_si512(w + 32);
+    if (PREFETCH > 0) {
+#pragma GCC unroll 4
+      for (int c = 0; c < VECS; ++c)
+        _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL * 2 + 32 * c), _MM_HINT_T0);
+    }
+    __m512bh wv[VECS];
+#pragma GCC unroll 4
+    for (int c = 0; c < VECS; ++c) wv[c] = (__m512bh)_mm512_load_si512(w + 32 * c);
     const bool last_odd = 2 * i + 1 == k;  // an odd K: the last pair is (x[K - 1], 0), the weight's pad is 0 too
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -119,34 +153,33 @@ inline void block_bf16(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64
         std::memcpy(&pair, x + r * ldx + 2 * i, sizeof(pair));
       }
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
+#pragma GCC unroll 4
+      for (int c = 0; c < VECS; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xb, wv[c]);
     }
   }
-  const __mmask16 m0 = tail_mask(valid), m1 = tail_mask(valid - 16);
-  if (bias != nullptr) {
-    const __m512 b0 = bf16_to_f32(m0, bias), b1 = bf16_to_f32(m1, bias + 16);
+#pragma GCC unroll 4
+  for (int c = 0; c < VECS; ++c) {
+    const __mmask16 mask = tail_mask(valid - 16 * c);
+    const __m512 b = bias != nullptr ? bf16_to_f32(mask, bias + 16 * c) : _mm512_setzero_ps();
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      acc[r][0] = _mm512_add_ps(acc[r][0], b0);
-      acc[r][1] = _mm512_add_ps(acc[r][1], b1);
+    for (int r = 0; r < R; ++r) {  // rounded to bfloat16 to nearest even, once, as torch rounds
+      const __m512 v = bias != nullptr ? _mm512_add_ps(acc[r][c], b) : acc[r][c];
+      _mm256_mask_storeu_epi16(y + r * ldy + 16 * c, mask, (__m256i)_mm512_cvtneps_pbh(v));
     }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {  // rounded to bfloat16 to nearest even, once, as torch rounds
-    _mm256_mask_storeu_epi16(y + r * ldy, m0, (__m256i)_mm512_cvtneps_pbh(acc[r][0]));
-    _mm256_mask_storeu_epi16(y + r * ldy + 16, m1, (__m256i)_mm512_cvtneps_pbh(acc[r][1]));
   }
 }
 
 using BlockBF16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const uint16_t*, uint16_t*, int64_t,
                            int64_t);
-constexpr BlockBF16 BLOCKS_BF16[ROWS + 1] = {nullptr, block_bf16<1>, block_bf16<2>, block_bf16<3>, block_bf16<4>,
-                                             block_bf16<5>, block_bf16<6>, block_bf16<7>, block_bf16<8>};
+template <int... I>
+constexpr std::array<BlockBF16, ROWS + 1> bf16_blocks(std::integer_sequence<int, I...>) {
+  return {nullptr, block_bf16<I + 1>...};
+}
+constexpr auto BLOCKS_BF16 = bf16_blocks(std::make_integer_sequence<int, ROWS>{});
 
-template <typename T, typename Block>
+template <typename T, typename Blocks>
 void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_elems, const T* bias, int64_t n,
-            T* y, const Block* blocks) {
+            T* y, const Blocks& blocks) {
   const int64_t p = panels(n);
   const int64_t grain = std::max<int64_t>(1, GRAIN_BYTES / (panel_elems * static_cast<int64_t>(sizeof(T))));
   for_panels(p, grain, [&](int64_t begin, int64_t end) {
@@ -166,6 +199,7 @@ void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_ele
 extern "C" {
 
 int64_t db_kernel_panel() { return PANEL; }
+int64_t db_kernel_rows() { return ROWS; }
 
 // weight (n, k) row-major -> out (ceil(n/32), k, 32), zeroed by the caller.
 void db_pack_f32(const float* w, int64_t n, int64_t k, float* out) {

@@ -42,7 +42,7 @@ PANEL = 32  # output columns per packed panel (kernels.cpp)
 NEEDED_FLAGS = {torch.float32: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma"),
                 torch.bfloat16: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma", "avx512_bf16")}
 
-_lib: ctypes.CDLL | None = None  # the loaded extension
+_lib: Library | None = None  # the loaded extension
 _why_not: str | None = None  # why it cannot load here, once found (not tried again in this process)
 build_seconds = 0.0  # seconds this process spent building it (0 when it was loaded from the cache)
 
@@ -107,22 +107,69 @@ def _build() -> Path:
     return Path(built)
 
 
-def extension() -> ctypes.CDLL:
+class Library:
+    """The built library (ctypes) and the kernels on tensors: pack a weight, y = x W^T + bias."""
+
+    def __init__(self, path: str | os.PathLike):
+        lib = ctypes.CDLL(str(path))
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        for name in ("db_kernel_panel", "db_kernel_rows"):
+            getattr(lib, name).restype = i64
+        for name in ("db_pack_f32", "db_pack_bf16"):
+            getattr(lib, name).argtypes = [ptr, i64, i64, ptr]
+            getattr(lib, name).restype = None
+        for name in ("db_linear_f32", "db_linear_bf16"):
+            getattr(lib, name).argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
+            getattr(lib, name).restype = None
+        self.path, self.lib = Path(path), lib
+        self.panel, self.rows = lib.db_kernel_panel(), lib.db_kernel_rows()  # output columns a panel, rows a block
+        self._f32, self._bf16 = lib.db_linear_f32, lib.db_linear_bf16
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """A (n, k) CPU weight in column panels: float32 (ceil(n/panel), k, panel), bfloat16
+        (ceil(n/panel), ceil(k/2), panel, 2); zero-padded, a plain tensor."""
+        w = weight.detach().contiguous()
+        n, k = w.shape
+        p = -(-n // self.panel)
+        if w.dtype == torch.float32:
+            out = torch.zeros(p, k, self.panel, dtype=w.dtype)
+            self.lib.db_pack_f32(w.data_ptr(), n, k, out.data_ptr())
+        elif w.dtype == torch.bfloat16:
+            out = torch.zeros(p, -(-k // 2), self.panel, 2, dtype=w.dtype)
+            self.lib.db_pack_bf16(w.data_ptr(), n, k, out.data_ptr())
+        else:
+            raise TypeError(f"the kernel packs float32 and bfloat16 weights, not {w.dtype}")
+        return out
+
+    def linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+        """x (..., k) @ W^T + bias for W (n, k) packed by pack(); x, bias in W's dtype, on the CPU."""
+        k = x.shape[-1]
+        f32 = packed.dtype == torch.float32
+        if (x.dtype != packed.dtype or packed.shape[0] != -(-n // self.panel)
+                or packed.shape[1] != (k if f32 else -(-k // 2))):
+            raise ValueError(f"input {tuple(x.shape)} {x.dtype} does not fit the packed weight "
+                             f"{tuple(packed.shape)} {packed.dtype} of {n} outputs")
+        if bias is not None and (bias.dtype != x.dtype or bias.numel() != n):
+            raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} for {n} outputs in {x.dtype}")
+        x2 = x.reshape(-1, k)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        (self._f32 if f32 else self._bf16)(x2.data_ptr(), x2.shape[0], k, packed.data_ptr(),
+                                           bias.data_ptr() if bias is not None else None, n, out.data_ptr())
+        return out
+
+
+def extension() -> Library:
     """The loaded extension, or RuntimeError with one line saying why not (remembered for this process)."""
     global _lib, _why_not
     if _lib is None and _why_not is None:
         try:
-            lib = ctypes.CDLL(str(_build()))
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.db_kernel_panel.restype = i64
-            for name in ("db_pack_f32", "db_pack_bf16"):
-                getattr(lib, name).argtypes = [ptr, i64, i64, ptr]
-                getattr(lib, name).restype = None
-            for name in ("db_linear_f32", "db_linear_bf16"):
-                getattr(lib, name).argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
-                getattr(lib, name).restype = None
-            if lib.db_kernel_panel() != PANEL:
-                raise RuntimeError(f"the library's panel is {lib.db_kernel_panel()} columns, not {PANEL}")
+            lib = Library(_build())
+            if lib.panel != PANEL:
+                raise RuntimeError(f"the library's panel is {lib.panel} columns, not {PANEL}")
             _lib = lib
         except Exception as e:  # noqa: BLE001 -- a compiler's error, missing ninja, a bad cache: one line
             text = str(e).strip().splitlines()
@@ -158,42 +205,13 @@ def kernel_supported(model: nn.Module) -> str | None:
 
 # ---- the kernels on tensors ------------------------------------------------------------------------
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """A (n, k) CPU weight in the kernel's column panels: float32 (ceil(n/32), k, 32), bfloat16
-    (ceil(n/32), ceil(k/2), 32, 2); zero-padded, a plain tensor."""
-    lib = extension()
-    w = weight.detach().contiguous()
-    n, k = w.shape
-    p = -(-n // PANEL)
-    if w.dtype == torch.float32:
-        out = torch.zeros(p, k, PANEL, dtype=w.dtype)
-        lib.db_pack_f32(w.data_ptr(), n, k, out.data_ptr())
-    elif w.dtype == torch.bfloat16:
-        out = torch.zeros(p, -(-k // 2), PANEL, 2, dtype=w.dtype)
-        lib.db_pack_bf16(w.data_ptr(), n, k, out.data_ptr())
-    else:
-        raise TypeError(f"the kernel packs float32 and bfloat16 weights, not {w.dtype}")
-    return out
+    """`weight` in the kernel's column panels (Library.pack), building the extension if need be."""
+    return extension().pack(weight)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """x (..., k) @ W^T + bias for W (n, k) packed by pack(); x, bias in W's dtype, on the CPU."""
-    k = x.shape[-1]
-    f32 = packed.dtype == torch.float32
-    if x.dtype != packed.dtype or packed.shape[0] != -(-n // PANEL) or packed.shape[1] != (k if f32 else -(-k // 2)):
-        raise ValueError(f"input {tuple(x.shape)} {x.dtype} does not fit the packed weight "
-                         f"{tuple(packed.shape)} {packed.dtype} of {n} outputs")
-    if bias is not None and (bias.dtype != x.dtype or bias.numel() != n):
-        raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} for {n} outputs in {x.dtype}")
-    x2 = x.reshape(-1, k)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
-    (_lib.db_linear_f32 if f32 else _lib.db_linear_bf16)(
-        x2.data_ptr(), x2.shape[0], k, packed.data_ptr(), bias.data_ptr() if bias is not None else None, n,
-        out.data_ptr())
-    return out
+    """x (..., k) @ W^T + bias for W (n, k) packed by pack() (Library.linear); the extension is loaded."""
+    return _lib.linear(x, packed, bias, n)
 
 
 # Packed copies by (address, dtype), for kernel_linear: a compiled graph calls it with the weight.
@@ -225,6 +243,7 @@ class KernelLinear(nn.Linear):
     packed copy of its weight rebuilt when the weight changes (training, .to())."""
 
     def _pack(self) -> torch.Tensor:
+        """The packed copy of the weight as it is now (repacked if its address, dtype or version changed)."""
         weight = self.weight
         try:
             version = weight._version
@@ -237,14 +256,34 @@ class KernelLinear(nn.Linear):
         return self._kernel_packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (not 0 < rows <= MAX_ROWS or x.dtype != weight.dtype or weight.dtype not in _DTYPES
-                or x.device.type != "cpu" or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-            return F.linear(x, weight, self.bias)
+        # The hot path of every linear layer in a decode step (about nn.Linear's own cost in Python):
+        # checks that allocate nothing, then one call into the library, whose shape checks hold here.
+        weight, bias = self.weight, self.bias
+        shape, dtype = x.shape, x.dtype
+        k = shape[-1]
+        rows = x.numel() // k if k else 0
+        if (not 0 < rows <= MAX_ROWS or dtype != weight.dtype or dtype not in _DTYPES or not x.is_cpu
+                or k != weight.shape[1] or (bias is not None and bias.dtype != dtype)
+                or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            return F.linear(x, weight, bias)
         if torch.compiler.is_compiling():
-            return kernel_linear(x, weight, self.bias)
-        return linear(x, self._pack(), self.bias, self.out_features)
+            return kernel_linear(x, weight, bias)
+        try:
+            version = weight._version
+        except RuntimeError:  # an inference tensor cannot change in place
+            version = 0
+        state = self.__dict__
+        packed = (state["_kernel_packed"] if state.get("_kernel_key") == (weight.data_ptr(), dtype, version)
+                  else self._pack())
+        if not x.is_contiguous():
+            x = x.contiguous()
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        n = weight.shape[0]
+        out = torch.empty(*shape[:-1], n, dtype=dtype)
+        (_lib._f32 if dtype == torch.float32 else _lib._bf16)(
+            x.data_ptr(), rows, k, packed.data_ptr(), bias.data_ptr() if bias is not None else None, n, out.data_ptr())
+        return out
 
 
 _DTYPES: set[torch.dtype] = set()  # dtypes KernelLinear runs here (filled by swap, as each is probed)
