@@ -152,6 +152,10 @@ def test_bench_linear_kernels_runs(tmp_path):
     out = run_script("bench_linear_kernels.py", "--layers", "1", "--repeats", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "onednn_prepacked" in out.stdout and (tmp_path / "kernels.csv").is_file()
+    from decoders.core.kernels import dtype_supported
+
+    kernel_rows = [line for line in out.stdout.splitlines() if "kernel" in line.split()[:2]]
+    assert bool(kernel_rows) == (dtype_supported(torch.float32) is None)  # ours, where this CPU runs it
 
 
 @pytest.mark.slow
