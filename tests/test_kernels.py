@@ -180,6 +180,19 @@ def test_the_op_traces_for_torch_compile():
         assert torch.equal(compiled(x[:, :3]), layer(x[:, :3]))
 
 
+@pytest.mark.slow
+def test_compiled_forward_on_the_kernel_path_equals_eager():
+    """model.compile=inductor over the kernel path: the graph calls the kernel (an opaque op) and
+    returns what the eager kernel path does, across widths (inductor starts a compiler: slow)."""
+    eager, compiled = tiny_lm(seed=0, fast_path="kernel"), tiny_lm(seed=0, fast_path="kernel")
+    assert compiled.set_compile("inductor") == "inductor" and compiled.fast_path == "kernel"
+    prompt = [3, 9, 4, 1, 7, 2, 11]
+    caches = eager.new_cache(), compiled.new_cache()
+    for ids in (prompt, [5], [6, 7, 8], [(5 * i + 1) % 64 for i in range(17)]):
+        a, b = (lm.forward(ids, c) for lm, c in zip((eager, compiled), caches))
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), len(ids)
+
+
 # ---- decoders through the path ---------------------------------------------------------------------
 # A chain copied from the text, a window and n-gram pool, a tree from a random feature draft.
 DECODERS = {label: ALL_DECODERS[label] for label in ("prompt_lookup", "lookahead", "eagle-dynamic-10-3-4-seed1")}
