@@ -227,6 +227,13 @@ def test_the_fast_path_is_the_runs_else_asked_for(tmp_path):
     assert picked["target_source"] == "prepacked>=4" and picked["target_ms"] == pytest.approx((8 + 7) / 2)
 
 
+def test_a_kernel_run_takes_the_kernel_curve(tmp_path):
+    curves = dict.fromkeys(["none", "prepacked>=1", "kernel", "kernel+inductor"])
+    assert fc.pick_path(curves, {"fast_path": "kernel", "dtype": "float32"}, None, tmp_path) == "kernel"
+    compiled = {"fast_path": "kernel", "dtype": "float32", "compile": "inductor"}
+    assert fc.pick_path(curves, compiled, None, tmp_path) == "kernel+inductor"
+
+
 def cli(capsys, *args) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as exit_info:
         fc.main([str(a) for a in args])
