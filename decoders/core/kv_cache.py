@@ -198,13 +198,14 @@ class KVCache:
             return self._crop(n)
         if self.slab is not None:
             return self.slab.keep(start, indices[start:])
+        moved = torch.tensor(indices[start:], dtype=torch.long)
         for layer in self.hf.layers:
             if type(layer) is not DynamicLayer:
                 raise NotImplementedError("KVCache.keep supports full-attention DynamicLayer only, "
                                           f"not {type(layer).__name__}")
             if not layer.is_initialized:
                 continue
-            src = torch.tensor(indices[start:], dtype=torch.long).to(layer.keys.device)
+            src = moved.to(layer.keys.device)
             # Advanced indexing copies first, so overlapping source and destination are safe.
             layer.keys[..., start:n, :] = layer.keys[..., src, :]
             layer.values[..., start:n, :] = layer.values[..., src, :]
