@@ -129,16 +129,8 @@ def profile_paths(lm, cache_dir: str, args: argparse.Namespace, choices: list[tu
     profiles = Profiles()
     for path, choice in choices:
         lm.set_compile("none")  # before the kernels change: a graph is traced over them
-        if lm.set_fast_path(*choice) != choice[0]:
-            print(f"{path}: skipped ({lm.fast_path_note})")
+        if not put_on_path(lm, path, choice, profiles):
             continue
-        say_kernel_build(lm, path)
-        if path.endswith("+inductor"):
-            if lm.set_compile("inductor") != "inductor":
-                print(f"{path}: skipped ({lm.compile_note})")
-                continue
-            profiles.compile_s[path] = lm.compile_seconds
-            print(f"{path}: compiled in {profiles.compile_s[path]:.1f} s (not in any timing)")
         profile = forward_latency(lm, cache_dir, args.max_tokens, args.context, args.repeats, refresh=args.refresh)
         profiles.curves[path] = profile["latency_s"][:args.max_tokens]  # a longer cached profile serves a shorter ask
         profiles.steps[path], profiles.keys[path] = profile["autoregressive_s"], profile["key"]
@@ -148,11 +140,24 @@ def profile_paths(lm, cache_dir: str, args: argparse.Namespace, choices: list[tu
     return profiles
 
 
-def say_kernel_build(lm, path: str) -> None:
+def put_on_path(lm, path: str, choice: tuple, profiles: Profiles) -> bool:
+    """Set `lm` on `path` (its fast path, then inductor where the path names it), saying what the kernel
+    build and the compile took (apart from every timing; the compile's seconds kept in profiles);
+    False, with the reason printed, where the model cannot take the path."""
+    if lm.set_fast_path(*choice) != choice[0]:
+        print(f"{path}: skipped ({lm.fast_path_note})")
+        return False
     if lm.fast_path == "kernel":
         built = lm.kernel_build_seconds
         print(f"{path}: kernel extension {f'built in {built:.1f} s' if built else 'loaded from torch_extensions'} "
               "(not in any timing)")
+    if path.endswith("+inductor"):
+        if lm.set_compile("inductor") != "inductor":
+            print(f"{path}: skipped ({lm.compile_note})")
+            return False
+        profiles.compile_s[path] = lm.compile_seconds
+        print(f"{path}: compiled in {profiles.compile_s[path]:.1f} s (not in any timing)")
+    return True
 
 
 def profile_interleaved(cfg, args: argparse.Namespace, choices: list[tuple[str, tuple]]):
@@ -167,16 +172,8 @@ def profile_interleaved(cfg, args: argparse.Namespace, choices: list[tuple[str, 
     profiles = Profiles()
     for path, choice in choices:
         lm = instantiate(cfg.model, fast_path="none", compile="none").load()
-        if lm.set_fast_path(*choice) != choice[0]:
-            print(f"{path}: skipped ({lm.fast_path_note})")
+        if not put_on_path(lm, path, choice, profiles):
             continue
-        say_kernel_build(lm, path)
-        if path.endswith("+inductor"):
-            if lm.set_compile("inductor") != "inductor":
-                print(f"{path}: skipped ({lm.compile_note})")
-                continue
-            profiles.compile_s[path] = lm.compile_seconds
-            print(f"{path}: compiled in {profiles.compile_s[path]:.1f} s (not in any timing)")
         models[path] = lm
         profiles.keys[path] = profile_key(lm)
         profiles.rounds[path] = {k: [] for k in range(args.max_tokens + 1)}
