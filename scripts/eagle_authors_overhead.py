@@ -264,9 +264,9 @@ def split_regions(clock: Clock, ea, draft) -> ExitStack:
         wrap(loop, name, f"ours: loop.{name}")
     for name in ("keep", "crop"):
         wrap(KVCache, name, f"ours: KVCache.{name} (the target's and the draft's)")
-    for name in ("_draft", "_static", "_expand", "_feed", "commit"):
+    for name in ("_draft", "_static", "_feed", "commit"):
         wrap(eagle.FeatureDraftProposer, name, f"ours: proposer.{name}")
-    wrap(eagle, "level_mask", "ours: level_mask (the draft's masks)")
+    wrap(eagle, "static_plan", "ours: static_plan (once per prompt and depth)")
     wrap(draft, "flops", "ours: draft.flops")
     return stack
 

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, check_step, decode_one
-from ..core.kv_cache import KVCache, causal_mask, level_mask
+from ..core.kv_cache import KVCache, causal_mask
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler
@@ -66,7 +66,7 @@ class FeatureDraftProposer:
         self._vocab: torch.Tensor | None = None  # the draft vocabulary on the draft's device
         self.nodes = DraftNodes([], [], [], [])
         self.node_features: dict[int, torch.Tensor] = {}
-        self.slot: dict[int, int] = {}
+        self._plans: dict[tuple, StaticPlan] = {}  # static: the template's plan per (depth, vocabulary, device)
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         with torch.inference_mode():
@@ -112,7 +112,7 @@ class FeatureDraftProposer:
             return TokenTree.chain(root, [])
         # Nodes: token, parent, depth, cumulative log-probability; features and cache slot once fed.
         self.nodes = DraftNodes(token=[root], parent=[-1], depth=[0], score=[0.0])
-        self.node_features, self.slot = {0: root_g}, {}
+        self.node_features = {0: root_g}
         try:
             if self.kind == "dynamic":
                 chosen = self._dynamic(base, depth)
@@ -130,24 +130,6 @@ class FeatureDraftProposer:
         if self._vocab is None or self._vocab.device != device:
             self._vocab = self.draft.vocab.to(device)
         return self._vocab
-
-    def _expand(self, base: int, frontier: list[int], token: torch.Tensor) -> torch.Tensor:
-        """Feed `frontier` (nodes of one depth; `token`: every node's token, on the draft's device) to the
-        draft; returns their children's log-probabilities over the draft vocabulary. The root's children
-        come from the root's features, fed already."""
-        if frontier == [0]:
-            g = self.node_features[0][None]
-        else:
-            nodes, context = self.nodes, len(self.cache)
-            mask = level_mask(context, base, [[self.slot[a] for a in ancestors(nodes.parent, node)]
-                                              for node in frontier])
-            parents = [nodes.parent[x] for x in frontier]
-            g = self._feed(torch.stack([self.node_features[p] for p in parents]),
-                           token[torch.tensor(frontier, device=token.device)],
-                           [base - 1 + nodes.depth[x] for x in frontier], mask)
-            for row, node in enumerate(frontier):
-                self.node_features[node], self.slot[node] = g[row], context + row
-        return torch.log_softmax(self.draft.logits(g).float(), dim=-1)
 
     def _dynamic(self, base: int, depth: int) -> list[int]:
         """EAGLE-2's tree, built on the draft's device: each depth expands the frontier (the top_k
@@ -202,40 +184,97 @@ class FeatureDraftProposer:
         return chosen.tolist()
 
     def _static(self, base: int, depth: int) -> list[int]:
-        """EAGLE-1's tree: the template's nodes, each its template parent's rank-r child. Where each
-        node goes is the template's, known here; only tokens and scores come from the draft, and they
-        stay on its device until the tree is built."""
-        parents, slots = self.template
-        keep = [i for i in range(1, len(parents)) if slots[i - 1][0] < depth]
-        placed = {0: 0}  # template node -> node
-        has_children = {parents[i] for i in keep}
-        nodes = self.nodes  # parent and depth: host lists (the template's); token and score: device tensors
-        device = self.node_features[0].device
+        """EAGLE-1's tree: the template's nodes, each its template parent's rank-r child. Where each node
+        goes, what each depth feeds and its mask are the plan's (made once per depth); only tokens and
+        scores come from the draft, and they stay on its device until the tree is built."""
+        g = self.node_features[0][None]  # (1, d): the root's predicted features
+        device = g.device
         vocab = self._vocab_on(device)
-        token, score = torch.tensor(nodes.token, device=device), torch.zeros(1, device=device)  # (N,)
-        level = [0]
-        for d in range(1, depth + 1):
-            ask = [t for t in level if t in has_children]
-            if not ask:
-                break
-            logp = self._expand(base, [placed[t] for t in ask], token)  # (F, V')
-            width = min(max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1, logp.shape[-1])
-            top, idx = logp.topk(width, dim=-1)  # (F, width)
-            row = {t: r for r, t in enumerate(ask)}
-            level = [i for i in keep if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < width]
-            if not level:
-                break
-            rows = torch.tensor([row[parents[i]] for i in level], device=device)
-            ranks = torch.tensor([slots[i - 1][1] for i in level], device=device)
-            above = [placed[parents[i]] for i in level]
-            token = torch.cat([token, vocab[idx[rows, ranks]]])
-            score = torch.cat([score, score[above] + top[rows, ranks]])
-            for i, parent in zip(level, above):
-                placed[i] = len(nodes.parent)
-                nodes.parent.append(parent)
-                nodes.depth.append(nodes.depth[parent] + 1)
-        nodes.token, nodes.score = token.tolist(), score.tolist()
-        return [placed[i] for i in keep if i in placed]
+        key = (depth, len(vocab), device)
+        if key not in self._plans:
+            self._plans[key] = static_plan(self.template, depth, len(vocab), device)
+        plan = self._plans[key]
+        token, score = torch.tensor(self.nodes.token, device=device), torch.zeros(1, device=device)  # (N,)
+        for level in plan.levels:
+            if level.tail is not None:  # feed the frontier: its tokens after its parents' features
+                f = len(level.frontier)
+                mask = torch.cat([torch.ones(f, base, dtype=torch.bool), level.tail], 1)  # (F, cache + F)
+                g = self._feed(g[level.parent_rows], token[level.frontier], [base + level.depth - 1] * f, mask)
+                self.node_features.update(zip(level.frontier.tolist(), g))
+            logp = torch.log_softmax(self.draft.logits(g).float(), dim=-1)  # (F, V')
+            top, idx = logp.topk(level.width, dim=-1)  # (F, width)
+            token = torch.cat([token, vocab[idx[level.rows, level.ranks]]])
+            score = torch.cat([score, score[level.above] + top[level.rows, level.ranks]])
+        self.nodes = DraftNodes(token=token.tolist(), parent=list(plan.parent), depth=list(plan.depth),
+                                score=score.tolist())
+        return list(plan.chosen)
+
+
+@dataclass(frozen=True)
+class PlanLevel:
+    """One depth of a static tree's drafting: the frontier fed (placed nodes, all at `depth`) and the
+    children it places. Tensors are on the draft's device but `tail`, the mask's tree part."""
+
+    depth: int  # the frontier's depth (0: the root, fed already: tail None)
+    frontier: torch.Tensor  # (F,) placed nodes
+    parent_rows: torch.Tensor  # (F,) each frontier node's parent's row in the previous level's features
+    tail: torch.Tensor | None  # (F, fed before + F) bool: the tree rows already fed that each row sees, and itself
+    width: int  # ranks read per frontier row
+    rows: torch.Tensor  # (C,) each child's frontier row
+    ranks: torch.Tensor  # (C,) and its rank there
+    above: torch.Tensor  # (C,) each child's parent, placed
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    levels: tuple[PlanLevel, ...]
+    parent: tuple[int, ...]  # per placed node (node 0: the root)
+    depth: tuple[int, ...]
+    chosen: tuple[int, ...]  # the template's nodes within the depth, placed, in template order
+
+
+def static_plan(template: RankTree, depth: int, vocab: int, device: torch.device) -> StaticPlan:
+    """What drafting a static tree does at each depth, worked out once (the authors' code prepares
+    its tree's indices the same way, once): placing a template node depends only on the template,
+    the depth and the draft vocabulary's size, never on the tokens drafted."""
+    parents, slots = template
+    keep = [i for i in range(1, len(parents)) if slots[i - 1][0] < depth]
+    has_children = {parents[i] for i in keep}
+    placed = {0: 0}  # template node -> placed node
+    parent, depth_of, slot = [-1], [0], {}  # placed nodes' parents and depths; fed nodes' draft cache slots
+    levels, level, previous, fed = [], [0], [0], 0  # previous: the last frontier (template nodes)
+    for d in range(1, depth + 1):
+        ask = [t for t in level if t in has_children]
+        if not ask:
+            break
+        frontier = [placed[t] for t in ask]
+        tail = None
+        if d > 1:  # the root's children come from its features, fed already
+            tail = torch.zeros(len(frontier), fed + len(frontier), dtype=torch.bool)
+            for row, node in enumerate(frontier):
+                tail[row, [slot[a] for a in ancestors(parent, node)]] = True
+                tail[row, fed + row] = True
+                slot[node] = fed + row
+            fed += len(frontier)
+        width = min(max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1, vocab)
+        row = {t: r for r, t in enumerate(ask)}
+        level = [i for i in keep if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < width]
+        at = {t: r for r, t in enumerate(previous)}
+        levels.append(PlanLevel(
+            depth=d - 1, frontier=torch.tensor(frontier, device=device),
+            parent_rows=torch.tensor([at[parents[t]] if t else 0 for t in ask], device=device), tail=tail,
+            width=width, rows=torch.tensor([row[parents[i]] for i in level], dtype=torch.long, device=device),
+            ranks=torch.tensor([slots[i - 1][1] for i in level], dtype=torch.long, device=device),
+            above=torch.tensor([placed[parents[i]] for i in level], dtype=torch.long, device=device)))
+        if not level:  # every rank asked for lies past the draft vocabulary: nothing to feed or place
+            levels.pop()
+            break
+        for i in level:
+            placed[i] = len(parent)
+            parent.append(placed[parents[i]])
+            depth_of.append(d)
+        previous = ask
+    return StaticPlan(tuple(levels), tuple(parent), tuple(depth_of), tuple(placed[i] for i in keep if i in placed))
 
 
 @dataclass

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +31,22 @@ from ..core.lm import LM, TargetParts
 from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """A draft forward's FLOPs, from terms read off its shapes once: reading the head through
+    transformers' get_output_embeddings at every draft call cost 0.1 ms a step
+    (results/reference/eagle_authors_overhead/)."""
+
+    dense: int  # weights every row multiplies
+    attention: int  # query width summed over layers: 4 x this per (row, key) pair (scores and values)
+    readout: int  # the head's weights, per row read out
+
+    def __call__(self, rows: int, context: int, logit_rows: int) -> float:
+        """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
+        attended = rows * context + rows * (rows + 1) / 2
+        return 2.0 * self.dense * rows + 4.0 * self.attention * attended + 2.0 * self.readout * logit_rows
 
 
 def _one_layer_config(lm: LM):
@@ -114,11 +132,10 @@ class FeatureDraft(nn.Module):
         readout = self.readout  # the target's norm (its dtype) before it: a draft_dtype draft casts here
         return readout(self.target.lm.final_norm(features).to(readout.weight.dtype))
 
-    def flops(self, rows: int, context: int, logit_rows: int) -> float:
-        """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
-        attn = self.layer.self_attn.o_proj.weight.shape[1]
-        attended = rows * context + rows * (rows + 1) / 2
-        return 2.0 * self.dense_params * rows + 4.0 * attn * attended + 2.0 * self.readout.weight.numel() * logit_rows
+    @cached_property
+    def flops(self) -> DraftCost:
+        """flops(rows, context, logit_rows): one forward's FLOPs (DraftCost)."""
+        return DraftCost(self.dense_params, self.layer.self_attn.o_proj.weight.shape[1], self.readout.weight.numel())
 
     def accuracy(self) -> list[list[float]] | None:
         """acc[j][r]: how often rank r at depth j + 1 was the target's greedy token, on held-out text."""

@@ -22,6 +22,7 @@ target's. How drafts become trees stays in eagle.py's proposer; heads' trees in 
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaML
 
 from ..core.kv_cache import KVCache, cache_kwarg
 from ..core.lm import LM, TargetParts
+from .eagle_draft import DraftCost
 from ..core.weights_file import check_target, checkpoint_dir, load_state, read_config, read_state
 
 
@@ -125,10 +127,10 @@ class Eagle1Draft(nn.Module):
         # no norm: the draft predicts the normed state; the head is the target's (its dtype)
         return self.readout(features.to(self.readout.weight.dtype))
 
-    def flops(self, rows: int, context: int, logit_rows: int) -> float:
-        attn = self.layers[0].self_attn.o_proj.weight.shape[1] * len(self.layers)
-        attended = rows * context + rows * (rows + 1) / 2
-        return 2.0 * self.dense_params * rows + 4.0 * attn * attended + 2.0 * self.readout.weight.numel() * logit_rows
+    @cached_property
+    def flops(self) -> DraftCost:
+        return DraftCost(self.dense_params, self.layers[0].self_attn.o_proj.weight.shape[1] * len(self.layers),
+                         self.readout.weight.numel())
 
     def accuracy(self):
         return None
@@ -220,12 +222,11 @@ class Eagle3Draft(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(features))
 
-    def flops(self, rows: int, context: int, logit_rows: int) -> float:
-        attn = self.midlayer.self_attn.o_proj.weight.shape[1]
-        attended = rows * context + rows * (rows + 1) / 2
+    @cached_property
+    def flops(self) -> DraftCost:
         # fc is charged on every row, though drafted rows skip it: a bound, and fc is one of six matmuls
-        return (2.0 * (self.dense_params + self.fc.weight.numel()) * rows + 4.0 * attn * attended
-                + 2.0 * self.lm_head.weight.numel() * logit_rows)
+        return DraftCost(self.dense_params + self.fc.weight.numel(), self.midlayer.self_attn.o_proj.weight.shape[1],
+                         self.lm_head.weight.numel())
 
     def accuracy(self):
         return None
