@@ -200,6 +200,56 @@ def test_file_round_trip_keeps_weights_vocabulary_and_info(tmp_path):
     assert dec.tuning["draft_vocab"] == len(vocab)
 
 
+def test_eagle3_draft_trained_here_round_trips_in_the_authors_layout(tmp_path):
+    """save_eagle3 writes the authors' layout (config.json + model.safetensors: fc, midlayer.*, norm,
+    lm_head in float16, d2t, t2d), and decoder.draft_weights loads it back as an EAGLE-3 draft
+    (not as our FeatureDraft, not as EAGLE-1) with the same weights, vocabulary and outputs and the
+    accuracy its info records; decoding with it is exact."""
+    import json
+
+    from safetensors import safe_open
+
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.methods.published import Eagle3Draft, new_eagle3, save_eagle3
+
+    lm = tiny_lm(seed=0, layers=8)
+    torch.manual_seed(0)
+    vocab = [1, 5, 9, 20, 33, 60]
+    draft = new_eagle3(lm, vocab=vocab)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape) * 0.3)  # away from the target's head: a wrong readout would show
+    round_to_half(draft)
+    accuracy = [[0.5, 0.1], [0.3, 0.1]]
+    save_eagle3(draft, tmp_path / "e3", {"accuracy": accuracy, "model": "model"}, "model")
+    config = json.loads((tmp_path / "e3" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == len(vocab)
+    with safe_open(str(tmp_path / "e3" / "model.safetensors"), "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    assert stored["t2d"].dtype == torch.bool and stored["t2d"].nonzero().flatten().tolist() == vocab
+    assert (stored["d2t"] + torch.arange(len(vocab))).tolist() == vocab
+    assert {v.dtype for k, v in stored.items() if k not in ("d2t", "t2d")} == {torch.float16}
+    assert any(k.startswith("midlayer.") for k in stored) and not any(k.startswith("layer.") for k in stored)
+
+    back = load_draft(lm, tmp_path / "e3")
+    assert isinstance(back, Eagle3Draft) and back.info["layout"] == "eagle3"
+    assert back.vocab.tolist() == vocab and back.accuracy() == accuracy and back.reads == draft.reads
+    assert back.state_dict().keys() == draft.state_dict().keys()
+    for k, v in draft.state_dict().items():
+        assert torch.equal(v, back.state_dict()[k]), k
+    x, tokens = torch.randn(5, 3 * 64), torch.tensor([3, 8, 1, 4, 2])
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.inference_mode():
+        ours = draft.logits(draft(draft.from_target(x), tokens, torch.arange(5), mask))
+        assert torch.allclose(back.logits(back(back.from_target(x), tokens, torch.arange(5), mask)), ours, atol=1e-5)
+    reference = autoregressive_decode(lm, [3, 4, 5], 20, Sampling(), set()).tokens
+    for tree in ("dynamic", "static"):
+        dec = Eagle(draft_weights=str(tmp_path / "e3"), tree=tree, tree_size=8, depth=3, top_k=3)
+        assert dec.generate(lm, [3, 4, 5], 20, Sampling(), set()).tokens == reference
+        assert dec.tuning["draft_vocab"] == len(vocab)
+    assert dec.tuning["source"] == "measured"  # the static tree came from the file's accuracy
+
+
 CASES = {
     # untrained drafts; top_k = 8 (the whole vocabulary) at depth 1 so that candidates are accepted often
     "eagle-dynamic-12-3-8-t0.8": (Eagle(draft_weights=None, tree_size=12, depth=3, top_k=8), dict(temperature=0.8),

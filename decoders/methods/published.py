@@ -18,12 +18,19 @@ or a hub id holding config.json and the weights); each is checked against the ta
 
 The embedding is the file's `embed_tokens` where it has one (a copy of the target's), else the
 target's. How drafts become trees stays in eagle.py's proposer; heads' trees in medusa.py.
+
+An EAGLE-3 draft trained here (`scripts/train_eagle.py --layout eagle3`: `new_eagle3`, `save_eagle3`)
+is written in the authors' layout (a directory: config.json, model.safetensors with d2t and t2d)
+and loads as theirs do; the safetensors metadata `info` adds what the training measured (read
+back into `draft.info`: its held-out accuracy by depth builds decoder.tree=static's tree).
 """
 from __future__ import annotations
 
+import json
 import re
 from functools import cached_property
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -159,20 +166,31 @@ class _WideAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, q, -1))
 
 
-class Eagle3Draft(nn.Module):
-    """EAGLE-3's published draft, read by FeatureDraftProposer like our FeatureDraft."""
+def eagle3_reads(lm: LM) -> tuple[int, int, int]:
+    """The target layers whose inputs an EAGLE-3 draft fuses (low, mid, high: ea_model.py's 2, L // 2,
+    L - 3); a ValueError where the target has too few layers for three distinct ones."""
+    layers = lm.config.get_text_config().num_hidden_layers
+    reads = (2, layers // 2, layers - 3)
+    if len(set(reads)) < 3 or layers - 3 < 0:
+        raise ValueError(f"an EAGLE-3 draft reads the inputs of the target's layers 2, L/2 and L-3; "
+                         f"{lm.name} has {layers} layers (at least 7 are needed)")
+    return reads
 
-    def __init__(self, lm: LM, config: dict, state: dict, where):
+
+class Eagle3Draft(nn.Module):
+    """EAGLE-3's published draft, read by FeatureDraftProposer like our FeatureDraft; `state=None`
+    builds a new one (`new_eagle3`) over the draft vocabulary `vocab`."""
+
+    def __init__(self, lm: LM, config: dict, state: dict | None, where, vocab: Sequence[int] | None = None):
         super().__init__()
         cfg = _llama_config(config, lm)
-        d, layers = cfg.hidden_size, lm.config.get_text_config().num_hidden_layers
-        self.reads = (2, layers // 2, layers - 3)  # the target layers whose inputs ea_model.py fuses
-        if len(set(self.reads)) < 3 or layers - 3 < 0:
-            raise ValueError(f"decoder.draft_weights: {where} is an EAGLE-3 draft, "
-                             "which reads the inputs of the target's "
-                             f"layers 2, L/2 and L-3; {lm.name} has {layers} layers (at least 7 are needed)")
+        d = cfg.hidden_size
+        try:
+            self.reads = eagle3_reads(lm)
+        except ValueError as e:
+            raise ValueError(f"decoder.draft_weights: {where}: {e}") from None
         self.target = TargetParts(lm)
-        _embedding(self, lm, state, "decoder.draft_weights", where)
+        _embedding(self, lm, state or {}, "decoder.draft_weights", where)
         target_hidden = int(config.get("target_hidden_size", d))
         self.fc = nn.Linear(3 * target_hidden, d, bias=False)
         self.midlayer = nn.Module()
@@ -183,9 +201,13 @@ class Eagle3Draft(nn.Module):
         self.norm = LlamaRMSNorm(d, eps=cfg.rms_norm_eps)
         draft_vocab = int(config.get("draft_vocab_size", cfg.vocab_size))
         self.lm_head = nn.Linear(d, draft_vocab, bias=False)
-        d2t = state.pop("d2t", torch.zeros(draft_vocab, dtype=torch.long))  # absent when the vocabularies agree
-        state.pop("t2d", None)  # its inverse (a membership mask): not needed to draft
-        _load(self, state, "decoder.draft_weights", where)
+        if state is None:  # new: torch's own initialisation (the authors' too), the draft vocabulary given
+            ids = torch.as_tensor(list(vocab) if vocab is not None else range(draft_vocab), dtype=torch.long)
+            d2t = ids - torch.arange(len(ids))
+        else:
+            d2t = state.pop("d2t", torch.zeros(draft_vocab, dtype=torch.long))  # absent when the vocabularies agree
+            state.pop("t2d", None)  # its inverse (a membership mask): not needed to draft
+            _load(self, state, "decoder.draft_weights", where)
         self.vocab = torch.arange(draft_vocab) + d2t.long().cpu()
         if len(d2t) != draft_vocab or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= lm.vocab_size:
             raise ValueError(f"decoder.draft_weights: {where}: its d2t maps {draft_vocab} draft ids "
@@ -228,8 +250,80 @@ class Eagle3Draft(nn.Module):
         return DraftCost(self.dense_params + self.fc.weight.numel(), self.midlayer.self_attn.o_proj.weight.shape[1],
                          self.lm_head.weight.numel())
 
-    def accuracy(self):
-        return None
+    def accuracy(self) -> list[list[float]] | None:
+        """acc[j][r] measured on held-out text, for a draft trained here (a published one: None)."""
+        return self.info.get("accuracy")
+
+
+def eagle3_config(lm: LM, draft_vocab: int, base: str) -> dict:
+    """config.json of an EAGLE-3 draft for `lm`, as the authors write theirs: the target's own
+    settings for one decoder layer, its vocabulary and the draft's; `base` names the target."""
+    cfg = lm.config.get_text_config()
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    theta = rope.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": cfg.hidden_size,
+              "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
+              "num_key_value_heads": cfg.num_key_value_heads, "num_hidden_layers": 1, "hidden_act": cfg.hidden_act,
+              "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": theta,
+              "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": lm.vocab_size,
+              "draft_vocab_size": draft_vocab, "target_hidden_size": cfg.hidden_size, "torch_dtype": "float16",
+              "base_model_name_or_path": base}
+    if rope.get("rope_type", "default") != "default":
+        config["rope_scaling"] = rope
+    return config
+
+
+def new_eagle3(lm: LM, vocab: Sequence[int] | None = None) -> Eagle3Draft:
+    """An untrained EAGLE-3 draft for `lm` over the draft vocabulary `vocab` (ascending target ids;
+    None: the whole vocabulary), for scripts/train_eagle.py --layout eagle3: fc, midlayer and fresh
+    weights as torch initialises them (as the authors' traineagle3/cnets.py does), except the output
+    norm and lm_head, which start as the target's final norm and its head's rows over `vocab` (the
+    authors start lm_head at random; on a CPU budget of steps the target's own readout is a nearer
+    start). Everything it stores is trained; the embedding stays the target's."""
+    size = len(vocab) if vocab is not None else lm.vocab_size
+    draft = Eagle3Draft(lm, eagle3_config(lm, size, lm.name), None, "a new draft", vocab)
+    head = lm.model.get_output_embeddings()
+    with torch.no_grad():
+        draft.norm.weight.copy_(lm.final_norm.weight)
+        draft.lm_head.weight.copy_(head.weight[draft.vocab.to(head.weight.device)])
+    draft.info = {"layout": "eagle3"}
+    draft.requires_grad_(False)  # trained only by scripts/train_eagle.py, which turns this back on
+    return draft.to(device=lm.output_device, dtype=lm.dtype).eval()
+
+
+def save_eagle3(draft: Eagle3Draft, directory: str | Path, info: dict, base: str) -> Path:
+    """`directory`/config.json and model.safetensors in the authors' layout (what `load_eagle` and
+    their own loader read): float16 weights, d2t (draft id -> target id offset) and t2d (the
+    target ids in the draft vocabulary); `info` (what training measured) in the file's metadata."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).cpu().contiguous()
+             for k, v in draft.state_dict().items()}
+    vocab = draft.vocab.cpu()
+    state["d2t"] = vocab - torch.arange(len(vocab))
+    state["t2d"] = torch.zeros(draft.target.lm.vocab_size, dtype=torch.bool).index_fill(0, vocab, True)
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt", "info": json.dumps(info)})
+    config = eagle3_config(draft.target.lm, len(vocab), base)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def _recorded_info(directory: Path) -> dict:
+    """The `info` a draft trained here records in its model.safetensors (the file read: no
+    pytorch_model.bin beside it); {} for a published one."""
+    path = directory / "model.safetensors"
+    if (directory / "pytorch_model.bin").is_file() or not path.is_file():
+        return {}
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            info = json.loads((f.metadata() or {}).get("info", "{}"))
+    except Exception:  # unreadable metadata: read_state has read the tensors; the info is an extra
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def load_eagle(lm: LM, name: str | Path, check_base: bool = True) -> nn.Module:
@@ -252,7 +346,7 @@ def load_eagle(lm: LM, name: str | Path, check_base: bool = True) -> nn.Module:
     except Exception as e:  # config.json's values: a list for a size, a missing key, transformers' own checks
         raise ValueError(f"{key}: {directory / 'config.json'} does not describe a draft that can be built "
                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
-    draft.info = {"layout": "eagle3" if eagle3 else "eagle1", "source": str(name)}
+    draft.info = {**_recorded_info(directory), "layout": "eagle3" if eagle3 else "eagle1", "source": str(name)}
     ref = lm.model.get_input_embeddings().weight
     draft.requires_grad_(False)
     return draft.to(device=ref.device, dtype=ref.dtype).eval()
