@@ -6,7 +6,7 @@ from pathlib import Path
 
 def save_loss_curve(weights: Path, curves: dict[str, list[float]], ylabel: str, title: str) -> Path:
     """One line per curve (label -> loss per step; NaN where a curve has no value), saved as
-    `weights` with a .png suffix; prints what was written."""
+    `weights` (a file, or a checkpoint directory) with a .png suffix; prints what was written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -23,5 +23,6 @@ def save_loss_curve(weights: Path, curves: dict[str, list[float]], ylabel: str, 
     png = weights.with_suffix(".png")
     fig.savefig(png, dpi=100)
     plt.close(fig)
-    print(f"wrote {weights} ({weights.stat().st_size / 1e6:.1f} MB) and {png.name}")
+    size = sum(f.stat().st_size for f in weights.iterdir()) if weights.is_dir() else weights.stat().st_size
+    print(f"wrote {weights} ({size / 1e6:.1f} MB) and {png.name}")
     return png

@@ -1,16 +1,22 @@
 """Train an EAGLE feature draft on a frozen target (self-distillation), for decoder=eagle.
 
-    python scripts/train_eagle.py [--chunks 1200] [--epochs 2] [--unroll 3] [--draft-vocab 8192]
+    python scripts/train_eagle.py [--layout eagle1] [--chunks 1200] [--epochs 2] [--unroll 3] [--draft-vocab 8192]
         [--gsm8k-questions 48] [--function-requests 0] [--general-requests 0]
         [--out adapters/smollm2-135m-eagle.safetensors] [--device auto] [--dtype auto] [model=...]
-    python scripts/train_eagle.py --evaluate DRAFT [same data options]   # held-out accuracy only
+    python scripts/train_eagle.py --evaluate DRAFT [DRAFT ...] [same data options]   # held-out accuracy only
 
-The draft (decoders/methods/eagle_draft.py) reads the target's features at t and the embedding of token
-t+1 and predicts the features at t+1. The target's features are computed once per chunk
-(frozen, bf16 autocast) and reused every epoch. Losses, per level of unrolling:
-- the target's next-token distribution (its head on its own features, over the draft vocabulary)
-  against the draft's: KL, what verification accepts;
-- smooth L1 between predicted and real features, in units of the features' RMS (EAGLE's regression).
+--layout eagle1 (the default): our draft (decoders/methods/eagle_draft.py) reads the target's
+features at t (its last layer's output) and the embedding of token t+1 and predicts the features
+at t+1; the target's own norm and head read the next token. --layout eagle3: EAGLE-3's draft
+(decoders/methods/published.py, Eagle3Draft) reads the inputs of three target layers (low, mid,
+high) fused by fc (3d -> d) and the embedding of token t+1; its own norm and head read the next
+token; written in the authors' layout (a directory: config.json + model.safetensors), which
+decoder.draft_weights loads as it loads theirs. The target's features are computed once per chunk
+(frozen, bf16 autocast, stored in bfloat16) and reused every epoch. Losses, per level of unrolling:
+- the target's next-token distribution (its head on its own last layer's output, over the draft
+  vocabulary) against the draft's: KL, what verification accepts;
+- eagle1 only: smooth L1 between predicted and real features, in units of the features' RMS
+  (EAGLE's regression; EAGLE-3 has none, see level_losses).
 Level 0 reads the real features; level j reads level j-1's predictions, attending to the real
 positions before it and to its own earlier levels, as drafting at depth j + 1 does (EAGLE-3's
 training-time test). Level j weighs 0.8^j.
@@ -23,7 +29,8 @@ answers to requests written for the script (every 10th held out), stdlib source,
 split. On the held-out answers the script measures acc[j][r], how often the draft's rank-r token at
 depth j + 1 (drafting along the true continuation) is the target's greedy token; it is stored in
 the file (decoder.tree=static builds EAGLE-1's tree from it) and printed, with a loss curve PNG, and
-top-1 by depth per request family (code, instructions, gsm8k, functions, general).
+top-1 by depth per request family (code, instructions, gsm8k, functions, general). --evaluate with
+several drafts (either layout) prints their tables side by side, on the same held-out answers.
 
 A long run survives its session: every --checkpoint-minutes (and on SIGTERM, as SLURM sends before a
 time limit) the draft, optimizer, schedule, data order and losses are saved under
@@ -56,44 +63,72 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loss_curve import save_loss_curve  # noqa: E402
 from decoders.core.kv_cache import KVCache  # noqa: E402
 from decoders.methods.eagle_draft import load_draft, new_draft, save_draft  # noqa: E402
+from decoders.methods.published import eagle3_reads, new_eagle3, save_eagle3  # noqa: E402
 from training_corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
 from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 
 RANKS = 10
+LAYOUTS = ("eagle1", "eagle3")  # --layout: our EAGLE-1-style FeatureDraft, or EAGLE-3's draft
 
 
 @torch.no_grad()
-def features(lm, ids: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """(B, L, d): the target's last layer's output before the final norm (what the draft reads)."""
+def features(lm, ids: torch.Tensor, bf16: bool, reads: bool | tuple[int, ...] = True) -> torch.Tensor:
+    """(B, L, d): the target's last layer's output before the final norm (what an eagle1 draft reads,
+    and the target's head reads). With `reads` an EAGLE-3 draft's layers: (B, L, 3d + d), the inputs
+    of those layers (what LM.forward's features=reads returns, what the draft reads at decoding),
+    then the last layer's output (what the teacher reads): split_features parts them."""
     captured = {}
-    handle = lm.final_norm.register_forward_pre_hook(lambda m, a: captured.update(f=a[0]))
+    handles = [lm.final_norm.register_forward_pre_hook(lambda m, a: captured.update(last=a[0]))]
+    if reads is not True:
+        layers = lm.model.base_model.layers
+        handles += [layers[i].register_forward_pre_hook(
+            lambda m, a, kw, i=i: captured.update({i: a[0] if a else kw["hidden_states"]}), with_kwargs=True)
+            for i in sorted(set(reads))]
     try:
         with precision(lm, bf16):
             lm.model(input_ids=ids.to(lm.device), use_cache=False, logits_to_keep=1)
     finally:
-        handle.remove()
-    return captured["f"].to(lm.output_device)  # the last layer's device, where the draft sits
+        for handle in handles:
+            handle.remove()
+    parts = [] if reads is True else [captured[i].to(lm.output_device) for i in reads]
+    return torch.cat([*parts, captured["last"].to(lm.output_device)], -1)  # on the last layer's device, the draft's
 
 
-def target_features(lm, chunks: list[list[int]], batch: int, bf16: bool) -> torch.Tensor:
-    """Every chunk's features, computed once (bf16 to save memory) and reused every epoch."""
-    return torch.cat([features(lm, torch.tensor(chunks[i:i + batch]), bf16).to(torch.bfloat16)
-                      for i in tqdm(range(0, len(chunks), batch), desc="target features", unit="batch")])
+def split_features(draft, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """features()'s output as (what `draft` reads, the target's last layer's output)."""
+    if draft.reads is True:
+        return feats, feats
+    d = feats.shape[-1] // (len(draft.reads) + 1)
+    return feats[..., :-d], feats[..., -d:]
+
+
+def target_features(lm, chunks: list[list[int]], batch: int, bf16: bool,
+                    reads: bool | tuple[int, ...] = True) -> torch.Tensor:
+    """Every chunk's features (features()'s), computed once, stored in bfloat16 to save memory (filled
+    in place: no second copy while they are gathered) and reused every epoch."""
+    out = None
+    for i in tqdm(range(0, len(chunks), batch), desc="target features", unit="batch"):
+        f = features(lm, torch.tensor(chunks[i:i + batch]), bf16, reads)
+        if out is None:
+            out = torch.empty((len(chunks), *f.shape[1:]), dtype=torch.bfloat16, device=f.device)
+        out[i:i + len(f)] = f
+    return out
 
 
 def unrolled_levels(draft, feats: torch.Tensor, tokens: torch.Tensor, levels: int):
-    """Level j's predictions (B, L-1, d): row t reads (level j-1's row t, or the real features at t
-    for j = 0) and token t+1+j, at position t+j, seeing real rows <= t and its own earlier levels;
-    it predicts the features at t+1+j. Rows whose token would fall past the chunk are padding."""
+    """Level j's predictions (B, L-1, d): row t reads (level j-1's row t, or the real features at t,
+    as the draft takes them from the target (`from_target`), for j = 0) and token t+1+j, at
+    position t+j, seeing real rows <= t and its own earlier levels; it predicts the features at
+    t+1+j. Rows whose token would fall past the chunk are padding."""
     length = feats.shape[1]
     n = length - 1
     cache = KVCache(DynamicCache())
     tril = torch.ones(n, n, dtype=torch.bool).tril()
     eye = torch.eye(n, dtype=torch.bool)
-    inputs, out = feats[:, :-1], []
+    inputs, out = draft.from_target(feats[:, :-1]), []
     for j in range(levels):
         idx = torch.arange(n) + 1 + j
-        tok = tokens[:, idx.clamp(max=length - 1)]
+        tok = tokens[:, idx.clamp(max=length - 1)].to(inputs.device)  # where the draft runs (and embeds, EAGLE-3)
         mask = torch.cat([tril] + [eye] * j, dim=1)
         g = draft(inputs, tok, torch.arange(n) + j, mask, cache)
         out.append(g)
@@ -102,27 +137,43 @@ def unrolled_levels(draft, feats: torch.Tensor, tokens: torch.Tensor, levels: in
 
 
 def level_losses(draft, feats, tokens, teacher_logp, scale: float, levels: int):
-    """Per level: (KL over the draft vocabulary, smooth L1 in RMS units)."""
+    """Per level: (KL over the draft vocabulary, the feature regression: smooth L1 in RMS units, 0 for EAGLE-3)."""
+    inputs, last = split_features(draft, feats)
     n = feats.shape[1] - 1
     parts = []
-    for j, g in enumerate(unrolled_levels(draft, feats.float(), tokens, levels)):
+    for j, g in enumerate(unrolled_levels(draft, inputs.float(), tokens, levels)):
         rows = n - j  # row t predicts features at t+1+j <= L-1
         if rows <= 0:
             break
         g = g[:, :rows]
-        real = feats[:, 1 + j:1 + j + rows].float()
         logp = torch.log_softmax(draft.logits(g).float(), -1)
         kl = F.kl_div(logp.flatten(0, 1), teacher_logp[:, 1 + j:1 + j + rows].flatten(0, 1), log_target=True,
                       reduction="batchmean")
-        reg = F.smooth_l1_loss(g / scale, real / scale)
+        if draft.reads is True:  # EAGLE-1: g predicts the target's features at t+1+j
+            reg = F.smooth_l1_loss(g / scale, last[:, 1 + j:1 + j + rows].float() / scale)
+        else:
+            # EAGLE-3 (Li et al. 2025) drops the feature regression and trains with the token loss
+            # only (the authors' traineagle3/cnets.py: cross-entropy against the target's distribution
+            # over the draft vocabulary, the KL above up to the target's entropy; levels weighed
+            # 0.8^j): its output is no target layer's output (it reads three layers fused, and level
+            # j > 0 reads its own previous output), so there is no real feature to regress it onto.
+            reg = kl.new_zeros(())
         parts.append((kl, reg))
     return parts
 
 
 @torch.no_grad()
-def teacher(draft, feats: torch.Tensor) -> torch.Tensor:
-    """The target's log-probabilities over the draft vocabulary at every position (its head on its features)."""
-    return torch.log_softmax(draft.logits(feats.float()).float(), -1)
+def teacher(lm, draft, feats: torch.Tensor) -> torch.Tensor:
+    """The target's log-probabilities over the draft vocabulary at every position: its final norm
+    and head (the head's rows over draft.vocab) on its last layer's output."""
+    _, last = split_features(draft, feats)
+    head = lm.model.get_output_embeddings()
+    rows = draft.vocab.to(head.weight.device)
+    whole = len(rows) == head.weight.shape[0] and bool((rows == torch.arange(len(rows), device=rows.device)).all())
+    weight, bias = (head.weight, head.bias) if whole else (head.weight[rows], head.bias)  # no copy of a whole head
+    bias = bias[rows] if bias is not None and not whole else bias
+    logits = F.linear(lm.final_norm(last.float()).to(weight.dtype), weight, bias)
+    return torch.log_softmax(logits.float(), -1)
 
 
 @torch.no_grad()
@@ -137,15 +188,15 @@ def depth_accuracy(lm, draft, sequences: list[list[int]], depth: int, bf16: bool
     in_vocab = torch.zeros(lm.vocab_size, dtype=torch.bool)
     in_vocab[draft.vocab] = True
     for seq, name in zip(sequences, families):
-        feats = features(lm, torch.tensor([seq]), bf16).float()
+        inputs, last = split_features(draft, features(lm, torch.tensor([seq]), bf16, draft.reads).float())
         with precision(lm):
-            full = lm.model.get_output_embeddings()(lm.final_norm(feats))  # (1, L, V)
+            full = lm.model.get_output_embeddings()(lm.final_norm(last))  # (1, L, V)
         greedy = full[0].argmax(-1).cpu()  # greedy[t]: the target's token after position t
         covered += int(in_vocab[greedy].sum())
         counted += len(greedy)
         ids = torch.tensor([seq])
         with precision(lm):
-            levels = unrolled_levels(draft, feats, ids, depth)
+            levels = unrolled_levels(draft, inputs, ids, depth)
         for j, g in enumerate(levels):
             rows = len(seq) - 1 - j - 1  # row t predicts the token after position t+1+j, which must exist
             if rows <= 0:
@@ -168,6 +219,8 @@ def checkpoint_path(cache_dir: str, out: Path, args: argparse.Namespace, overrid
     """Where an unfinished run keeps its state: one file per output and per set of settings, so the
     same command resumes it and a changed one starts afresh."""
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in RESTART_KEYS}
+    if settings.get("layout") == "eagle1":
+        del settings["layout"]  # the key a run had before --layout existed: its saved state still resumes
     key = hashlib.sha1(json.dumps([str(out), settings, overrides]).encode()).hexdigest()[:12]
     return Path(cache_dir).expanduser() / "train_eagle" / f"{out.stem}-{key}.pt"
 
@@ -189,6 +242,9 @@ def print_accuracy(label: str, by_family: dict[str, list[float]], counts: dict[s
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layout", choices=LAYOUTS, default="eagle1",
+                        help="eagle1: our FeatureDraft (a .safetensors file); eagle3: EAGLE-3's draft in the "
+                             "authors' layout (a directory: config.json + model.safetensors)")
     parser.add_argument("--chunks", type=int, default=1200,
                         help="stdlib + GSM8K chunks (beside all self-distilled ones)")
     parser.add_argument("--generated-repeats", type=int, default=3,
@@ -207,7 +263,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--general-requests", type=int, default=0,
                         help="general requests (templates x topics) answered by the model")
     parser.add_argument("--answer-tokens", type=int, default=192)
-    parser.add_argument("--out", default=None, help="default: adapters/<model>-eagle.safetensors")
+    parser.add_argument("--out", default=None,
+                        help="default: adapters/<model>-eagle.safetensors (eagle3: the directory "
+                             "adapters/<model>-eagle3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bfloat16 autocast for a float32 target's forward "
@@ -219,8 +277,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--stop-after-steps", type=int, default=None,
                         help="save the state and exit with code 75 after this many steps in this process")
     parser.add_argument("--restart", action="store_true", help="ignore a saved state of this run and start afresh")
-    parser.add_argument("--evaluate", default=None, metavar="DRAFT",
-                        help="train nothing: print DRAFT's held-out accuracy by depth and request family")
+    parser.add_argument("--evaluate", nargs="+", default=None, metavar="DRAFT",
+                        help="train nothing: print each DRAFT's held-out accuracy by depth and request family "
+                             "(our file or an EAGLE-1/2/3 directory), then their top-1 by depth side by side")
     add_target_args(parser)
     args, overrides = parser.parse_known_args()
     for key in ("chunks", "epochs", "unroll", "batch", "depth"):
@@ -247,12 +306,24 @@ class HeldOut:
         return depth_accuracy(lm, draft, self.sequences, args.depth, args.bf16, self.families)
 
 
-def evaluate(lm, path: str, held: HeldOut, args: argparse.Namespace) -> None:
-    """--evaluate: a trained draft's held-out top-1 by depth, in all and per family, and its vocabulary's coverage."""
-    acc, coverage, by_family = held.accuracy(lm, load_draft(lm, path), args)
-    print_accuracy(path, {"all": [round(row[0], 4) for row in acc], **by_family},
-                   {"all": len(held.sequences), **held.counts})
-    print(f"held-out greedy tokens inside its draft vocabulary: {coverage:.3f}", flush=True)
+def evaluate(lm, paths: list[str], held: HeldOut, args: argparse.Namespace) -> dict[str, list[list[float]]]:
+    """--evaluate: each trained draft's held-out top-1 by depth, in all and per family, and its
+    vocabulary's coverage; with several, their top-1 / top-5 by depth side by side (a markdown table)
+    on the same held-out answers. Returns acc[j][r] by draft."""
+    measured = {}
+    for path in paths:
+        acc, coverage, by_family = held.accuracy(lm, load_draft(lm, path), args)
+        print_accuracy(path, {"all": [round(row[0], 4) for row in acc], **by_family},
+                       {"all": len(held.sequences), **held.counts})
+        print(f"held-out greedy tokens inside its draft vocabulary: {coverage:.3f}", flush=True)
+        measured[path] = acc
+    if len(paths) > 1:
+        print(f"\nheld-out top-1 / top-5 by depth ({len(held.sequences)} answers)\n\n| depth | "
+              + " | ".join(paths) + " |\n|:--|" + ":--|" * len(paths), flush=True)
+        for j in range(args.depth):
+            print(f"| {j + 1} | " + " | ".join(f"{acc[j][0]:.3f} / {sum(acc[j][:5]):.3f}" for acc in measured.values())
+                  + " |", flush=True)
+    return measured
 
 
 def training_chunks(data: dict, generated: list[list[int]], args: argparse.Namespace,
@@ -275,12 +346,15 @@ class TrainingSet:
     steps: int  # of the whole run
 
 
-def training_set(lm, own: list[list[int]], other: list[list[int]], args: argparse.Namespace) -> TrainingSet:
+def training_set(lm, own: list[list[int]], other: list[list[int]], args: argparse.Namespace,
+                 reads: bool | tuple[int, ...] = True) -> TrainingSet:
+    """`reads`: the features the draft reads (draft.reads), stored beside the last layer's output."""
     chunks = own + other
-    feats = target_features(lm, chunks, args.batch, args.bf16)
+    feats = target_features(lm, chunks, args.batch, args.bf16, reads)
+    d = lm.config.get_text_config().hidden_size
+    scale = float(feats[:64, :, -d:].float().pow(2).mean().sqrt())  # of the last layer's output (eagle1's regression)
     order = list(range(len(own))) * args.generated_repeats + list(range(len(own), len(chunks)))
-    return TrainingSet(torch.tensor(chunks), feats, float(feats[:64].float().pow(2).mean().sqrt()), order,
-                       args.epochs * (len(order) // args.batch))
+    return TrainingSet(torch.tensor(chunks), feats, scale, order, args.epochs * (len(order) // args.batch))
 
 
 @dataclass
@@ -297,7 +371,7 @@ class Trainer:
     def step(self, feats: torch.Tensor, tokens: torch.Tensor, scale: float, unroll: int) -> list[float]:
         """One optimizer step on a batch; each level's KL."""
         with precision(self.lm):
-            parts = level_losses(self.draft, feats, tokens, teacher(self.draft, feats), scale, unroll)
+            parts = level_losses(self.draft, feats, tokens, teacher(self.lm, self.draft, feats), scale, unroll)
             loss = sum(0.8 ** j * (kl + reg) for j, (kl, reg) in enumerate(parts))
         optimizer_step(self.scaler, self.optimizer, loss, clip=1.0)
         self.schedule.step()
@@ -318,7 +392,8 @@ class Trainer:
 
 def new_trainer(lm, vocab: list[int] | None, args: argparse.Namespace, steps: int, rng: random.Random) -> Trainer:
     torch.manual_seed(args.seed)  # the same draft whether the answers were generated now or read from the cache
-    draft = new_draft(lm, vocab).float()  # float32 master weights; forwards run under precision()
+    draft = (new_eagle3 if args.layout == "eagle3" else new_draft)(lm, vocab).float()  # float32 master weights;
+    # forwards run under precision()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
     scaler = grad_scaler(lm)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, args.lr, total_steps=steps, pct_start=0.05)
@@ -410,7 +485,7 @@ def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab:
     chunks; `families`: every request's), time, held-out accuracy (`measured`: final_report's) and final KL."""
     after, coverage, after_by_family = measured
     losses = state["losses"]
-    return {"model": model, "epochs": args.epochs, "unroll": args.unroll, "batch": args.batch,
+    return {"model": model, "layout": args.layout, "epochs": args.epochs, "unroll": args.unroll, "batch": args.batch,
             "seq_len": args.seq_len, "lr": args.lr, "steps": steps,
             "draft_vocab": draft_vocab, "vocab_coverage": round(coverage, 4),
             "chunks": {"self_distilled": chunks[0], "self_distilled_repeats": args.generated_repeats,
@@ -426,10 +501,14 @@ def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab:
 
 
 def save_trained(draft, out: Path, info: dict, losses: list[list[float]]) -> None:
-    """The draft file and its loss curve beside it."""
-    save_draft(draft, out, info)
+    """The draft file (eagle3: the authors' directory) and its loss curve beside it."""
+    if info["layout"] == "eagle3":
+        save_eagle3(draft, out, info, info["model"])
+    else:
+        save_draft(draft, out, info)
+    title = f"{info['model']}: EAGLE{'-3' if info['layout'] == 'eagle3' else ''} draft"
     save_loss_curve(out, {f"level {j} (depth {j + 1})": [p[j] if j < len(p) else float("nan") for p in losses]
-                          for j in range(len(losses[-1]))}, "KL(target || draft)", f"{info['model']}: EAGLE draft")
+                          for j in range(len(losses[-1]))}, "KL(target || draft)", title)
 
 
 def main() -> None:
@@ -437,7 +516,14 @@ def main() -> None:
     cfg, lm = frozen_target(target_overrides(args, overrides), args.seed)
     lm.set_fast_path("none")  # training needs autograd through the draft's linears
     rng = random.Random(args.seed)
-    out = Path(args.out or REPO / "adapters" / f"{cfg.model.name}-eagle.safetensors")
+    default = f"{cfg.model.name}-eagle3" if args.layout == "eagle3" else f"{cfg.model.name}-eagle.safetensors"
+    out = Path(args.out or REPO / "adapters" / default)
+    reads = True
+    if args.layout == "eagle3" and not args.evaluate:
+        try:
+            reads = eagle3_reads(lm)
+        except ValueError as e:
+            raise SystemExit(f"error: --layout eagle3: {e}") from None
 
     start = time.perf_counter()
     data = corpus(lm, cfg.model.name, cfg.data_dir, cfg.cache_dir, n_gsm8k=args.gsm8k_questions,
@@ -451,11 +537,11 @@ def main() -> None:
     vocab = None
     if args.draft_vocab and args.draft_vocab < lm.vocab_size:
         vocab = draft_vocabulary(own, other, args.draft_vocab)
-    print(f"train chunks of {args.seq_len} tokens: self-distilled {len(own)} (x{args.generated_repeats}), "
-          f"stdlib + GSM8K {len(other)}; held out: {len(heldout)} self-distilled answers; draft vocabulary "
-          f"{len(vocab) if vocab else lm.vocab_size}", flush=True)
+    print(f"{args.layout} draft; train chunks of {args.seq_len} tokens: self-distilled {len(own)} "
+          f"(x{args.generated_repeats}), stdlib + GSM8K {len(other)}; held out: {len(heldout)} self-distilled "
+          f"answers; draft vocabulary {len(vocab) if vocab else lm.vocab_size}", flush=True)
 
-    train_set = training_set(lm, own, other, args)
+    train_set = training_set(lm, own, other, args, reads)
     trainer = new_trainer(lm, vocab, args, train_set.steps, rng)
     ckpt = checkpoint_path(cfg.cache_dir, out, args, overrides)
     if ckpt.is_file() and not args.restart:

@@ -81,6 +81,13 @@ def test_train_eagle_one_step_on_cuda(tmp_path):
     assert (tmp_path / "eagle.safetensors").is_file()
 
 
+def test_train_eagle3_one_step_on_cuda(tmp_path):
+    _one_step(tmp_path, "train_eagle.py", "--layout", "eagle3", "--chunks", "2", "--epochs", "1", "--generated-repeats",
+              "1", "--unroll", "2", "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", *CORPUS,
+              "--out", str(tmp_path / "eagle3"), "model.num_layers=8")
+    assert (tmp_path / "eagle3" / "model.safetensors").is_file()
+
+
 def test_train_exit_adapter_one_step_on_cuda(tmp_path):
     _one_step(tmp_path, "train_exit_adapter.py", "--steps", "1", "--seq-len", "32", "--batch", "2", "--generated", "1",
               "--heldout", "1", "--out", str(tmp_path / "adapter.safetensors"), "draft.layers=1")

@@ -25,7 +25,7 @@ from test_lookahead import (LENGTH, N_CONTROL, N_SAMPLES, _verify_without_residu
 from transformers import DynamicCache
 
 sys.path.insert(0, str(REPO / "scripts"))
-from train_eagle import unrolled_levels  # noqa: E402
+from train_eagle import features, split_features, unrolled_levels  # noqa: E402
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -198,6 +198,33 @@ def test_file_round_trip_keeps_weights_vocabulary_and_info(tmp_path):
     ref = autoregressive_decode(lm, [3, 4, 5], 20, Sampling(), set()).tokens
     assert dec.generate(lm, [3, 4, 5], 20, Sampling(), set()).tokens == ref
     assert dec.tuning["draft_vocab"] == len(vocab)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_eagle3_training_reads_and_levels_equal_drafting(seed):
+    """An EAGLE-3 draft in training (train_eagle.py --layout eagle3): the features the script stores
+    are what decoding feeds the draft (LM.forward's features=draft.reads: layers 2, L/2, L-3's
+    inputs) and the target's last layer's output (what its head reads), and unrolled level j at row
+    t is what drafting computes at depth j + 1 after position t (fc applied to real rows only)."""
+    from decoders.methods.published import Eagle3Draft, new_eagle3
+
+    lm = tiny_lm(seed=seed, layers=8)
+    torch.manual_seed(seed)
+    draft = new_eagle3(lm, vocab=[1, 5, 9, 20, 33, 60])
+    assert isinstance(draft, Eagle3Draft) and draft.reads == (2, 4, 5) and draft.vocab.tolist() == [1, 5, 9, 20, 33, 60]
+    tokens = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        inputs, last = split_features(draft, features(lm, tokens, False, draft.reads))
+        logits, decoding = lm.forward(tokens[0], lm.new_cache(), features=draft.reads)
+        assert inputs.shape == (1, 12, 3 * 64) and close(inputs[0], decoding)
+        head = lm.model.get_output_embeddings()
+        assert close(head(lm.final_norm(last[0])), logits)  # the teacher reads the target's own logits
+        levels = unrolled_levels(draft, inputs, tokens, 3)
+        for t in (0, 4, 8):
+            for j in range(3):
+                chain = tokens[0, t + 2:t + 2 + j].tolist()
+                ref = fresh(draft, draft.from_target(inputs[0, :t + 1]), tokens[0, 1:t + 2].tolist(), chain)
+                assert close(levels[j][0, t], ref), (t, j)
 
 
 def test_eagle3_draft_trained_here_round_trips_in_the_authors_layout(tmp_path):

@@ -266,6 +266,55 @@ def test_train_eagle_on_tiny_random(tmp_path):
 
 
 @pytest.mark.slow
+def test_train_eagle3_on_tiny_random(tmp_path):
+    """scripts/train_eagle.py --layout eagle3 end to end on an 8-layer tiny-random target (EAGLE-3 reads
+    layers 2, 4 and 5): it writes the authors' layout (a directory), which decoder.draft_weights loads
+    as an EAGLE-3 draft whose lm_head training moved, with the held-out accuracy it measured, and
+    decodes exactly with; stopped and resumed it ends bit for bit as the whole run; --evaluate prints
+    drafts side by side."""
+    from safetensors.torch import load_file
+
+    from decoders.core.sampling import Sampling
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.methods.eagle import Eagle
+    from decoders.methods.eagle_draft import load_draft
+    from decoders.methods.published import Eagle3Draft
+    from helpers import tiny_lm
+
+    common = ["--layout", "eagle3", "--chunks", "6", "--epochs", "2", "--generated-repeats", "1", "--unroll", "2",
+              "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2",
+              "--answer-tokens", "8", "--function-requests", "3", "--general-requests", "3", "--device", "cpu",
+              "model=tiny-random", "model.num_layers=8", "device=cpu", f"cache_dir={tmp_path}"]
+    whole = run_script("train_eagle.py", *common, "--out", str(tmp_path / "whole"), timeout=900)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    assert "depth 3: top-1" in whole.stdout and (tmp_path / "whole.png").is_file()
+    assert sorted(p.name for p in (tmp_path / "whole").iterdir()) == ["config.json", "model.safetensors"]
+
+    lm = tiny_lm(seed=0, vocab=49152, name="tiny-random", layers=8)  # the model it was trained for
+    draft = load_draft(lm, tmp_path / "whole")
+    assert isinstance(draft, Eagle3Draft) and draft.info["layout"] == "eagle3" and draft.reads == (2, 4, 5)
+    assert len(draft.vocab) == 40 and len(draft.accuracy()) == 3 and draft.info["unroll"] == 2
+    start = lm.model.get_output_embeddings().weight[draft.vocab].half().float()  # where lm_head started
+    assert not torch.equal(draft.lm_head.weight, start)
+    reference = autoregressive_decode(lm, [5, 6, 7], 8, Sampling(), set()).tokens
+    for tree in ("dynamic", "static"):
+        dec = Eagle(draft_weights=str(tmp_path / "whole"), tree=tree, tree_size=6, depth=3, top_k=3)
+        assert dec.generate(lm, [5, 6, 7], 8, Sampling(), set()).tokens == reference
+
+    parts = ["--out", str(tmp_path / "parts")]
+    first = run_script("train_eagle.py", *common, *parts, "--stop-after-steps", "2")
+    assert first.returncode == 75 and "stopped at step 2 of" in first.stdout, first.stderr[-2000:]
+    second = run_script("train_eagle.py", *common, *parts)
+    assert second.returncode == 0 and "resuming from" in second.stdout, second.stderr[-2000:]
+    a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "parts"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    evaluated = run_script("train_eagle.py", *common, "--evaluate", str(tmp_path / "whole"), str(tmp_path / "parts"))
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert f"| depth | {tmp_path / 'whole'} | {tmp_path / 'parts'} |" in evaluated.stdout, evaluated.stdout
+    assert "| 3 | " in evaluated.stdout
+
+
+@pytest.mark.slow
 def test_batch_speedup_on_tiny_random(tmp_path):
     """scripts/batch_speedup.py end to end: every row equals its batch-1 output, the table and plot are written."""
     import pandas as pd
