@@ -36,6 +36,9 @@ from ..core.tree import (RankTree, TokenTree, ancestors, best_paths, given_paths
                          rank_tree)
 from .eagle_draft import DRAFT_DTYPES, FeatureDraft, draft_for
 
+_ROOT = torch.zeros(1, dtype=torch.long)  # the root's node index, as FeatureDraftProposer.fed lists nodes
+
+
 @dataclass
 class DraftNodes:
     """One proposal's drafted nodes in the order they were made (node 0: the root), as columns."""
@@ -65,8 +68,13 @@ class FeatureDraftProposer:
         self.prune = True  # on a CPU, feed no frontier node that can no longer reach the tree (_dynamic)
         self._vocab: torch.Tensor | None = None  # the draft vocabulary on the draft's device
         self.nodes = DraftNodes([], [], [], [])
-        self.node_features: dict[int, torch.Tensor] = {}
+        self.fed: list[tuple[torch.Tensor, torch.Tensor]] = []  # per depth fed: nodes (F,), predicted features (F, d)
         self._plans: dict[tuple, StaticPlan] = {}  # static: the template's plan per (depth, vocabulary, device)
+
+    @property
+    def node_features(self) -> dict[int, torch.Tensor]:
+        """What each node fed this proposal predicted (node 0: the root), gathered only when asked."""
+        return {node: g for nodes, feats in self.fed for node, g in zip(nodes.tolist(), feats)}
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         with torch.inference_mode():
@@ -112,7 +120,7 @@ class FeatureDraftProposer:
             return TokenTree.chain(root, [])
         # Nodes: token, parent, depth, cumulative log-probability; features and cache slot once fed.
         self.nodes = DraftNodes(token=[root], parent=[-1], depth=[0], score=[0.0])
-        self.node_features = {0: root_g}
+        self.fed = [(_ROOT, root_g[None])]
         try:
             if self.kind == "dynamic":
                 chosen = self._dynamic(base, depth)
@@ -138,7 +146,7 @@ class FeatureDraftProposer:
         built (the authors' code neither), except on a CPU, where a frontier node that can no longer
         reach the tree is not fed (`prune`: a child scores at most its parent, is deeper than every
         candidate so far and loses ties by depth, so the tree stays the same with fewer rows fed)."""
-        g = self.node_features[0][None]  # (1, d): the root's predicted features
+        g = self.fed[0][1]  # (1, d): the root's predicted features
         device = g.device
         k = min(self.top_k, len(self.draft.vocab))
         vocab = self._vocab_on(device)
@@ -149,45 +157,44 @@ class FeatureDraftProposer:
         frontier = torch.zeros(1, dtype=torch.long, device=device)  # (F,) nodes to expand
         ancestry = torch.zeros(1, 0, dtype=torch.bool, device=device)  # (F, S): frontier rows' fed ancestors
         parent_g = g  # (F, d): the frontier's parents' predicted features
-        fed_levels = []  # (frontier, its predicted features) per depth fed
         prune = self.prune and device.type == "cpu"
         for d in range(1, depth + 1):
             if d > 1:  # feed the frontier: its tokens, after its parents' features; one new cache row each
                 f = len(frontier)
                 rows = torch.cat([torch.ones(f, base, dtype=torch.bool, device=device), ancestry,
                                   torch.eye(f, dtype=torch.bool, device=device)], 1)  # (F, cache + F)
-                g = self._feed(parent_g, token[frontier], base - 1 + depth_of[frontier], rows)  # (F, d)
+                g = self._feed(parent_g, token.index_select(0, frontier),
+                               torch.full((f,), base + d - 2, device=device), rows)  # (F, d): all at depth d - 1
                 ancestry = rows[:, base:]
-                fed_levels.append((frontier, g))
+                self.fed.append((frontier, g))
             logp = torch.log_softmax(self.draft.logits(g).float(), dim=-1)  # (F, V')
             top, idx = logp.topk(k, dim=-1)  # (F, k)
             n = len(token)
-            token = torch.cat([token, vocab[idx].flatten()])
+            token = torch.cat([token, vocab.index_select(0, idx.view(-1))])
             parent = torch.cat([parent, frontier.repeat_interleave(k)])
             depth_of = torch.cat([depth_of, torch.full((len(frontier) * k,), d, device=device)])
-            score = torch.cat([score, (score[frontier][:, None] + top).flatten()])
+            score = torch.cat([score, (score.index_select(0, frontier)[:, None] + top).view(-1)])
             if d == depth:
                 break
             best = torch.sort(-score[n:], stable=True).indices[:k]  # (k,) the newest nodes' best, oldest first
             if prune and len(score) - 1 >= self.tree_size:
                 bar = score[1:].topk(self.tree_size).values[-1]
-                best = best[score[n + best] > bar]
+                best = best[score.index_select(0, n + best) > bar]
                 if len(best) == 0:
                     break
-            parent_g, ancestry = g[best // k], ancestry[best // k]
+            rows = best // k  # (k,) each best node's frontier row
+            parent_g, ancestry = g.index_select(0, rows), ancestry.index_select(0, rows)
             frontier = n + best
         chosen = torch.sort(-score[1:], stable=True).indices[:self.tree_size] + 1  # ties: the older (shallower)
         self.nodes = DraftNodes(token=token.tolist(), parent=parent.tolist(), depth=depth_of.tolist(),
                                 score=score.tolist())
-        for nodes, features in fed_levels:  # what each fed node predicted (read by tests: a fresh run along its path)
-            self.node_features.update(zip(nodes.tolist(), features))
         return chosen.tolist()
 
     def _static(self, base: int, depth: int) -> list[int]:
         """EAGLE-1's tree: the template's nodes, each its template parent's rank-r child. Where each node
         goes, what each depth feeds and its mask are the plan's (made once per depth); only tokens and
         scores come from the draft, and they stay on its device until the tree is built."""
-        g = self.node_features[0][None]  # (1, d): the root's predicted features
+        g = self.fed[0][1]  # (1, d): the root's predicted features
         device = g.device
         vocab = self._vocab_on(device)
         key = (depth, len(vocab), device)
@@ -198,13 +205,15 @@ class FeatureDraftProposer:
         for level in plan.levels:
             if level.tail is not None:  # feed the frontier: its tokens after its parents' features
                 f = len(level.frontier)
-                mask = torch.cat([torch.ones(f, base, dtype=torch.bool), level.tail], 1)  # (F, cache + F)
-                g = self._feed(g[level.parent_rows], token[level.frontier], [base + level.depth - 1] * f, mask)
-                self.node_features.update(zip(level.frontier.tolist(), g))
+                mask = torch.cat([torch.ones(f, base, dtype=torch.bool, device=device), level.tail], 1)  # (F, cache+F)
+                g = self._feed(g.index_select(0, level.parent_rows), token.index_select(0, level.frontier),
+                               torch.full((f,), base + level.depth - 1, device=device), mask)
+                self.fed.append((level.frontier, g))
             logp = torch.log_softmax(self.draft.logits(g).float(), dim=-1)  # (F, V')
             top, idx = logp.topk(level.width, dim=-1)  # (F, width)
-            token = torch.cat([token, vocab[idx[level.rows, level.ranks]]])
-            score = torch.cat([score, score[level.above] + top[level.rows, level.ranks]])
+            # index_select on flat indices: a 2-D advanced index costs several times more, five times a step
+            token = torch.cat([token, vocab.index_select(0, idx.view(-1).index_select(0, level.picked))])
+            score = torch.cat([score, score.index_select(0, level.above) + top.view(-1).index_select(0, level.picked)])
         self.nodes = DraftNodes(token=token.tolist(), parent=list(plan.parent), depth=list(plan.depth),
                                 score=score.tolist())
         return list(plan.chosen)
@@ -213,15 +222,14 @@ class FeatureDraftProposer:
 @dataclass(frozen=True)
 class PlanLevel:
     """One depth of a static tree's drafting: the frontier fed (placed nodes, all at `depth`) and the
-    children it places. Tensors are on the draft's device but `tail`, the mask's tree part."""
+    children it places. Its tensors are on the draft's device: drafting copies nothing from the host."""
 
     depth: int  # the frontier's depth (0: the root, fed already: tail None)
     frontier: torch.Tensor  # (F,) placed nodes
     parent_rows: torch.Tensor  # (F,) each frontier node's parent's row in the previous level's features
     tail: torch.Tensor | None  # (F, fed before + F) bool: the tree rows already fed that each row sees, and itself
     width: int  # ranks read per frontier row
-    rows: torch.Tensor  # (C,) each child's frontier row
-    ranks: torch.Tensor  # (C,) and its rank there
+    picked: torch.Tensor  # (C,) each child's (frontier row, rank) in the (F, width) top-k, flattened
     above: torch.Tensor  # (C,) each child's parent, placed
 
 
@@ -256,6 +264,7 @@ def static_plan(template: RankTree, depth: int, vocab: int, device: torch.device
                 tail[row, fed + row] = True
                 slot[node] = fed + row
             fed += len(frontier)
+            tail = tail.to(device)
         width = min(max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1, vocab)
         row = {t: r for r, t in enumerate(ask)}
         level = [i for i in keep if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < width]
@@ -263,8 +272,8 @@ def static_plan(template: RankTree, depth: int, vocab: int, device: torch.device
         levels.append(PlanLevel(
             depth=d - 1, frontier=torch.tensor(frontier, device=device),
             parent_rows=torch.tensor([at[parents[t]] if t else 0 for t in ask], device=device), tail=tail,
-            width=width, rows=torch.tensor([row[parents[i]] for i in level], dtype=torch.long, device=device),
-            ranks=torch.tensor([slots[i - 1][1] for i in level], dtype=torch.long, device=device),
+            width=width, picked=torch.tensor([row[parents[i]] * width + slots[i - 1][1] for i in level],
+                                             dtype=torch.long, device=device),
             above=torch.tensor([placed[parents[i]] for i in level], dtype=torch.long, device=device)))
         if not level:  # every rank asked for lies past the draft vocabulary: nothing to feed or place
             levels.pop()
