@@ -122,6 +122,11 @@ def test_auto_measures_once_caches_and_records(tmp_path):
         assert choose_fast_path(lm, tmp_path)["chosen"] == other and (lm.fast_path, lm.packed_min_rows) == (other, rows)
     cached.write_text(json.dumps({"chosen": "prepacked"}))  # made before min_rows was measured: measured again
     assert "min_rows" in choose_fast_path(lm, tmp_path) and "min_rows" in json.loads(cached.read_text())
+    # measured over fewer candidates (before the kernel path existed): measured again, over all of them
+    cached.write_text(json.dumps({**choice, "chosen": "none", "min_rows": None,
+                                  "candidates": [c for c in choice["candidates"] if c != "kernel"]}))
+    assert choose_fast_path(lm, tmp_path)["candidates"] == choice["candidates"]
+    assert json.loads(cached.read_text())["candidates"] == choice["candidates"]
     cached.write_text("{not json")  # damaged: measured again
     assert choose_fast_path(lm, tmp_path)["chosen"] in FAST_PATHS
     assert profile_key(lm) != profile_key(lm, fast_path=False)  # latency profiles are kept per path

@@ -186,8 +186,9 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
     if path is not None and path.exists() and not refresh:
         try:
             choice = json.loads(path.read_text())
-            # An entry without min_rows predates the measured threshold: measured again.
-            if (choice.get("chosen") in FAST_PATHS and "min_rows" in choice
+            # An entry measured over other candidates (made before the kernel path existed, say) is
+            # measured again: a stale cache must not keep a new path out of the choice.
+            if (choice.get("chosen") in FAST_PATHS and choice.get("candidates") == candidate_labels()
                     and lm.set_fast_path(choice["chosen"], choice["min_rows"]) == choice["chosen"]):
                 return choice
         except (OSError, ValueError, TypeError):
@@ -209,7 +210,7 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
     lm.set_fast_path(best["path"], best["min_rows"])
     choice = {"chosen": best["path"], "min_rows": best["min_rows"], "device": device_name(lm.device),
               "torch_threads": torch.get_num_threads(), "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""),
-              "measured": measured, "unavailable": notes,
+              "candidates": candidate_labels(), "measured": measured, "unavailable": notes,
               "why": "lowest 1-token step + mean of k = " + ", ".join(map(str, CHOICE_SIZES))}
     if path is not None:
         _save_json(path, choice)
