@@ -1,0 +1,79 @@
+"""Does the forecast hold on this machine? One leaderboard's runs priced at another setting's device
+profile (bench.forecast), against the speedups that setting's own leaderboard measured (issue 46,
+item 3: fp32 records with the bf16 profile, and back).
+
+    python scripts/forecast_across.py RUNS_DIR --profile PROFILE --measured MEASURED_DIR [--path P]
+        [--tolerance 0.10] [--out DIR]
+
+RUNS_DIR and MEASURED_DIR are leaderboard out_dirs over the same prompts (<dataset>/<entry>/records);
+PROFILE is what bench.forecast takes (a scripts/profile_device.py --out directory of the measured
+setting). Per (dataset, entry): the forecast speedup, the measured one (MEASURED_DIR/leaderboard.csv),
+their relative error and whether it is within the tolerance. Writes forecast_across.csv and .md to
+--out; bad input ends in one line and exit code 2.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import rundir  # noqa: E402
+from bench.errors import BenchError, fail  # noqa: E402
+from bench.forecast import find_runs, forecast, load_profile  # noqa: E402
+
+
+def measured_speedups(directory: Path) -> pd.DataFrame:
+    csv = directory / "leaderboard.csv"
+    try:
+        table = pd.read_csv(csv)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot read {csv} ({e}); --measured takes a leaderboard out_dir") from None
+    if not {"decoder", "dataset", "speedup"} <= set(table.columns):
+        raise BenchError(f"{csv} lacks decoder, dataset or speedup columns: not a leaderboard's table")
+    return table[["dataset", "decoder", "speedup", "mean_accepted_tokens"]]
+
+
+def across(runs_dir: Path, profile: Path, measured: Path, path: str | None, tolerance: float) -> pd.DataFrame:
+    predicted = forecast(find_runs(runs_dir), load_profile(profile), path)
+    predicted = predicted.drop(columns="decoder").rename(columns={"run": "decoder"})[  # the entry label
+        ["dataset", "decoder", "forecast_speedup", "mean_accepted_tokens", "target_source", "draft_source"]]
+    table = predicted.merge(measured_speedups(measured), on=["dataset", "decoder"], how="inner",
+                            suffixes=("", "_measured"))
+    if table.empty:
+        raise BenchError(f"no (dataset, entry) of {runs_dir} is in {measured}/leaderboard.csv: "
+                         "give two leaderboards over the same entries")
+    table = table.rename(columns={"speedup": "measured_speedup"})
+    table["error"] = table["forecast_speedup"] / table["measured_speedup"] - 1
+    table["within"] = table["error"].abs() <= tolerance
+    order = ["dataset", "decoder", "forecast_speedup", "measured_speedup", "error", "within", "mean_accepted_tokens",
+             "mean_accepted_tokens_measured", "target_source", "draft_source"]
+    return table[order].sort_values(["dataset", "decoder"]).reset_index(drop=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs_dir", help="the leaderboard whose records are priced")
+    parser.add_argument("--profile", required=True, help="the other setting's profile (bench.forecast --profile)")
+    parser.add_argument("--measured", required=True, help="the other setting's leaderboard out_dir")
+    parser.add_argument("--path", help="the profile's fast path (default: the run's)")
+    parser.add_argument("--tolerance", type=float, default=0.10)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    try:
+        table = across(Path(args.runs_dir), Path(args.profile), Path(args.measured), args.path, args.tolerance)
+        worst = table.loc[table["error"].abs().idxmax()]
+        md = (f"{args.runs_dir} priced at {args.profile}, against {args.measured}: {int(table['within'].sum())} of "
+              f"{len(table)} within {args.tolerance:.0%}; largest error {worst['error']:+.1%} "
+              f"({worst['decoder']}, {worst['dataset']})\n\n" + table.to_markdown(index=False, floatfmt=".3f"))
+        written = rundir.write_report(Path(args.out), "forecast_across", table, md) if args.out else []
+    except BenchError as e:
+        fail(e)
+    print(md)
+    if written:
+        print(f"\nwrote {' and '.join(map(str, written))}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""scripts/forecast_across.py: one leaderboard's runs priced at another setting's profile, set beside
+that setting's measured speedups; the error worked out by hand, a negative control (a wrong measured
+speedup is flagged), and bad input in one line with exit code 2 (no model is loaded)."""
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+import pytest
+
+from helpers import REPO
+from test_forecast import PRICES, leaderboard, write_profile
+
+sys.path.insert(0, str(REPO / "scripts"))
+import forecast_across as fa  # noqa: E402
+
+# test_forecast's hand-worked case: tree's forecast speedup at PRICES, step 10 ms
+TREE = ((4 / 38 + 2 / 30) / 2) / ((4 / 52 + 2 / 26) / 2)
+
+
+def measured_board(tmp_path, speedup: float):
+    board = tmp_path / "measured"
+    board.mkdir()
+    pd.DataFrame({"decoder": ["autoregressive", "tree"], "dataset": ["ds", "ds"], "speedup": [1.0, speedup],
+                  "mean_accepted_tokens": [1.0, 2.0]}).to_csv(board / "leaderboard.csv", index=False)
+    return board
+
+
+def test_forecast_against_the_other_settings_measured_speedup(tmp_path):
+    profile, board = write_profile(tmp_path / "p", PRICES, step_ms=10.0), leaderboard(tmp_path)
+    table = fa.across(board, profile, measured_board(tmp_path, TREE * 1.05), None, 0.10)
+    tree = table.set_index("decoder").loc["tree"]
+    assert tree["forecast_speedup"] == pytest.approx(TREE)
+    assert tree["error"] == pytest.approx(1 / 1.05 - 1) and bool(tree["within"])
+    # negative control: a measured speedup 20 % away is outside 10 %
+    (tmp_path / "x").mkdir()
+    table = fa.across(board, profile, measured_board(tmp_path / "x", TREE * 1.2), None, 0.10)
+    assert not table.set_index("decoder").loc["tree", "within"]
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("no_table", "cannot read"),
+    ("not_a_leaderboard", "lacks decoder, dataset or speedup"),
+    ("other_entries", "no (dataset, entry)"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
+    profile = write_profile(tmp_path / "p", PRICES, step_ms=10.0)
+    measured = tmp_path / "m"
+    measured.mkdir()
+    if case == "not_a_leaderboard":
+        pd.DataFrame({"a": [1]}).to_csv(measured / "leaderboard.csv", index=False)
+    elif case == "other_entries":
+        pd.DataFrame({"decoder": ["other"], "dataset": ["ds"], "speedup": [1.0],
+                      "mean_accepted_tokens": [1.0]}).to_csv(measured / "leaderboard.csv", index=False)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        fa.main([str(leaderboard(tmp_path)), "--profile", str(profile), "--measured", str(measured),
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and expected in err
+    assert not out.exists()
