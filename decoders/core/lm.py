@@ -25,6 +25,24 @@ def forward_flops(spec: dict, tokens: int, context: int) -> float:
     return dense + 4.0 * spec["n_layers"] * spec["d_attn"] * attended
 
 
+@dataclass(frozen=True)
+class DraftCost:
+    """A draft forward's FLOPs: forward_flops over the draft's own layers plus the rows read out, from
+    terms read off its shapes once (reading the head through transformers' get_output_embeddings at
+    every draft call cost 0.1 ms a step: results/reference/eagle_authors_overhead/)."""
+
+    spec: dict  # forward_flops' spec: matmul_params, n_layers (1: d_attn is summed over layers), d_attn
+    readout: int  # the head's weights, per row read out
+
+    @classmethod
+    def of(cls, dense: int, attention: int, readout: int) -> "DraftCost":
+        return cls({"matmul_params": dense, "n_layers": 1, "d_attn": attention}, readout)
+
+    def __call__(self, rows: int, context: int, logit_rows: int) -> float:
+        """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
+        return forward_flops(self.spec, rows, context) + 2.0 * self.readout * logit_rows
+
+
 def use_attention_kernels() -> None:
     """On a GPU, scaled_dot_product_attention runs the memory-efficient kernel (math where that one
     cannot). cuDNN's, torch's first choice on an H100, plans for each new shape, and a decode's

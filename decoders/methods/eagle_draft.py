@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Sequence
@@ -27,26 +26,10 @@ import torch
 from torch import nn
 
 from ..core.kv_cache import KVCache, cache_kwarg
-from ..core.lm import LM, TargetParts
+from ..core.lm import LM, DraftCost, TargetParts
 from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
 
 EAGLE_FORMAT = "eagle-draft-v1"
-
-
-@dataclass(frozen=True)
-class DraftCost:
-    """A draft forward's FLOPs, from terms read off its shapes once: reading the head through
-    transformers' get_output_embeddings at every draft call cost 0.1 ms a step
-    (results/reference/eagle_authors_overhead/)."""
-
-    dense: int  # weights every row multiplies
-    attention: int  # query width summed over layers: 4 x this per (row, key) pair (scores and values)
-    readout: int  # the head's weights, per row read out
-
-    def __call__(self, rows: int, context: int, logit_rows: int) -> float:
-        """One forward of `rows` rows after `context` cached ones, `logit_rows` of them read out."""
-        attended = rows * context + rows * (rows + 1) / 2
-        return 2.0 * self.dense * rows + 4.0 * self.attention * attended + 2.0 * self.readout * logit_rows
 
 
 def _one_layer_config(lm: LM):
@@ -135,7 +118,7 @@ class FeatureDraft(nn.Module):
     @cached_property
     def flops(self) -> DraftCost:
         """flops(rows, context, logit_rows): one forward's FLOPs (DraftCost)."""
-        return DraftCost(self.dense_params, self.layer.self_attn.o_proj.weight.shape[1], self.readout.weight.numel())
+        return DraftCost.of(self.dense_params, self.layer.self_attn.o_proj.weight.shape[1], self.readout.weight.numel())
 
     def accuracy(self) -> list[list[float]] | None:
         """acc[j][r]: how often rank r at depth j + 1 was the target's greedy token, on held-out text."""

@@ -40,8 +40,7 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaML
                                                       apply_rotary_pos_emb)
 
 from ..core.kv_cache import KVCache, cache_kwarg
-from ..core.lm import LM, TargetParts
-from .eagle_draft import DraftCost
+from ..core.lm import LM, DraftCost, TargetParts
 from ..core.weights_file import check_target, checkpoint_dir, load_state, read_config, read_state
 
 
@@ -136,7 +135,7 @@ class Eagle1Draft(nn.Module):
 
     @cached_property
     def flops(self) -> DraftCost:
-        return DraftCost(self.dense_params, self.layers[0].self_attn.o_proj.weight.shape[1] * len(self.layers),
+        return DraftCost.of(self.dense_params, self.layers[0].self_attn.o_proj.weight.shape[1] * len(self.layers),
                          self.readout.weight.numel())
 
     def accuracy(self):
@@ -247,7 +246,7 @@ class Eagle3Draft(nn.Module):
     @cached_property
     def flops(self) -> DraftCost:
         # fc is charged on every row, though drafted rows skip it: a bound, and fc is one of six matmuls
-        return DraftCost(self.dense_params + self.fc.weight.numel(), self.midlayer.self_attn.o_proj.weight.shape[1],
+        return DraftCost.of(self.dense_params + self.fc.weight.numel(), self.midlayer.self_attn.o_proj.weight.shape[1],
                          self.lm_head.weight.numel())
 
     def accuracy(self) -> list[list[float]] | None:
