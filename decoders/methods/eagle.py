@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from ..core.contract import PerTarget, check, check_step, decode_one
-from ..core.kv_cache import KVCache, causal_mask
+from ..core.kv_cache import KVCache, causal_mask, level_mask
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler
@@ -256,18 +256,17 @@ def static_plan(template: RankTree, depth: int, vocab: int, device: torch.device
         if not ask:
             break
         frontier = [placed[t] for t in ask]
-        tail = None
-        if d > 1:  # the root's children come from its features, fed already
-            tail = torch.zeros(len(frontier), fed + len(frontier), dtype=torch.bool)
-            for row, node in enumerate(frontier):
-                tail[row, [slot[a] for a in ancestors(parent, node)]] = True
-                tail[row, fed + row] = True
-                slot[node] = fed + row
-            fed += len(frontier)
-            tail = tail.to(device)
         width = min(max(slots[i - 1][1] for i in keep if parents[i] in ask) + 1, vocab)
         row = {t: r for r, t in enumerate(ask)}
         level = [i for i in keep if slots[i - 1][0] == d - 1 and parents[i] in row and slots[i - 1][1] < width]
+        if not level:  # every rank asked for lies past the draft vocabulary: nothing to feed or place
+            break
+        tail = None
+        if d > 1:  # the root's children come from its features, fed already
+            # over the tree rows fed so far (after the committed text): each row sees its ancestors and itself
+            tail = level_mask(fed, 0, [[slot[a] for a in ancestors(parent, node)] for node in frontier]).to(device)
+            slot.update((node, fed + r) for r, node in enumerate(frontier))
+            fed += len(frontier)
         at = {t: r for r, t in enumerate(previous)}
         levels.append(PlanLevel(
             depth=d - 1, frontier=torch.tensor(frontier, device=device),
@@ -275,9 +274,6 @@ def static_plan(template: RankTree, depth: int, vocab: int, device: torch.device
             width=width, picked=torch.tensor([row[parents[i]] * width + slots[i - 1][1] for i in level],
                                              dtype=torch.long, device=device),
             above=torch.tensor([placed[parents[i]] for i in level], dtype=torch.long, device=device)))
-        if not level:  # every rank asked for lies past the draft vocabulary: nothing to feed or place
-            levels.pop()
-            break
         for i in level:
             placed[i] = len(parent)
             parent.append(placed[parents[i]])
