@@ -504,9 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         written = rundir.write_report(Path(args.out), "forecast", table, md) if args.out else []
     except BenchError as e:
         fail(e)
-    print(md)
-    if written:
-        print(f"\nwrote {' and '.join(map(str, written))}", file=sys.stderr)
+    rundir.print_report(md, written)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -282,6 +283,13 @@ def write_report(out_dir: Path, name: str, table, md: str) -> list[Path]:
     write_atomic(csv, table.to_csv(index=False), hint)
     write_atomic(text, md + "\n", hint)
     return [csv, text]
+
+
+def print_report(md: str, written: list[Path]) -> None:
+    """A report's table on stdout, then where write_report put it (stderr), as every report command ends."""
+    print(md)
+    if written:
+        print(f"\nwrote {' and '.join(map(str, written))}", file=sys.stderr)
 
 
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
