@@ -15,6 +15,7 @@ are shared; only the forward differs (LM.forward here, the fast path; LM.forward
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Collection, ContextManager, Protocol, Sequence
 
@@ -116,21 +117,45 @@ def layout(cache_len: int, uncached: int, tree: TokenTree, side: SideBranch | No
     side branch, tree nodes after the root]. Both branches see every committed token; a tree node
     sees its own ancestors, a side token what side.mask allows; neither branch sees the other.
     Built in numpy and made tensors once: each of its ten tensor operations cost more than all of it."""
-    c, u, n = cache_len, uncached, len(tree)
-    s = len(side.tokens) if side is not None else 0
-    q = u + s + n - 1
-    mask = np.zeros((q, c + q), dtype=np.bool_)
+    if side is None:  # the new tokens' block depends on the tree's shape alone, which static trees repeat
+        block, offsets = tree_block(uncached, tuple(tree.parents))
+    else:
+        block, offsets = new_block(uncached, tuple(tree.parents), tree.depths, side)
+    c, q = cache_len, len(offsets)
+    mask = np.empty((q, c + q), dtype=np.bool_)
     mask[:, :c] = True
-    mask[:u, c:c + u] = np.tri(u, dtype=np.bool_)
-    mask[u:, c:c + u] = True
-    mask[u + s:, c + u + s:] = ancestor_rows(tuple(tree.parents))[1:, 1:]
-    root = c + u - 1
-    positions = [np.arange(c, c + u)]
+    mask[:, c:] = block
+    return torch.from_numpy(mask), torch.from_numpy(offsets + c)
+
+
+def new_block(u: int, parents: tuple[int, ...], depths: Sequence[int], side: SideBranch | None
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """layout()'s mask over the new tokens only, (q, q), and their positions after the cache, (q,)."""
+    s = len(side.tokens) if side is not None else 0
+    q = u + s + len(parents) - 1
+    block = np.zeros((q, q), dtype=np.bool_)
+    block[:u, :u] = np.tri(u, dtype=np.bool_)
+    block[u:, :u] = True
+    block[u + s:, u + s:] = ancestor_rows(parents)[1:, 1:]
+    offsets = [np.arange(u)]
     if side is not None:
-        mask[u:u + s, c + u:c + u + s] = side.mask.numpy()
-        positions.append(root + side.offsets.numpy())
-    positions.append(root + np.asarray(tree.depths[1:], dtype=np.int64))
-    return torch.from_numpy(mask), torch.from_numpy(np.concatenate(positions).astype(np.int64, copy=False))
+        block[u:u + s, u:u + s] = side.mask.numpy()
+        offsets.append(u - 1 + side.offsets.numpy())
+    offsets.append(u - 1 + np.asarray(depths[1:], dtype=np.int64))
+    return block, np.concatenate(offsets).astype(np.int64, copy=False)
+
+
+@functools.lru_cache(maxsize=256)
+def tree_block(u: int, parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """new_block() without a side branch, cached by shape, read-only. After a forward the caches are
+    cold, and building the block cost a static tree (Medusa's, Sequoia's, recycling's) 40-50 us of
+    the 80-100 a layout took (scripts/step_overhead.py's `overhead: feed`)."""
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    block, offsets = new_block(u, parents, depths, None)
+    block.flags.writeable = offsets.flags.writeable = False  # shared by every caller of the cache
+    return block, offsets
 
 
 @dataclass
