@@ -19,6 +19,13 @@ renders them; a warm-up generation first), greedy, in one process. The loop's re
 Prints ms per step by region (medians over the prompts' per-step means) and writes
 DIR/step_overhead.csv (with the device, threads and dtype) and DIR/provenance.json. The hf_*
 peers run transformers' generate() and are left out.
+
+On CUDA it also counts the host's waits for the device (`syncs_per_step`): one more generation of
+the first prompt, untimed (the timers' own torch.cuda.synchronize calls switched off, so what is
+counted is the method's), under torch.cuda.set_sync_debug_mode("warn"), which warns at every
+operation that synchronises (a read of a device value: .item(), .tolist(), a bool test, nonzero, a
+copy to pageable host memory); DIR/syncs.csv names the lines of code that waited and how often
+per step. The goal (issue 42, item 3) is one per step: the read of what was accepted.
 """
 from __future__ import annotations
 
@@ -28,7 +35,8 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -108,6 +116,25 @@ def instrument(clock: Clock, lm) -> None:
     Tracer.target = flagged
 
 
+@contextmanager
+def sync_counter():
+    """Counter of the code lines that made the host wait for a CUDA device, by "path:line", while
+    the block runs. Each synchronising operation warns under set_sync_debug_mode("warn"); the
+    warning is attributed to the Python line that called it."""
+    sites = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            for w in caught:
+                if "synchroniz" in str(w.message):
+                    path = Path(w.filename)
+                    sites[f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{w.lineno}"] += 1
+
+
 def per_step(gen, spent: dict) -> dict:
     steps = gen.steps
     n = len(steps)
@@ -121,19 +148,29 @@ def per_step(gen, spent: dict) -> dict:
             **{k: 1e3 * v / n for k, v in ms.items()}}
 
 
+def untrained(decoder: str) -> list[str]:
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+    from big_target import UNTRAINED
+    return ["draft.layers=1", "draft.adapter=null", *UNTRAINED.get(decoder, [])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decoders", default="all", help="comma-separated, or all (the hf_* peers left out)")
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, help="directory for step_overhead.csv")
+    parser.add_argument("--untrained", action="store_true",
+                        help="random drafts and heads in the published layouts, as the GPU kit's big target has "
+                             "(for a model no shipped add-on fits, e.g. tiny-random)")
     args, overrides = parser.parse_known_args()
     every = [d for d in decoder_configs() if not d.startswith("hf_")]
     names = every if args.decoders == "all" else args.decoders.split(",")
     if unknown := [d for d in names if d not in every]:
         parser.error(f"unknown decoders {', '.join(unknown)}; allowed: {', '.join(every)}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides]) for d in names}
+        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides,
+                                                 *(untrained(d) if args.untrained else [])]) for d in names}
     cfg = next(iter(specs.values()))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -147,7 +184,10 @@ def main() -> None:
     print(where)
     clock = Clock(lm.sync)
     instrument(clock, lm)
-    rows = []
+    rows, sync_rows = [], []
+    untimed = lambda: None  # noqa: E731
+    if lm.device.type != "cuda":
+        print("syncs per step: not counted (torch.cuda.set_sync_debug_mode needs a CUDA device)")
     for name, spec in specs.items():
         decoder = build(spec.decoder, "decoder")
         if isinstance(decoder, LoadsAddOns):
@@ -165,15 +205,32 @@ def main() -> None:
         row = {"decoder": name, **{k: statistics.median(m[k] for m in measured)
                                    for k in ("steps", "tokens_per_step", *REGIONS)}}
         row["overhead_total"] = sum(row[k] for k in REGIONS if k.startswith("overhead"))
+        syncs = ""
+        if lm.device.type == "cuda":
+            foresee(decoder, lm, ids[0], args.max_new_tokens, lm.stop_ids)
+            lm.sync = clock.sync = untimed  # the Tracer's and this script's timers: their waits are not the method's
+            try:
+                with sync_counter() as sites:
+                    gen = decoder.generate(lm, ids[0], args.max_new_tokens, Sampling(), lm.stop_ids)
+            finally:
+                del lm.sync
+                clock.sync = lm.sync
+            row["syncs_per_step"] = sum(sites.values()) / len(gen.steps)
+            sync_rows += [{"decoder": name, "site": site, "per_step": n / len(gen.steps)}
+                          for site, n in sites.most_common()]
+            syncs = f"  syncs {row['syncs_per_step']:.1f}"
         rows.append(row)
         print(f"{name:15s} " + "  ".join(f"{k} {row[k]:6.2f}" for k in ("target: harness", "overhead_total",
-                                                                          *REGIONS[3:])) + " ms/step", flush=True)
+                                                                          *REGIONS[3:])) + " ms/step" + syncs,
+              flush=True)
     table = pd.DataFrame(rows)
     print("\n" + table.to_markdown(index=False, floatfmt=".2f"))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         table.assign(where=where).to_csv(args.out / "step_overhead.csv", index=False)
         (args.out / "provenance.json").write_text(json.dumps(info, indent=2) + "\n")
+        if sync_rows:
+            pd.DataFrame(sync_rows).to_csv(args.out / "syncs.csv", index=False)
         print(f"\nwrote {args.out / 'step_overhead.csv'}", file=sys.stderr)
 
 

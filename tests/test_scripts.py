@@ -386,3 +386,25 @@ def test_step_overhead_splits_the_step_by_region(tmp_path):
     assert lookahead["overhead: rest"] >= 0 and lookahead["target: model"] > lookahead["target: harness"]
     bad = run_script("step_overhead.py", "--decoders", "hf_generate")
     assert bad.returncode == 2 and "unknown decoders hf_generate" in bad.stderr
+    assert "syncs per step: not counted" in out.stdout and not (tmp_path / "syncs.csv").exists()
+
+
+def test_sync_counter_counts_the_device_waits_by_line(monkeypatch):
+    """step_overhead.sync_counter, which the GPU kit reads for issue 42's one wait per step: every
+    synchronising operation's warning counted at the line that made it, other warnings not, and the
+    debug mode set for the block only. (On a CPU no operation warns: the warnings are made here.)"""
+    import warnings
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import step_overhead
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    with step_overhead.sync_counter() as sites:
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation")  # one line, three waits
+        warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("an unrelated warning")
+    assert modes == ["warn", "default"]
+    assert sorted(sites.values()) == [1, 3]
+    assert all(site.startswith("tests/test_scripts.py:") for site in sites)

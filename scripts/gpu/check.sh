@@ -8,11 +8,14 @@
 #                forward cost curve for 1..64 new tokens (eager) and the step against its floor
 #   4. big       scripts/gpu/big_target.py: every decoder on that target, two Spec-Bench
 #                questions each with check_lossless: ties, time split per step, peak memory
-#   5. pytest    pytest -m "cuda and not slow": every decoder on tiny-random in fp16 and bf16 at
+#   5. syncs     scripts/step_overhead.py --untrained on tiny-random (a nearly free forward): each
+#                method's own ms per step outside the forwards, and how often a step makes the host
+#                wait for the device, by line of code (issue 42: one wait per step)
+#   6. pytest    pytest -m "cuda and not slow": every decoder on tiny-random in fp16 and bf16 at
 #                batch 1 and 4 with check_lossless, the half-precision slice, training for a step
 #                (last: its 115 tests may be cut off by the limit, the big check must not be)
-#   6. compiled  with COMPILED=1 only (minutes more): the cost curve again with model.compile=inductor
-# STAGES="env probe big" (say) runs only those, in this order; the default is env profile big pytest.
+#   7. compiled  with COMPILED=1 only (minutes more): the cost curve again with model.compile=inductor
+# STAGES="env probe big" (say) runs only those, in this order; the default is env profile big syncs pytest.
 # Writes to $OUT: summary.md (each stage's end), log.txt (everything), gpu_check.tar.gz (all
 # files); copy them into results/reference/gpu/<date>/ here.
 #
@@ -31,13 +34,13 @@ exec > >(tee -a "$out/log.txt") 2>&1
 
 if [ "$mode" = gpu ]; then
   device=cuda; shape=vicuna-7b; xdist=12; tokens=64; repeats=5; limit=2; new=32
-  # pytest, profile, big, compiled, probe: seconds (on an H100 on 2026-11-26, 115 tests took about 200 s,
-  # the profile 35, each decoder on the 7B shape about 15, and the compile more than 90; on an H200 the
-  # 14 decoders took 204 s, near the old 220)
-  limits=(200 60 260 150 150)
+  # pytest, profile, big, compiled, probe, syncs: seconds (on an H100 on 2026-11-26, 115 tests took about
+  # 200 s, the profile 35, each decoder on the 7B shape about 15, and the compile more than 90; on an H200
+  # the 14 decoders took 204 s, near the old 220; syncs is 15 decoders on a tiny model, 33 s on a CPU)
+  limits=(200 60 260 150 150 90)
 else
   device=cpu; shape=tiny; xdist=0; tokens=64; repeats=1; limit=1; new=4
-  limits=(120 120 300 1 120)   # compiled is not run on the CPU (test_compile.py covers it)
+  limits=(120 120 300 1 120 120)   # compiled is not run on the CPU (test_compile.py covers it)
 fi
 
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
@@ -57,7 +60,7 @@ else
 fi
 
 summary=$work/summary.md
-stages=" ${STAGES:-env profile big pytest} "
+stages=" ${STAGES:-env profile big syncs pytest} "
 [ "${COMPILED:-0}" = 1 ] && stages+="compiled "
 stage() {  # stage NAME LIMIT COMMAND...: its output in NAME.log, its exit code and time in summary.md
   local name=$1 limit=$2 start=$SECONDS rc
@@ -83,10 +86,13 @@ stage probe "${limits[4]}" python3 scripts/gpu/step_probe.py --shape "$shape" --
   "${tokenizer[@]}" device=$device
 # shellcheck disable=SC2046  # big_target.py prints the shape's overrides, one per line
 mapfile -t model < <(python3 scripts/gpu/big_target.py --shape "$shape" --print-model "${tokenizer[@]}")
+mapfile -t tiny < <(python3 scripts/gpu/big_target.py --shape tiny --print-model "${tokenizer[@]}")
 stage profile "${limits[1]}" python3 scripts/profile_device.py --max-tokens "$tokens" --repeats "$repeats" \
   --paths none --out "$work/profile" "${model[@]}" device=$device
 stage big "${limits[2]}" python3 scripts/gpu/big_target.py --out "$work/big" --shape "$shape" --limit "$limit" \
   --max-new-tokens "$new" "${tokenizer[@]}" device=$device
+stage syncs "${limits[5]}" python3 scripts/step_overhead.py --untrained --prompts "$limit" --max-new-tokens "$new" \
+  --out "$work/syncs" "${tiny[@]}" dataset=spec_bench device=$device
 stage pytest "${limits[0]}" python3 -m pytest -m "cuda and not slow" -n "$xdist" -p no:cacheprovider -q \
   --junitxml="$work/pytest.xml" tests/test_cuda.py tests/test_half_precision.py tests/test_device_placement.py
 if [ "$mode" = gpu ]; then  # past the 8 minutes: COMPILED=1 where time allows
