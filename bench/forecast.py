@@ -14,7 +14,8 @@ PROFILE is one of:
   <path>_vs_own_step, the causal unmasked step the baseline takes); between profiled sizes the cost
   is linear, past the largest a line fitted to the upper half (decoders.tuning.profile.step_cost,
   what the auto-tuners use); between contexts linear, outside them the nearest profiled context's.
-  The fast path: --path, else the profile's only one, else the run's own (its provenance.json).
+  The fast path: --path, else the profile's only one, else the run's own (its provenance.json;
+  uncompiled for the hf_* peers, whose generate() calls the model's own forward).
 - a roofline file (YAML or JSON): device, bandwidth_gb_s, peak_flops (FLOP/s), fixed_ms (per
   forward), bytes_per_param, and optionally step_overhead_ms. A forward of k tokens costs
   max(weight bytes / bandwidth, FLOPs / peak) + fixed_ms, weights and FLOPs from the run's
@@ -226,15 +227,16 @@ def load_profile(path: Path) -> Profile:
                    step_overhead_ms=float(overhead) if overhead is not None else None, drafts=drafts)
 
 
-def pick_path(curves: dict[str, Curve], info: dict, chosen: str | None, where: Path) -> str:
-    """--path if given; else the profile's only path; else the run's own fast path (provenance.json)."""
+def pick_path(curves: dict[str, Curve], info: dict, chosen: str | None, where: Path, compiled: bool = True) -> str:
+    """--path if given; else the profile's only path; else the run's own fast path (provenance.json),
+    compiled where the run's was and `compiled` allows."""
     if chosen is not None:
         if chosen not in curves:
             raise BenchError(f"--path {chosen} is not in {where} (it profiles {', '.join(curves)})")
         return chosen
     if len(curves) == 1:
         return next(iter(curves))
-    suffix = "+inductor" if info.get("compile") == "inductor" else ""
+    suffix = "+inductor" if compiled and info.get("compile") == "inductor" else ""
     wanted = ["none"]
     if info.get("fast_path") == "prepacked":
         rows = info.get("packed_min_rows")
@@ -292,7 +294,10 @@ class Prices:
 
 def target_prices(run: Run, profile: Profile, fast_path: str | None) -> Prices:
     if profile.roofline is None:
-        label = pick_path(profile.curves, run.info, fast_path, profile.source)
+        # transformers' generate (the hf_* peers) calls the model's own forward: the fast path's linear
+        # layers, never the compiled step
+        eager = run.records[0]["decoder"].startswith("hf_")
+        label = pick_path(profile.curves, run.info, fast_path, profile.source, compiled=not eager)
         return Prices(profile.curves[label].forward_ms, label, overhead_ms=profile.step_overhead_ms)
     spec = run.info.get("model_flops_spec")
     if not spec:

@@ -232,6 +232,24 @@ def test_a_kernel_run_takes_the_kernel_curve(tmp_path):
     assert fc.pick_path(curves, {"fast_path": "kernel", "dtype": "float32"}, None, tmp_path) == "kernel"
     compiled = {"fast_path": "kernel", "dtype": "float32", "compile": "inductor"}
     assert fc.pick_path(curves, compiled, None, tmp_path) == "kernel+inductor"
+    assert fc.pick_path(curves, compiled, None, tmp_path, compiled=False) == "kernel"
+
+
+def test_transformers_generate_is_priced_at_the_eager_curve_in_a_compiled_run(tmp_path):
+    """hf_* peers call the model's own forward, never the compiled step: a compiled leaderboard's
+    hf_pld entry takes the run's fast path uncompiled, its other entries the compiled curve."""
+    board = leaderboard(tmp_path)
+    write_run(board / "ds" / "hf_pld", [
+        record("A", "hf_pld", [step(4, 0, 1), step(3, 4, 3)], 4),
+        record("B", "hf_pld", [step(2, 0, 1), step(2, 2, 1)], 2)])
+    (board / "provenance.json").write_text(json.dumps({**PROVENANCE, "compile": "inductor"}))
+    profile_dir = tmp_path / "p"
+    profile_dir.mkdir()
+    pd.DataFrame({"tokens": [1, 2, 3, 4], "none_ms": [10.0, 14, 16, 18], "none+inductor_ms": [5.0, 7, 8, 9]}
+                 ).to_csv(profile_dir / "profile.csv", index=False)
+    table = run_forecast(board, profile_dir)
+    assert table.loc["tree", "target_source"] == "none+inductor" and table.loc["hf_pld", "target_source"] == "none"
+    assert table.loc["hf_pld", "target_ms"] == pytest.approx((16 + 14) / 2)
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
