@@ -386,7 +386,7 @@ def compare(args) -> pd.DataFrame:
         lm.set_fast_path(args.fast_path)
         ea = load_authors(Path(tmp) / "target", Path(tmp) / "draft")
         node = OmegaConf.merge(OmegaConf.load(REPO / "conf" / "decoder" / "eagle.yaml"),
-                               {"draft_weights": str(Path(tmp) / "draft"), "tree": TREE})
+                               {"draft_weights": str(Path(tmp) / "draft"), "tree": TREE, "cache_dir": None})
         decoder = build(node, "decoder")
         load_addons(decoder, lm)  # reads the draft file, as a run does before timing
         draft = decoder.load_addons(lm)

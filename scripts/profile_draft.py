@@ -1,8 +1,9 @@
 """One depth of an EAGLE draft's drafting, timed on this device: k rows through the feature draft
 after `context` cached positions, then its readout, log-softmax and top-k, as FeatureDraftProposer
-does at every depth; k = 1..--max-tokens. Written where bench.forecast reads a run's draft
-(PROFILE/draft-<label>/profile.csv: context, tokens, <fast path>_ms), so a forecast prices the draft
-in the profiled dtype and kernels instead of scaling the run's measured draft time by the target's.
+does at every depth; k = 1..--max-tokens (eagle_draft.depth_seconds, which EAGLE's tree_size=auto
+also weighs). Written where bench.forecast reads a run's draft (PROFILE/draft-<label>/profile.csv:
+context, tokens, <fast path>_ms), so a forecast prices the draft in the profiled dtype and kernels
+instead of scaling the run's measured draft time by the target's.
 
     python scripts/profile_draft.py PROFILE --labels eagle,eagle-8,eagle-static [--max-tokens 32]
         [--context 64,256] [--repeats 7] [hydra overrides: dtype=..., threads=..., decoder overrides]
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -33,8 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import provenance  # noqa: E402
 from bench.runner import build, load_addons  # noqa: E402
-from decoders.core.kv_cache import KVCache, causal_mask  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
+from decoders.methods.eagle_draft import depth_seconds  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -59,53 +57,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def median_seconds(op, repeats: int, device: torch.device, before=lambda: None) -> float:
-    """Median seconds of op(), each call after an untimed before()."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    op()  # warm-up
-    times = []
-    for _ in range(repeats):
-        before()
-        sync()
-        start = time.perf_counter()
-        op()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-@torch.inference_mode()
-def level_curve(lm, draft, top_k: int, context: int, max_tokens: int, repeats: int) -> list[float]:
-    """Seconds of one drafting depth of k = 1..max_tokens rows after `context` cached positions."""
-    prompt = torch.randint(0, lm.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
-    cache = lm.new_cache()
-    _, feats = lm.forward(prompt, cache, features=draft.reads)  # the target's features, as at a prefill
-    dcache = KVCache(DynamicCache())  # the draft's own cache, as FeatureDraftProposer keeps it
-    dtype = draft.dtype
-    g = draft(draft.from_target(feats.to(dtype)).to(dtype), torch.tensor(prompt, device=feats.device),
-              torch.arange(context), causal_mask(context, 0), dcache)  # (context, d): predicted features
-    vocab = draft.vocab.to(g.device)
-    target_step = torch.tensor([prompt[-1]])
-
-    def target_forward():  # what precedes drafting in a run: it takes the draft out of the caches
-        lm.forward(target_step, cache)
-        cache.crop(context)
-    curve = []
-    for k in range(1, max_tokens + 1):
-        rows = g[-1:].expand(k, -1).contiguous()  # (k, d): a depth's parents' features
-        tokens = vocab[torch.arange(k) % len(vocab)]
-        positions = torch.full((k,), context, device=g.device)
-        mask = torch.cat([torch.ones(k, context, dtype=torch.bool, device=g.device),
-                          torch.eye(k, dtype=torch.bool, device=g.device)], 1)
-
-        def depth():
-            out = draft(rows, tokens, positions, mask, dcache)
-            torch.log_softmax(draft.logits(out).float(), dim=-1).topk(min(top_k, len(vocab)), dim=-1)
-            dcache.crop(context)
-        curve.append(median_seconds(depth, repeats, g.device, before=target_forward))
-    return curve
-
-
 def main(argv=None) -> None:
     args, overrides = parse_args(argv)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -118,7 +69,7 @@ def main(argv=None) -> None:
     draft = decoder.load_addons(lm)
     rows = []
     for context in args.contexts:
-        curve = level_curve(lm, draft, decoder.top_k, context, args.max_tokens, args.repeats)
+        curve = depth_seconds(lm, draft, decoder.top_k, context, range(1, args.max_tokens + 1), args.repeats)
         rows += [{"context": context, "tokens": k, f"{lm.fast_path}_ms": 1e3 * s} for k, s in enumerate(curve, 1)]
     table = pd.DataFrame(rows)
     info = provenance.collect(lm)

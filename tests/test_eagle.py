@@ -67,7 +67,7 @@ def test_every_node_is_a_fresh_causal_run_along_its_path(tree, top_k, seed):
     lm = tiny_lm(seed=seed)
     draft = new_draft(lm, seed=seed + 1)
     template = Eagle(draft_weights=None, tree="static", tree_size=12, depth=4,
-                     top_k=top_k).static_tree_for(draft)[1] if tree == "static" else None
+                     top_k=top_k).static_tree_for(draft, 12, 4)[0] if tree == "static" else None
     proposer, sequence, feats, tokens = prefilled(lm, draft, [3, 9, 4, 1, 7][:2 + seed], tree=tree, tree_size=12,
                                                   depth=4, top_k=top_k, template=template)
     proposal = proposer.propose(sequence, 10)
@@ -308,3 +308,39 @@ def test_negative_control_eagle_with_a_wrong_verifier_is_rejected(stat_model, mo
     counts, hit_share = sample_counts(lambda s: decoder.generate(lm, prompt, LENGTH, s, set()), kwargs, N_CONTROL)
     assert hit_share > 0
     assert chi2_pvalue(counts, exact_joint(lm, prompt, Sampling(**kwargs))) < ALPHA
+
+
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_eagle_auto_size_on_a_model_reports_its_choice(tmp_path, monkeypatch, tree):
+    """tree_size=auto: the size and depth weighed for this device (tuning/tree_size.choose_size over
+    the latency profile and one drafting depth, timed), reported, and the tree verified; output exact."""
+    import decoders.methods.eagle as eagle_module
+    from decoders.methods.autoregressive import autoregressive_decode
+
+    lm = tiny_lm(seed=0)
+    chosen = []
+    choose = eagle_module.choose_size
+
+    def spy(*args):
+        chosen.append(choose(*args))
+        return chosen[-1]
+    monkeypatch.setattr(eagle_module, "choose_size", spy)
+    eagle = Eagle(draft_weights=None, draft_seed=1, tree=tree, tree_size="auto", auto_sizes=[2, 6, 12], depth=4,
+                  top_k=3, cache_dir=str(tmp_path))
+    greedy = Sampling()
+    gen = eagle.generate(lm, [1, 2, 3], 12, greedy, set())
+    assert gen.tokens == autoregressive_decode(lm, [1, 2, 3], 12, greedy, set()).tokens
+    size, info, table = chosen[0]
+    assert [row["tree_size"] for row in table] == [2, 6, 12] and eagle.tuning["tree_size"] == size
+    assert eagle.tuning["auto"] and eagle.tuning["depth_cost"] > 0 and eagle.tuning["depth"] == info["depth"]
+    for row in table:  # a drafting depth is paid once per depth of the size's tree
+        assert row["draft_cost"] == pytest.approx(row["depth"] * eagle.tuning["depth_cost"])
+    assert max(step.forward_tokens for step in gen.steps[1:]) <= size + 1
+    assert max(step.info["draft_depth"] for step in gen.steps[1:] if step.info) <= info["depth"]
+    assert list((tmp_path / "latency").glob("*.json"))  # the profile, cached
+    eagle.generate(lm, [4, 5], 4, greedy, set())
+    assert len(chosen) == 1  # chosen once per draft
+    with pytest.raises(ValueError, match="tree_size must be an integer >= 1 or auto"):
+        Eagle(tree_size="big")
+    with pytest.raises(ValueError, match="auto_sizes"):
+        Eagle(auto_sizes=[])

@@ -21,7 +21,8 @@ from decoders.methods.draft_model import SelfDraft
 from bench.prompts import render
 from decoders.methods.heads import Heads, heads_for, load_heads, new_heads, restrict_readout, save_heads
 from decoders.core.tree import best_paths, prior_accuracy, rank_tree
-from decoders.methods.medusa import Medusa, choose_size, expected_tokens, typical_accept
+from decoders.methods.medusa import Medusa, typical_accept
+from decoders.tuning.tree_size import choose_size, expected_tokens
 from decoders.methods.ngram_lm import NgramLM
 from decoders.core.sampling import Sampler, Sampling
 from decoders.core.tree import TokenTree
@@ -322,14 +323,14 @@ def test_medusa_auto_size_is_the_most_tokens_per_unit_of_time(slope, heads_cost,
         return 1.0 + slope * (k - 1)
 
     sizes = [1, 2, 4, 8, 16, 32]
-    size, info, table = choose_size(ACCURACY, 3, sizes, cost, heads_cost)
+    size, info, table = choose_size(ACCURACY, 3, sizes, cost, lambda depth: heads_cost)
     assert size == expected_size and [row["tree_size"] for row in table] == sizes
     for row in table:  # each forecast is the tree's own: the root (+1) and the heads in the cost
         paths = best_paths(ACCURACY, row["tree_size"], 3)
         assert row["expected_tokens"] == expected_tokens(ACCURACY, paths)
         assert row["step_cost"] == cost(row["tree_size"] + 1) + heads_cost
     assert info["predicted_speedup"] == max(row["predicted_speedup"] for row in table)
-    assert info["heads_cost"] == heads_cost
+    assert info["draft_cost"] == heads_cost
 
 
 def test_medusa_auto_size_on_a_model_reports_its_choice(tmp_path):

@@ -15,12 +15,18 @@ Trees (`tree`):
   likely under the draft's per-depth rank accuracy measured at training (stored in the file;
   a generic prior without one).
 
+`tree_size=auto` sizes either tree for this device, as Medusa's does (tuning/tree_size.py): of
+`auto_sizes`, the size whose static tree forecasts the most tokens per unit of time, a step costing
+a forward of size + 1 tokens (the cached latency profile) plus one drafting depth of `top_k` rows
+(eagle_draft.depth_seconds, timed at load) per depth of that tree; the depth drafted is that tree's.
+
 Candidates are deterministic (top-k), so greedy is exact and sampling uses
 deterministic-candidate acceptance, which keeps the target's distribution; verification does not
 depend on the draft vocabulary.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -34,7 +40,9 @@ from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler
 from ..core.tree import (RankTree, TokenTree, ancestors, best_paths, given_paths, prior_accuracy, published_trees,
                          rank_tree)
-from .eagle_draft import DRAFT_DTYPES, FeatureDraft, draft_for
+from ..tuning.profile import forward_latency, step_cost
+from ..tuning.tree_size import choose_size
+from .eagle_draft import DRAFT_DTYPES, FeatureDraft, depth_seconds, draft_for
 
 _ROOT = torch.zeros(1, dtype=torch.long)  # the root's node index, as FeatureDraftProposer.fed lists nodes
 
@@ -288,8 +296,10 @@ class Eagle:
     draft_weights: str | None = "adapters/smollm2-135m-eagle.safetensors"
     draft_seed: int | None = None  # draft_weights=null: a random draft from this seed (exactness tests)
     tree: Any = "dynamic"  # dynamic (EAGLE-2) | static (EAGLE-1) | mc_sim_7b_63 (EAGLE-1's own) | rank paths
-    tree_size: int = 24  # draft nodes verified (verification width - 1)
-    depth: int = 6  # deepest draft node
+    tree_size: Any = 24  # draft nodes verified (verification width - 1); auto: of auto_sizes, the best on this device
+    depth: int = 6  # deepest draft node (auto: the deepest it may choose)
+    auto_sizes: list = field(default_factory=lambda: [4, 8, 12, 16, 24, 32, 48])
+    cache_dir: str | None = None  # where tree_size=auto finds (or keeps) this device's latency profile
     top_k: int = 8  # dynamic: nodes expanded per depth and children per node; static: ranks per depth
     check_base: bool = True  # refuse a draft made for another base model (by the name its file records)
     draft_dtype: str | None = None  # the draft's own weights: None = the target's dtype, or one of DRAFT_DTYPES
@@ -297,47 +307,73 @@ class Eagle:
     _draft: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
 
     def __post_init__(self):
-        for key in ("tree_size", "depth", "top_k"):
+        for key in ("depth", "top_k"):
             check(key, getattr(self, key), at_least=1)
+        check("tree_size", self.tree_size, at_least=1, also=("auto",))
+        if not self.auto_sizes:
+            raise ValueError(f"decoder.auto_sizes must be a non-empty list of integers >= 1, got {self.auto_sizes!r}")
+        for value in self.auto_sizes:
+            check("auto_sizes[]", value, at_least=1)
         self._given = None if self.tree in ("dynamic", "static") else given_paths("tree", self.tree, "eagle")
         if self.tree not in ("dynamic", "static") and self._given is None:
             raise ValueError("decoder.tree must be dynamic, static, a tree its authors published ("
                              f"{', '.join(published_trees()['eagle'])}) or a list of rank paths, got {self.tree!r}")
         check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES), also=(None,))
-        size = len(self._given) if self._given is not None else self.tree_size
+        size = len(self._given) if self._given is not None else \
+            max(self.auto_sizes) if self.tree_size == "auto" else self.tree_size
         self.widest_step = check_step(1 + size, f"1 + tree size {size}")
         self.lossless = True
         self.tuning: dict = {}
-        self._static_tree = None  # (draft, the static tree built for it, its source)
+        self._static_tree = None  # (draft, size, depth, the static tree built for them, its source)
+        self._sized = None  # tree_size=auto: (draft, size, depth, what auto reports)
 
     def load_addons(self, lm: LM) -> FeatureDraft:
         """The draft, built before any timing (a bad file fails in one line)."""
         return self._draft.get(lm, lambda: draft_for(lm, self.draft_weights, self.draft_seed, self.check_base,
                                                       self.draft_dtype))
 
-    def static_tree_for(self, draft: FeatureDraft) -> tuple[FeatureDraft, RankTree, str]:
+    def accuracy(self, draft: FeatureDraft) -> tuple[list[list[float]], str]:
+        """acc[j][r] for depths <= `depth` and ranks < `top_k`: the draft's measured, else the prior."""
+        measured = draft.accuracy()
+        accuracy = [row[:self.top_k] for row in measured[:self.depth]] if measured else None
+        return (accuracy, "measured") if accuracy else (prior_accuracy(self.depth, self.top_k), "prior")
+
+    def sized(self, lm: LM, draft: FeatureDraft) -> tuple[int, int]:
+        """(tree_size, depth): as configured, or tree_size=auto's choice for this device (made once per draft)."""
+        if self.tree_size != "auto":
+            return self.tree_size, self.depth
+        if self._sized is None or self._sized[0] is not draft:
+            profile = forward_latency(lm, self.cache_dir, max_tokens=max(self.auto_sizes) + 1)
+            depth_cost = depth_seconds(lm, draft, self.top_k, 64, [self.top_k], 5)[0] / profile["autoregressive_s"]
+            size, info, _ = choose_size(self.accuracy(draft)[0], self.top_k, self.auto_sizes,
+                                        functools.partial(step_cost, profile), lambda depth: depth * depth_cost)
+            self._sized = (draft, size, info["depth"], {**info, "depth_cost": depth_cost})
+        return self._sized[1], self._sized[2]
+
+    def static_tree_for(self, draft: FeatureDraft, size: int, depth: int) -> tuple[RankTree, str]:
         """The static tree: given, or from the draft's measured accuracy, or the prior; and its source."""
         if self._given is not None:  # the authors' tree, or one given: tree_size / depth / top_k do not apply
-            return draft, rank_tree(self._given, "tree"), "published" if isinstance(self.tree, str) else "given"
-        if self._static_tree is None or self._static_tree[0] is not draft:
-            measured = draft.accuracy()
-            accuracy = [row[:self.top_k] for row in measured[:self.depth]] if measured else None
-            accuracy = accuracy or prior_accuracy(self.depth, self.top_k)
-            tree = rank_tree(best_paths(accuracy, self.tree_size, self.top_k))
-            self._static_tree = (draft, tree, "measured" if measured else "prior")
-        return self._static_tree
+            return rank_tree(self._given, "tree"), "published" if isinstance(self.tree, str) else "given"
+        if self._static_tree is None or self._static_tree[:3] != (draft, size, depth):
+            accuracy, source = self.accuracy(draft)
+            tree = rank_tree(best_paths(accuracy[:depth], size, self.top_k))
+            self._static_tree = (draft, size, depth, tree, source)
+        return self._static_tree[3:]
 
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         draft = self.load_addons(lm)
         template = None
-        kind, depth = ("dynamic" if self.tree == "dynamic" else "static"), self.depth
-        self.tuning = {"tree": self.tree if isinstance(self.tree, str) else "list", "tree_size": self.tree_size,
-                       "depth": self.depth, "top_k": self.top_k,
+        kind = "dynamic" if self.tree == "dynamic" else "static"
+        size, depth = self.sized(lm, draft)
+        self.tuning = {"tree": self.tree if isinstance(self.tree, str) else "list", "tree_size": size,
+                       "depth": depth, "top_k": self.top_k,
                        "draft_vocab": len(draft.vocab), "draft_dtype": str(draft.dtype).replace("torch.", "")}
+        if self.tree_size == "auto":
+            self.tuning.update(auto=True, **self._sized[3])
         if kind == "static":
-            _, template, source = self.static_tree_for(draft)
+            template, source = self.static_tree_for(draft, size, depth)
             depth = max((d + 1 for d, _ in template.slots), default=0)  # a given tree's own: it may pass self.depth
             self.tuning.update(source=source, tree_size=len(template.parents) - 1, depth=depth)
-        return FeatureDraftProposer(draft, kind, self.tree_size, depth, self.top_k, template), None
+        return FeatureDraftProposer(draft, kind, size, depth, self.top_k, template), None
 
     generate = decode_one  # one prompt through the shared loop

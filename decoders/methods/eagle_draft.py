@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
+import time
 from functools import cached_property
 from pathlib import Path
 from typing import Sequence
@@ -25,7 +27,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..core.kv_cache import KVCache, cache_kwarg
+from transformers import DynamicCache
+
+from ..core.kv_cache import KVCache, cache_kwarg, causal_mask
 from ..core.lm import LM, DraftCost, TargetParts
 from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
 
@@ -123,6 +127,46 @@ class FeatureDraft(nn.Module):
     def accuracy(self) -> list[list[float]] | None:
         """acc[j][r]: how often rank r at depth j + 1 was the target's greedy token, on held-out text."""
         return self.info.get("accuracy")
+
+
+@torch.inference_mode()
+def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequence[int], repeats: int) -> list[float]:
+    """Seconds of one drafting depth for each count in `rows`: that many rows through the draft after
+    `context` cached positions, then its readout, log-softmax and top-k, as FeatureDraftProposer does
+    at every depth; the median of `repeats` calls, each after an untimed one-token target forward (as
+    drafting follows verification in a run: timed back to back, the draft stays in the caches and
+    cost two thirds of its in-run time on a CPU). The draft's cache is filled from the target's own
+    features of a random prompt, as at a prefill."""
+    prompt = torch.randint(0, lm.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    cache = lm.new_cache()
+    _, feats = lm.forward(prompt, cache, features=draft.reads)
+    dcache = KVCache(DynamicCache())  # the draft's own cache, as FeatureDraftProposer keeps it
+    dtype = draft.dtype
+    g = draft(draft.from_target(feats.to(dtype)).to(dtype), torch.tensor(prompt, device=feats.device),
+              torch.arange(context), causal_mask(context, 0), dcache)  # (context, d): predicted features
+    vocab = draft.vocab.to(g.device)
+    step = torch.tensor([prompt[-1]])
+    sync = torch.cuda.synchronize if g.device.type == "cuda" else (lambda: None)
+    seconds = []
+    for k in rows:
+        parents = g[-1:].expand(k, -1).contiguous()  # (k, d): a depth's parents' features
+        tokens = vocab[torch.arange(k) % len(vocab)]
+        positions = torch.full((k,), context, device=g.device)
+        mask = torch.cat([torch.ones(k, context, dtype=torch.bool, device=g.device),
+                          torch.eye(k, dtype=torch.bool, device=g.device)], 1)
+        times = []
+        for i in range(repeats + 1):  # the first a warm-up
+            lm.forward(step, cache)  # what precedes drafting in a run: it takes the draft out of the caches
+            cache.crop(context)
+            sync()
+            start = time.perf_counter()
+            out = draft(parents, tokens, positions, mask, dcache)
+            torch.log_softmax(draft.logits(out).float(), dim=-1).topk(min(top_k, len(vocab)), dim=-1)
+            sync()
+            times.append(time.perf_counter() - start)
+            dcache.crop(context)
+        seconds.append(statistics.median(times[1:]))
+    return seconds
 
 
 def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = None) -> FeatureDraft:

@@ -20,7 +20,6 @@ min(posterior_threshold, posterior_alpha * exp(-entropy)); lossy, and flagged so
 from __future__ import annotations
 
 import functools
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,6 +32,7 @@ from ..core.lm import LM
 from ..core.sampling import Sampler
 from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, rank_tree
 from ..tuning.profile import forward_latency, step_cost
+from ..tuning.tree_size import choose_size, expected_tokens
 
 
 def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, threshold: float, alpha: float):
@@ -44,28 +44,6 @@ def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, thre
     bar = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))
     path = tree.longest_path(lambda node, child: bool(p[node, tree.tokens[child]] > bar[node]))
     return path, sampler.next_token(logits[path[-1]])
-
-
-def expected_tokens(accuracy: list[list[float]], paths) -> float:
-    """The forecast to set beside the measured mean_accepted_tokens: 1 (the bonus) + each path's
-    chance of acceptance (ranks of one head are exclusive events, heads taken as independent)."""
-    return 1.0 + sum(math.prod(accuracy[i][r] for i, r in enumerate(p)) for p in paths)
-
-
-def choose_size(accuracy, ranks: int, sizes, verify_cost: Callable[[int], float],
-                heads_cost: float) -> tuple[int, dict, list[dict]]:
-    """Of `sizes`, the tree size with the most forecast tokens per unit of time: a step costs
-    verify_cost(size + 1) (a forward of the tree and its root) + heads_cost, in autoregressive
-    steps, so predicted_speedup = expected tokens / that cost. Returns the size, what auto reports
-    (its forecast and the heads' cost) and the table it chose from."""
-    table = []
-    for size in sorted(set(sizes)):
-        expected = expected_tokens(accuracy, best_paths(accuracy, size, ranks))
-        cost = verify_cost(size + 1) + heads_cost
-        table.append({"tree_size": size, "expected_tokens": expected, "step_cost": cost,
-                      "predicted_speedup": expected / cost})
-    best = max(table, key=lambda row: row["predicted_speedup"])
-    return best["tree_size"], {"predicted_speedup": best["predicted_speedup"], "heads_cost": heads_cost}, table
 
 
 def heads_seconds(lm: LM, heads, repeats: int = 5) -> float:
@@ -143,8 +121,10 @@ class Medusa:
             accuracy = measured or prior_accuracy(heads.k, self.ranks_per_head)
             size = self.tree_size
             if size == "auto":
-                size, self.tuning, _ = choose_size(accuracy, self.ranks_per_head, self.auto_sizes,
-                                                   *self.costs(lm, heads))
+                verify_cost, heads_cost = self.costs(lm, heads)
+                size, info, _ = choose_size(accuracy, self.ranks_per_head, self.auto_sizes, verify_cost,
+                                            lambda depth: heads_cost)
+                self.tuning = {"predicted_speedup": info["predicted_speedup"], "heads_cost": heads_cost}
             paths = best_paths(accuracy, size, self.ranks_per_head)
             return paths, "measured" if measured else "prior", expected_tokens(accuracy, paths)
         paths = self._given
