@@ -19,7 +19,8 @@ plotted and in provenance.json's autoregressive_s); a single --context writes wh
 --interleave ROUNDS compares the paths side by side on a busy machine: each path on its own copy
 of the model, loaded and packed (and built: kernel_build_seconds) before any timing, then ROUNDS
 rounds, each visiting every path in turn (the order rotating) for one forward of every size; each
-size's median over the rounds (the *_ms columns; *_min_ms its fastest) is reported, nothing cached.
+size's median over the rounds (the *_ms columns; *_min_ms its fastest) is reported, nothing cached;
+with several --context values, the rounds of each context in turn.
 """
 from __future__ import annotations
 
@@ -104,8 +105,6 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
     if not all(c.strip().isdigit() and int(c) >= 1 for c in contexts):
         parser.error(f"--context {args.context}: give cached-token counts >= 1, comma-separated (e.g. 256,1024)")
     args.contexts = list(dict.fromkeys(int(c) for c in contexts))
-    if args.interleave and len(args.contexts) > 1:
-        parser.error("--interleave measures one --context")
     args.context = args.contexts[0]  # the one cached, plotted and in provenance.json's autoregressive_s
     return args, overrides, choices
 
@@ -176,21 +175,22 @@ def profile_interleaved(cfg, args: argparse.Namespace, choices: list[tuple[str, 
             continue
         models[path] = lm
         profiles.keys[path] = profile_key(lm)
-        profiles.rounds[path] = {k: [] for k in range(args.max_tokens + 1)}
     paths = list(models)
-    for r in range(args.interleave):
-        for path in paths[r % len(paths):] + paths[:r % len(paths)]:
-            samples = forward_samples(models[path], args.max_tokens, args.context, repeats=1, seed=r)
-            for k, seconds in samples.items():
-                profiles.rounds[path][k] += seconds
-        print(f"round {r + 1}/{args.interleave}: " + ", ".join(
-            f"{p} {statistics.median(profiles.rounds[p][0]) * 1e3:.1f} ms" for p in paths), flush=True)
-    for path in paths:
-        rounds = profiles.rounds[path]
-        profiles.curves[path] = [statistics.median(rounds[k]) for k in range(1, args.max_tokens + 1)]
-        profiles.fastest[path] = [min(rounds[k]) for k in range(1, args.max_tokens + 1)]
-        profiles.steps[path] = statistics.median(rounds[0])
-        profiles.fastest_steps[path] = min(rounds[0])
+    for c, context in enumerate(args.contexts):
+        into = profiles if c == 0 else profiles.other_contexts.setdefault(context, Profiles())
+        rounds = {path: {k: [] for k in range(args.max_tokens + 1)} for path in paths}
+        for r in range(args.interleave):
+            for path in paths[r % len(paths):] + paths[:r % len(paths)]:
+                samples = forward_samples(models[path], args.max_tokens, context, repeats=1, seed=r)
+                for k, seconds in samples.items():
+                    rounds[path][k] += seconds
+            print(f"context {context}, round {r + 1}/{args.interleave}: " + ", ".join(
+                f"{p} {statistics.median(rounds[p][0]) * 1e3:.1f} ms" for p in paths), flush=True)
+        for path in paths:
+            into.curves[path] = [statistics.median(rounds[path][k]) for k in range(1, args.max_tokens + 1)]
+            into.steps[path] = statistics.median(rounds[path][0])
+            into.fastest[path] = [min(rounds[path][k]) for k in range(1, args.max_tokens + 1)]
+            into.fastest_steps[path], into.rounds[path] = min(rounds[path][0]), rounds[path]
     return profiles, models[paths[0]]
 
 

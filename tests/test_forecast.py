@@ -339,16 +339,20 @@ def test_the_checked_in_leaderboard_on_a_cpu_profile():
 
 
 @pytest.mark.slow
-def test_a_profile_of_two_contexts_prices_a_run(tmp_path):
-    """scripts/profile_device.py --context 8,16 writes a block per context (a context column); the
-    forecast reads it, and python -m bench.forecast runs end to end."""
-    out = subprocess.run([sys.executable, "scripts/profile_device.py", "--max-tokens", "3", "--repeats", "1",
+@pytest.mark.parametrize("how", [["--repeats", "1"], ["--interleave", "2"]], ids=["fastest", "interleaved"])
+def test_a_profile_of_two_contexts_prices_a_run(tmp_path, how):
+    """scripts/profile_device.py --context 8,16 writes a block per context (a context column), as the
+    fastest of --repeats or as medians of --interleave rounds; the forecast reads it, and python -m
+    bench.forecast runs end to end."""
+    out = subprocess.run([sys.executable, "scripts/profile_device.py", "--max-tokens", "3", *how,
                           "--context", "8,16", "--paths", "none", "--out", str(tmp_path / "prof"),
                           "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / "prof" / "profile.csv")))
     assert [(r["context"], r["tokens"]) for r in rows] == [(c, k) for c in ("8", "16") for k in ("1", "2", "3")]
+    if "--interleave" in how:  # each context's medians, and its fastest round beside them
+        assert all(float(r["none_min_ms"]) <= float(r["none_ms"]) for r in rows)
     assert json.loads((tmp_path / "prof" / "provenance.json").read_text())["contexts"] == [8, 16]
     assert sorted(fc.read_curves(tmp_path / "prof" / "profile.csv")["none"].ms_by_context) == [8, 16]
     board = leaderboard(tmp_path)
