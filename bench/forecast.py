@@ -229,11 +229,12 @@ def load_profile(path: Path) -> Profile:
 
 def pick_path(curves: dict[str, Curve], info: dict, chosen: str | None, where: Path, compiled: bool = True) -> str:
     """--path if given; else the profile's only path; else the run's own fast path (provenance.json),
-    compiled where the run's was and `compiled` allows."""
+    compiled where the run's was. Where `compiled` is False, a compiled path's uncompiled twin if profiled."""
     if chosen is not None:
         if chosen not in curves:
             raise BenchError(f"--path {chosen} is not in {where} (it profiles {', '.join(curves)})")
-        return chosen
+        eager = chosen.removesuffix("+inductor")
+        return eager if not compiled and eager in curves else chosen
     if len(curves) == 1:
         return next(iter(curves))
     suffix = "+inductor" if compiled and info.get("compile") == "inductor" else ""

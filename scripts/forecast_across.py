@@ -7,11 +7,13 @@ item 3: fp32 records with the bf16 profile, and back).
 
 RUNS_DIR and MEASURED_DIR are leaderboard out_dirs over the same prompts (<dataset>/<entry>/records);
 PROFILE is what bench.forecast takes (a scripts/profile_device.py --out directory of the measured
-setting). Per (dataset, entry): the forecast speedup, the measured one (MEASURED_DIR/leaderboard.csv),
-their relative error and whether it is within the tolerance. Writes forecast_across.csv and .md to
---out; bad input ends in one line and exit code 2.
+setting); its path is the one the measured leaderboard ran (its provenance.json), else --path. Per
+(dataset, entry): the forecast speedup, the measured one (MEASURED_DIR/leaderboard.csv), their
+relative error and whether it is within the tolerance. Writes forecast_across.csv and .md to --out;
+bad input ends in one line and exit code 2.
 """
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -21,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import rundir  # noqa: E402
 from bench.errors import BenchError, fail  # noqa: E402
-from bench.forecast import find_runs, forecast, load_profile  # noqa: E402
+from bench.forecast import Profile, find_runs, forecast, load_profile, pick_path  # noqa: E402
 
 
 def measured_speedups(directory: Path) -> pd.DataFrame:
@@ -35,8 +37,21 @@ def measured_speedups(directory: Path) -> pd.DataFrame:
     return table[["dataset", "decoder", "speedup", "mean_accepted_tokens"]]
 
 
+def measured_path(measured: Path, profile: Profile) -> str | None:
+    """The profile's path for the fast path and compile the measured leaderboard ran (its provenance.json):
+    the setting forecast is the measured one, not the priced run's."""
+    try:
+        info = json.loads((measured / "provenance.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if profile.roofline is not None or not isinstance(info, dict):
+        return None
+    return pick_path(profile.curves, info, None, profile.source)
+
+
 def across(runs_dir: Path, profile: Path, measured: Path, path: str | None, tolerance: float) -> pd.DataFrame:
-    predicted = forecast(find_runs(runs_dir), load_profile(profile), path)
+    loaded = load_profile(profile)
+    predicted = forecast(find_runs(runs_dir), loaded, path or measured_path(measured, loaded))
     predicted = predicted.drop(columns="decoder").rename(columns={"run": "decoder"})[  # the entry label
         ["dataset", "decoder", "forecast_speedup", "mean_accepted_tokens", "target_source", "draft_source"]]
     table = predicted.merge(measured_speedups(measured), on=["dataset", "decoder"], how="inner",
@@ -57,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs_dir", help="the leaderboard whose records are priced")
     parser.add_argument("--profile", required=True, help="the other setting's profile (bench.forecast --profile)")
     parser.add_argument("--measured", required=True, help="the other setting's leaderboard out_dir")
-    parser.add_argument("--path", help="the profile's fast path (default: the run's)")
+    parser.add_argument("--path", help="the profile's fast path (default: the measured leaderboard's; the "
+                                       "hf_* peers take it uncompiled)")
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("--out")
     args = parser.parse_args(argv)

@@ -38,6 +38,28 @@ def test_forecast_against_the_other_settings_measured_speedup(tmp_path):
     assert not table.set_index("decoder").loc["tree", "within"]
 
 
+def test_the_path_is_the_measured_settings_and_hf_peers_take_it_uncompiled(tmp_path):
+    """The priced run ran eager; the measured one compiled (its provenance.json): the tree is priced at
+    the compiled curve, an hf_* peer (transformers' generate, never compiled) at its eager twin."""
+    import json
+
+    from test_forecast import record, step, write_run
+
+    board = leaderboard(tmp_path)
+    write_run(board / "ds" / "hf_pld", [record("A", "hf_pld", [step(4, 0, 1), step(3, 4, 3)], 4),
+                                       record("B", "hf_pld", [step(2, 0, 1), step(2, 2, 1)], 2)])
+    profile = tmp_path / "p"
+    profile.mkdir()
+    pd.DataFrame({"tokens": [1, 2, 3, 4], "none_ms": [10.0, 14, 16, 18], "none+inductor_ms": [5.0, 7, 8, 9]}
+                 ).to_csv(profile / "profile.csv", index=False)
+    measured = measured_board(tmp_path, 1.0)
+    pd.DataFrame({"decoder": ["autoregressive", "tree", "hf_pld"], "dataset": ["ds"] * 3, "speedup": [1.0] * 3,
+                  "mean_accepted_tokens": [1.0, 2.0, 2.0]}).to_csv(measured / "leaderboard.csv", index=False)
+    (measured / "provenance.json").write_text(json.dumps({"fast_path": "none", "compile": "inductor"}))
+    sources = fa.across(board, profile, measured, None, 0.10).set_index("decoder")["target_source"]
+    assert sources.to_dict() == {"autoregressive": "none+inductor", "hf_pld": "none", "tree": "none+inductor"}
+
+
 @pytest.mark.parametrize("case, expected", [
     ("no_table", "cannot read"),
     ("not_a_leaderboard", "lacks decoder, dataset or speedup"),
