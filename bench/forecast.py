@@ -231,10 +231,12 @@ def pick_path(curves: dict[str, Curve], info: dict, chosen: str | None, where: P
     """--path if given; else the profile's only path; else the run's own fast path (provenance.json),
     compiled where the run's was. Where `compiled` is False, a compiled path's uncompiled twin if profiled."""
     if chosen is not None:
+        eager = chosen.removesuffix("+inductor")
+        if not compiled and eager in curves:
+            return eager
         if chosen not in curves:
             raise BenchError(f"--path {chosen} is not in {where} (it profiles {', '.join(curves)})")
-        eager = chosen.removesuffix("+inductor")
-        return eager if not compiled and eager in curves else chosen
+        return chosen
     if len(curves) == 1:
         return next(iter(curves))
     suffix = "+inductor" if compiled and info.get("compile") == "inductor" else ""
@@ -329,7 +331,8 @@ def add_draft_prices(prices: Prices, run: Run, profile: Profile, fast_path: str 
         return prices
     if run.label in profile.drafts:
         curves = profile.drafts[run.label]
-        label = pick_path(curves, run.info, fast_path, profile.source / f"draft-{run.label}")
+        # the draft is never compiled (scripts/profile_draft.py): a compiled path's uncompiled twin
+        label = pick_path(curves, run.info, fast_path, profile.source / f"draft-{run.label}", compiled=False)
         curve = curves[label]
 
         def from_curve(t, i):

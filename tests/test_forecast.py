@@ -200,6 +200,10 @@ def test_draft_cost_from_the_profiles_draft_curve_else_measured_and_scaled(tmp_p
     write_profile(profile_dir / "draft-drafted", {1: 0.5, 2: 2 / 3, 3: 1.0})
     drafted = run_forecast(board, profile_dir).loc["drafted"]
     assert drafted["draft_source"] == "profile draft-drafted" and drafted["draft_ms"] == pytest.approx(2.0)
+    # a compiled target path asked for: the draft, never compiled, takes its profile's uncompiled curve
+    write_profile(profile_dir, PRICES, step_ms=10.0, path="none+inductor")
+    compiled = run_forecast(board, profile_dir, fast_path="none+inductor").loc["drafted"]
+    assert compiled["draft_source"] == "profile draft-drafted" and compiled["draft_ms"] == pytest.approx(2.0)
 
 
 def test_negative_control_slower_verification_hurts_the_tree_not_autoregressive(tmp_path):
