@@ -118,7 +118,7 @@ def layout(cache_len: int, uncached: int, tree: TokenTree, side: SideBranch | No
     sees its own ancestors, a side token what side.mask allows; neither branch sees the other.
     Built in numpy and made tensors once: each of its ten tensor operations cost more than all of it."""
     if side is None:  # the new tokens' block depends on the tree's shape alone, which static trees repeat
-        block, offsets = tree_block(uncached, tuple(tree.parents))
+        block, offsets = tree_block(uncached, tuple(tree.parents), tuple(tree.depths))
     else:
         block, offsets = new_block(uncached, tuple(tree.parents), tree.depths, side)
     c, q = cache_len, len(offsets)
@@ -146,13 +146,10 @@ def new_block(u: int, parents: tuple[int, ...], depths: Sequence[int], side: Sid
 
 
 @functools.lru_cache(maxsize=256)
-def tree_block(u: int, parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def tree_block(u: int, parents: tuple[int, ...], depths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """new_block() without a side branch, cached by shape, read-only. After a forward the caches are
     cold, and building the block cost a static tree (Medusa's, Sequoia's, recycling's) 40-50 us of
     the 80-100 a layout took (scripts/step_overhead.py's `overhead: feed`)."""
-    depths = [0] * len(parents)
-    for i in range(1, len(parents)):
-        depths[i] = depths[parents[i]] + 1
     block, offsets = new_block(u, parents, depths, None)
     block.flags.writeable = offsets.flags.writeable = False  # shared by every caller of the cache
     return block, offsets
