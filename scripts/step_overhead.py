@@ -148,10 +148,11 @@ def per_step(gen, spent: dict) -> dict:
             **{k: 1e3 * v / n for k, v in ms.items()}}
 
 
-def untrained(decoder: str) -> list[str]:
+def untrained() -> dict[str, list[str]]:
+    """Per decoder, the overrides for random add-ons in the published layouts (the GPU kit's big target's)."""
     sys.path.insert(0, str(REPO / "scripts" / "gpu"))
     from big_target import UNTRAINED
-    return ["draft.layers=1", "draft.adapter=null", *UNTRAINED.get(decoder, [])]
+    return {d: ["draft.layers=1", "draft.adapter=null", *UNTRAINED.get(d, [])] for d in decoder_configs()}
 
 
 def main() -> None:
@@ -169,8 +170,8 @@ def main() -> None:
     if unknown := [d for d in names if d not in every]:
         parser.error(f"unknown decoders {', '.join(unknown)}; allowed: {', '.join(every)}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides,
-                                                 *(untrained(d) if args.untrained else [])]) for d in names}
+        extra = untrained() if args.untrained else {}
+        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides, *extra.get(d, [])]) for d in names}
     cfg = next(iter(specs.values()))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

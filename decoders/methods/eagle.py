@@ -41,7 +41,7 @@ from ..core.sampling import Sampler
 from ..core.tree import (RankTree, TokenTree, ancestors, best_paths, given_paths, prior_accuracy, published_trees,
                          rank_tree)
 from ..tuning.profile import forward_latency, step_cost
-from ..tuning.tree_size import choose_size
+from ..tuning.tree_size import check_sizes, choose_size
 from .eagle_draft import DRAFT_DTYPES, FeatureDraft, depth_seconds, draft_for
 
 _ROOT = torch.zeros(1, dtype=torch.long)  # the root's node index, as FeatureDraftProposer.fed lists nodes
@@ -309,18 +309,13 @@ class Eagle:
     def __post_init__(self):
         for key in ("depth", "top_k"):
             check(key, getattr(self, key), at_least=1)
-        check("tree_size", self.tree_size, at_least=1, also=("auto",))
-        if not self.auto_sizes:
-            raise ValueError(f"decoder.auto_sizes must be a non-empty list of integers >= 1, got {self.auto_sizes!r}")
-        for value in self.auto_sizes:
-            check("auto_sizes[]", value, at_least=1)
+        widest = check_sizes(self.tree_size, self.auto_sizes)
         self._given = None if self.tree in ("dynamic", "static") else given_paths("tree", self.tree, "eagle")
         if self.tree not in ("dynamic", "static") and self._given is None:
             raise ValueError("decoder.tree must be dynamic, static, a tree its authors published ("
                              f"{', '.join(published_trees()['eagle'])}) or a list of rank paths, got {self.tree!r}")
         check("draft_dtype", self.draft_dtype, one_of=tuple(DRAFT_DTYPES), also=(None,))
-        size = len(self._given) if self._given is not None else \
-            max(self.auto_sizes) if self.tree_size == "auto" else self.tree_size
+        size = len(self._given) if self._given is not None else widest
         self.widest_step = check_step(1 + size, f"1 + tree size {size}")
         self.lossless = True
         self.tuning: dict = {}

@@ -32,7 +32,7 @@ from ..core.lm import LM
 from ..core.sampling import Sampler
 from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, rank_tree
 from ..tuning.profile import forward_latency, step_cost
-from ..tuning.tree_size import choose_size, expected_tokens
+from ..tuning.tree_size import check_sizes, choose_size, expected_tokens
 
 
 def typical_accept(tree: TokenTree, logits: torch.Tensor, sampler: Sampler, threshold: float, alpha: float):
@@ -83,11 +83,7 @@ class Medusa:
     def __post_init__(self):
         for key in ("num_heads", "ranks_per_head"):
             check(key, getattr(self, key), at_least=1)
-        check("tree_size", self.tree_size, at_least=1, also=("auto",))
-        if not self.auto_sizes:
-            raise ValueError(f"decoder.auto_sizes must be a non-empty list of integers >= 1, got {self.auto_sizes!r}")
-        for value in self.auto_sizes:
-            check("auto_sizes[]", value, at_least=1)
+        widest = check_sizes(self.tree_size, self.auto_sizes)
         check("accept_rule", self.accept_rule, one_of=("exact", "typical"))
         if not (0 < self.posterior_threshold <= 1 and 0 < self.posterior_alpha <= 1):
             raise ValueError(f"decoder.posterior_threshold and posterior_alpha must be in (0, 1], got "
@@ -97,8 +93,7 @@ class Medusa:
         if self.choices not in ("auto", "chain", "prior") and self._given is None:
             raise ValueError("decoder.choices must be auto, chain, prior, a tree its authors published ("
                              f"{', '.join(published_trees()['medusa'])}) or a list of rank paths, got {self.choices!r}")
-        size = len(self._given) if self._given is not None else (
-            max(self.auto_sizes) if self.tree_size == "auto" else self.tree_size)
+        size = len(self._given) if self._given is not None else widest
         self.widest_step = check_step(1 + size, f"1 + tree size {size}")
         self.lossless = self.accept_rule == "exact"
         self.tuning: dict = {}
