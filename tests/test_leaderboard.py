@@ -259,7 +259,7 @@ PRESETS = {
     "heads": (["autoregressive", "medusa", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1",
                "bpd-p4", "bpd-ngram-p4"], 1),
     "baselines": (["autoregressive", "hf_generate"], 3),
-    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-static", "recycling", "suffix", "medusa",
+    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-auto", "eagle-static", "recycling", "suffix", "medusa",
                  "lookahead-auto", "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
     "long_outputs": (["autoregressive", "prompt_lookup", "lookahead", "recycling", "eagle", "medusa", "spec_chain",
                       "sequoia"], 1),
