@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from . import attention, kernels
 from .compiled import COMPILE_MODES, CompiledForward, compile_supported
 from .fast_path import FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, prepack, prepacked_supported, unpack
-from . import kernels
 from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask
 
 
@@ -73,6 +73,8 @@ class LM:
         self.cuda_devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"},
                                    key=lambda d: d.index or 0)
         self.attn_implementation = model.config._attn_implementation
+        if self.attn_implementation == "sdpa":
+            attention.install()  # grouped-query attention on a CPU without copying the cache
         if self.cuda_devices:
             use_attention_kernels()
         self.cache_kw = cache_kwarg(model)
