@@ -40,7 +40,7 @@ if compiled:
 sizes = [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
 samples = {name: {k: [] for k in sizes} for name in functions}
 rng = random.Random(0)
-for round_ in range(7):
+for round_ in range(21):
     for name in rng.sample(list(functions), len(functions)):
         AttentionInterface.register("sdpa", functions[name])
         got = forward_samples(lm, 32, 256, repeats=1, seed=round_)
