@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-STACK_MAX_NEW = 8  # new tokens up to which the query heads of a group are stacked as rows
 
 
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -38,14 +37,11 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
             or (attention_mask is not None and attention_mask.shape[1] != 1)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    kv_heads, length = key.shape[1], key.shape[2]
-    if q <= STACK_MAX_NEW and (q > 1 or query.dtype != torch.float32):
-        rows = query.reshape(batch, kv_heads, groups * q, dim)
-        mask = attention_mask
-        if mask is not None:  # (B, 1, q, L) -> every head's copy of its rows: (B, 1, G * q, L)
-            b = mask.shape[0]
-            mask = mask[:, :, None].expand(b, 1, groups, q, length).reshape(b, 1, groups * q, length)
-        out = F.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scaling)
+    if q == 1 and query.dtype != torch.float32:
+        # SDPA's kernel for a single half-precision query row is the slow one: the G query heads of a key/value
+        # head become G rows of one query, (B, H, 1, D) -> (B, KV, G, D); the one mask row serves them all.
+        rows = query.reshape(batch, key.shape[1], groups, dim)
+        out = F.scaled_dot_product_attention(rows, key, value, attn_mask=attention_mask, scale=scaling)
     else:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
                                              enable_gqa=True)

@@ -46,7 +46,7 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:  # transformers' co
 print(f"{torch.__version__}, 2 threads; microseconds per call, each returning (1, q, heads, dim) as transformers' "
       "attention functions do: repeat_kv / enable_gqa / grouped_sdpa")
 random.seed(0)
-groups = HEADS // KV_HEADS
+groups, module = HEADS // KV_HEADS, Attention()
 for dtype in (torch.bfloat16, torch.float32):
     for q in (1, 2, 4, 8, 16, 32):
         query = torch.randn(1, q, HEADS, DIM, dtype=dtype).transpose(1, 2)  # as the model lays it out
@@ -59,7 +59,7 @@ for dtype in (torch.bfloat16, torch.float32):
                 query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=mask).transpose(1, 2).contiguous(),
             "gqa": lambda: F.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, enable_gqa=True).transpose(1, 2).contiguous(),
-            "grouped": lambda: grouped_sdpa(Attention(), query, key, value, mask)[0]}
+            "grouped": lambda: grouped_sdpa(module, query, key, value, mask)[0]}
         us = medians_us(functions)
         print(f"{str(dtype).replace('torch.', ''):>8} q={q:<2} " + " / ".join(f"{us[n]:6.1f}" for n in functions),
               flush=True)
