@@ -1,24 +1,21 @@
 """Grouped-query attention on a CPU without copying the keys and values.
 
 transformers' "sdpa" attention copies every key/value head once per query head it serves
-(`repeat_kv`) whenever a mask is given and more than one token is new, and always inside a compiled
-graph: each decoding step then copies the whole cache, G times. Here the G query heads that share a
-key/value head are stacked as rows of one query instead (h = kv * G + g, so (B, H, q, D) is
-(B, KV, G * q, D)), each row keeping its own mask row: the same attention, the cache read once.
+(`repeat_kv`) whenever a mask is given and more than one token is new, and for every width inside a
+compiled graph: each forward copies the whole cache, G times. Here SDPA's own enable_gqa reads each
+key/value head in place. One half-precision token is the exception: SDPA's kernel for a single query
+row is slow, so the G query heads that share a key/value head are given to it as G rows of one query
+instead (h = kv * G + g, so (B, H, 1, D) is (B, KV, G, D)).
 
-Measured on a 2-core Zen 4 (SmolLM2-135M: 9 query heads, 3 key/value heads, 256 cached), one layer's
-attention in microseconds, transformers' path -> this one:
-    bfloat16, 1 / 2 / 8 new tokens: 190 -> 42, 94 -> 45, 114 -> 83 (compiled one-token graphs took
-    the 190: a single new token was dearer than two, issue 46's size-1 probe);
-    float32, 2 / 8: 136 -> 59, 166 -> 104; float32, 1 token: 44 either way (enable_gqa).
-From 16 new tokens, and for one float32 token, stacking stops paying: SDPA's own enable_gqa serves
-those, which copies nothing either.
+Measured on a 2-core Zen 4 (SmolLM2-135M: 9 query heads over 3 key/value heads, 256 cached; one layer's
+attention, results/reference/attention/): bfloat16, 1 token 179 us -> 42 (enable_gqa alone: 152);
+2 / 8 tokens 89 -> 64, 116 -> 89; float32, 1 / 2 / 8 tokens 68 -> 31, 95 -> 57, 120 -> 81. Stacking
+rows for 2-8 tokens measured slower than enable_gqa (two threads share three heads unevenly).
 """
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
 
 
 def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
