@@ -57,9 +57,10 @@
   chosen token's logit, in ulps of the run's dtype at the top-1 logit). After it the outputs
   follow different paths and the reference's tokens say nothing, so each later token is judged
   against the target's one-token step on the output's own path: first_real_divergence is the
-  first token more than TIE_ULPS below that step's top-1 that one forward over the whole prefix
-  does not put within TIE_ULPS of its own top-1 either (ties_by_forward: the departures only that
-  second computation explains), and divergence_tie says every departure was a tie. A summary's
+  first token more than TIE_ULPS below that step's top-1 that the same weights in a wider dtype
+  (float32 for half precision, float64 for float32) do not put within TIE_ULPS of their own top-1
+  either (ties_in_wider_dtype: the departures only that referee explains), and divergence_tie says
+  every departure was a tie. A summary's
   lossless is the share of identical outputs, lossless_up_to_ties the share identical or departing
   at ties only, real_divergences the number of outputs with a first_real_divergence
   (`lossless_columns`). `lossless` means only this check.
@@ -189,15 +190,15 @@ def ulp(x: float, dtype: torch.dtype) -> float:
     return info.eps * 2.0 ** math.floor(math.log2(abs(x))) if abs(x) >= info.tiny else info.tiny
 
 
-def departure_ulps(logits: torch.Tensor, chosen: int) -> float:
-    """How far below the top-1 logit the chosen token's logit is, in ulps of the logits' dtype at
-    the top-1 logit: 0 for the argmax (or an exact tie), a few for a near-tie."""
+def departure_ulps(logits: torch.Tensor, chosen: int, dtype: torch.dtype | None = None) -> float:
+    """How far below the top-1 logit the chosen token's logit is, in ulps of `dtype` (default the
+    logits' own) at the top-1 logit: 0 for the argmax (or an exact tie), a few for a near-tie."""
     top = float(logits.max())
-    return (top - float(logits[chosen].float())) / ulp(top, logits.dtype)
+    return (top - float(logits[chosen].float())) / ulp(top, dtype or logits.dtype)
 
 
 def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.Tensor],
-                 forward: Callable[[int], torch.Tensor] | None = None) -> dict:
+                 referee: Callable[[int], torch.Tensor | None] | None = None) -> dict:
     """The lossless check's fields for one output. rows: the target's next-token logits before
     each of `tokens`, from one-token steps along `tokens` itself, in the run's dtype
     (decoders.methods.autoregressive.step_logits); up to the first divergence they are the
@@ -207,14 +208,15 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     greedy paths), so every later token is judged against the target's step on the output's own
     path: first_real_divergence is the first position whose token is more than TIE_ULPS below
     that step's top-1 (None: none is), and divergence_tie says the output departs at ties only.
-    forward(i): the same logits before tokens[i] computed another way (one forward over the whole
-    prefix, decoders.methods.autoregressive.prefix_logits). Two legitimate computations of one
-    logit can differ by more than TIE_ULPS (up to 10 ulps between a 16-token forward and one-token
-    steps of a 7B model in float16 on an H100 and an H200), so a token more than TIE_ULPS below the
-    step's top-1 is still a tie where that other computation puts it within TIE_ULPS of its own
-    top-1: the model, summed in another order, ranks it first up to rounding. ties_by_forward
-    counts those. A difference in length at the first divergence is never a tie. rows is read
-    lazily, and not at all for an identical output; forward only where the step alone is no tie."""
+    referee(i): the logits before tokens[i] from the same weights in a wider dtype
+    (decoders.methods.autoregressive.referee_logits; None: not available). A half-precision
+    computation can be many ulps off the model's exact logits (tiny-random in bfloat16 on an H200:
+    15 ulps; batched and one-token computations then rank a near-tie differently), so a token more
+    than TIE_ULPS below the step's top-1 is still a tie where the referee puts it within TIE_ULPS
+    (in ulps of the run's dtype) of its own top-1: the model, computed almost exactly, ranks the two
+    within the run's rounding. ties_in_wider_dtype counts those. A difference in length at the
+    first divergence is never a tie. rows is read lazily, and not at all for an identical output;
+    the referee only where the step alone is no tie."""
     at = first_divergence(tokens, reference)
     out = {"lossless": at is None, "first_divergence": at, "divergence_logit_gap": None, "divergence_ulps": None,
            "first_real_divergence": None, "divergence_tie": None}
@@ -223,7 +225,7 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     if at >= len(tokens) or at >= len(reference):
         out.update(first_real_divergence=at, divergence_tie=False)
         return out
-    out["ties_by_forward"] = 0
+    out["ties_in_wider_dtype"] = 0
     for i, row in enumerate(rows):
         if i < at:
             continue
@@ -233,8 +235,9 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
             out.update(divergence_logit_gap=float(top2[0] - top2[1]), divergence_ulps=ulps)
         if ulps <= TIE_ULPS:
             continue
-        if forward is not None and departure_ulps(forward(i), tokens[i]) <= TIE_ULPS:
-            out["ties_by_forward"] += 1
+        wide = referee(i) if referee is not None else None
+        if wide is not None and departure_ulps(wide, tokens[i], row.dtype) <= TIE_ULPS:
+            out["ties_in_wider_dtype"] += 1
             continue
         out["first_real_divergence"] = i  # NaN logits are no tie either
         break

@@ -149,7 +149,8 @@ OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt
             "decode_draft_flops": _AMOUNT, "hit_steps": _COUNT, "paths": _COUNT, "head_flops": _AMOUNT,
             "rescore_flops": _AMOUNT, "batch": _OBJECT, "tuned": _OBJECT, "calibration": _OBJECT,
             "first_divergence": _COUNT, "first_real_divergence": _COUNT, "divergence_tie": _FLAG,
-            "divergence_ulps": _AMOUNT, "divergence_logit_gap": _AMOUNT, "ties_by_forward": _COUNT,
+            "divergence_ulps": _AMOUNT, "divergence_logit_gap": _AMOUNT, "ties_in_wider_dtype": _COUNT,
+            "ties_by_forward": _COUNT,  # runs before 2026-11-27: ties a prefix forward in the run's dtype proved
             "repeat_latency_s": ("a non-empty list of finite numbers > 0",
                                  lambda v: isinstance(v, list) and v and all(map(_SECONDS[1], v)))}
 

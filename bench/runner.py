@@ -21,7 +21,7 @@ from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning
 from decoders.core.sampling import Sampling
 from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
-from decoders.methods.autoregressive import autoregressive_decode, prefix_logits, step_logits
+from decoders.methods.autoregressive import autoregressive_decode, referee_logits, step_logits
 
 from . import drift, metrics, provenance, rundir, slurm
 from .errors import BenchError
@@ -249,10 +249,10 @@ def finish_unit(ctx: RunContext, record: dict, prompt, turn: int, ids, gen, *, l
 def judge_lossless(lm, ids, tokens: list[int], reference: list[int]) -> dict:
     """lossless, first_divergence and, where the output departs, whether it departs at ties only
     (bench/metrics.py, judge_output), from the target's own one-token steps along the output and,
-    where one is no tie, one forward over the prefix."""
+    where one is no tie, the same weights in a wider dtype."""
     with torch.inference_mode():
         return metrics.judge_output(tokens, reference, step_logits(lm, ids, tokens),
-                                    forward=lambda i: prefix_logits(lm, ids, tokens, i))
+                                    referee=referee_logits(lm, ids, tokens))
 
 
 def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = None,

@@ -35,7 +35,7 @@ from bench.rundir import recorded_config  # noqa: E402
 from bench.runner import judge_lossless, recorded_spec  # noqa: E402
 
 COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
-           "divergence_ulps", "first_real_divergence", "ties_by_forward", "divergence_tie", "dtype"]
+           "divergence_ulps", "first_real_divergence", "ties_in_wider_dtype", "divergence_tie", "dtype"]
 
 
 def divergences(root: Path) -> pd.DataFrame:

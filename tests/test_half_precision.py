@@ -96,7 +96,7 @@ def test_a_genuine_tie_is_a_tie(tied):
     assert verdict["lossless"] is False and verdict["first_divergence"] <= 2
     assert verdict["divergence_ulps"] == 0 and verdict["divergence_logit_gap"] == 0
     assert verdict["divergence_tie"] is True and verdict["first_real_divergence"] is None
-    assert verdict["ties_by_forward"] == 0  # an exact tie needs no second computation
+    assert verdict["ties_in_wider_dtype"] == 0  # an exact tie needs no referee
 
 
 def test_a_genuine_bug_is_a_real_divergence(tied):
@@ -108,6 +108,7 @@ def test_a_genuine_bug_is_a_real_divergence(tied):
     verdict = judge_lossless(lm, prompt, bug, reference)
     assert verdict["first_divergence"] == 6 and verdict["first_real_divergence"] == 6
     assert verdict["divergence_ulps"] > 100 * metrics.TIE_ULPS and verdict["divergence_tie"] is False
+    assert verdict["ties_in_wider_dtype"] == 0  # the referee, consulted, ranks it low too
 
     tie_then_bug = _greedy(lm, prompt, 16, _last, worst(10))
     late = judge_lossless(lm, prompt, tie_then_bug, reference)
@@ -121,32 +122,64 @@ def test_a_genuine_bug_is_a_real_divergence(tied):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_departure_past_the_step_tolerance_is_a_tie_only_where_the_prefix_forward_ranks_it_first(dtype):
-    """Two computations of one logit can differ by more than TIE_ULPS (a 16-token forward against
-    one-token steps, 7B float16 on an H100 / H200: up to 10 ulps). The one-forward recomputation
-    proves a tie the step alone cannot; where it ranks the token low too, the departure stays real."""
+def test_a_departure_past_the_step_tolerance_is_a_tie_only_where_the_wider_dtype_ranks_it_first(dtype):
+    """A half-precision computation can be more than TIE_ULPS off the exact logits (tiny-random in
+    bf16 on an H200: 15 ulps, and batch 4 chose a token the step put 5 ulps low that float64 put
+    above the step's top-1). The referee (the same weights in float32) proves a tie the step alone
+    cannot, with ulps counted in the run's dtype; where it ranks the token low too, or is missing,
+    the departure stays real."""
     dtype = getattr(torch, dtype)
-    top = torch.tensor(1.5, dtype=dtype)
-    step = torch.tensor([1.5, 1.0, 1.0], dtype=dtype)
-    step[1] = top - 6 * metrics.ulp(1.5, dtype)  # 6 ulps below the step's top-1: past TIE_ULPS
-    agrees = torch.tensor([1.5, 1.5, 1.0], dtype=dtype)  # the prefix forward: token 1 ties token 0
+    unit = metrics.ulp(1.5, dtype)
+    step = torch.tensor([1.5, 1.5 - 6 * unit, 1.0], dtype=dtype)  # token 1: 6 ulps below, past TIE_ULPS
+    close = torch.tensor([1.5, 1.5 - 3 * unit, 1.0], dtype=torch.float32)  # the referee: 3 run-dtype ulps
     calls = []
 
-    def forward(logits):
+    def referee(logits):
         return lambda i: calls.append(i) or logits
 
-    tie = metrics.judge_output([0, 1], [0, 0], [step, step], forward=forward(agrees))
+    tie = metrics.judge_output([0, 1], [0, 0], [step, step], referee=referee(close))
     assert tie["first_divergence"] == 1 and tie["divergence_ulps"] == 6
-    assert tie["divergence_tie"] is True and tie["ties_by_forward"] == 1 and calls == [1]
-    real = metrics.judge_output([0, 1], [0, 0], [step, step], forward=forward(step))
-    assert real["first_real_divergence"] == 1 and real["divergence_tie"] is False and real["ties_by_forward"] == 0
-    alone = metrics.judge_output([0, 1], [0, 0], [step, step])  # no second computation: the step decides
-    assert alone["first_real_divergence"] == 1
+    assert tie["divergence_tie"] is True and tie["ties_in_wider_dtype"] == 1 and calls == [1]
+    # 6 ulps of the run's dtype are thousands of float32's: the unit is the run's, not the referee's
+    far = torch.tensor([1.5, 1.5 - 6 * unit, 1.0], dtype=torch.float32)
+    real = metrics.judge_output([0, 1], [0, 0], [step, step], referee=referee(far))
+    assert real["first_real_divergence"] == 1 and real["divergence_tie"] is False and real["ties_in_wider_dtype"] == 0
+    for missing in (None, lambda i: None):  # no referee, or one that did not fit: the step decides
+        assert metrics.judge_output([0, 1], [0, 0], [step, step], referee=missing)["first_real_divergence"] == 1
     calls.clear()
     near = step.clone()
-    near[1] = top - metrics.ulp(1.5, dtype)  # within TIE_ULPS: no second forward at all
-    assert metrics.judge_output([0, 1], [0, 0], [near, near], forward=forward(step))["divergence_tie"] is True
+    near[1] = 1.5 - unit  # within TIE_ULPS: no referee at all
+    assert metrics.judge_output([0, 1], [0, 0], [near, near], referee=referee(far))["divergence_tie"] is True
     assert calls == []
+
+
+@pytest.mark.parametrize("dtype,wide", [("bfloat16", torch.float32), ("float32", torch.float64)])
+@pytest.mark.parametrize("fast_path", ["none", "prepacked"])
+def test_the_referee_is_the_same_weights_in_a_wider_dtype_and_leaves_the_model_alone(dtype, wide, fast_path):
+    """referee_logits(i) = transformers' forward of the model's own weights cast to the wider dtype
+    (float32 for half precision, float64 for float32), off the fast path; closer to float64 than
+    the run's step; the LM keeps its dtype, path and logits."""
+    from decoders.core.fast_path import prepacked_supported
+    from decoders.methods.autoregressive import referee_logits, step_logits
+
+    lm = tiny_lm(seed=3, dtype=dtype, fast_path=fast_path)
+    if fast_path != "none" and lm.fast_path != fast_path:
+        pytest.skip(f"{fast_path} unavailable: {prepacked_supported(lm.model)}")
+    plain = tiny_lm(seed=3, dtype=dtype, fast_path="none").model.to(wide)
+    exact = tiny_lm(seed=3, dtype=dtype, fast_path="none").model.to(torch.float64)
+    prompt, tokens = [3, 14, 15, 9, 2], [7, 21, 40, 5]
+    with torch.inference_mode():
+        before = list(step_logits(lm, prompt, tokens))
+        referee = referee_logits(lm, prompt, tokens)
+        for i in (0, 3):
+            got = referee(i)
+            ids = torch.tensor([[*prompt, *tokens[:i]]])
+            assert got.dtype == wide and torch.equal(got, plain(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1])
+            truth = exact(input_ids=ids).logits[0, -1]
+            assert (got.double() - truth).abs().max() < (before[i].double() - truth).abs().max()
+        after = list(step_logits(lm, prompt, tokens))
+    assert lm.dtype == getattr(torch, dtype) and lm.fast_path == fast_path
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
 def test_summary_reports_ties_and_real_divergences():

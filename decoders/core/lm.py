@@ -5,6 +5,7 @@ features by hook) live here; its caches in kv_cache, generate() in hf_trace, ker
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -197,6 +198,29 @@ class LM:
             self._flops_spec = {"matmul_params": int(matmul), "n_layers": int(cfg.num_hidden_layers),
                                 "d_attn": int(cfg.num_attention_heads * head_dim)}
         return dict(self._flops_spec)
+
+    def widened(self) -> nn.Module | None:
+        """A copy of the model in the next wider dtype (float64 for float32, float32 for half
+        precision) on transformers' own kernels, for the lossless check's referee: its rounding is
+        far below the run's, so it ranks near-ties as the model itself does. Made per use, never
+        kept (a 7B float32 copy is 28 GB); None where it does not fit in memory."""
+        wide = torch.float32 if self.dtype in (torch.float16, torch.bfloat16) else torch.float64
+        # The memo keeps out of the copy this LM (hooks on the model are its bound methods) and the
+        # fast paths' packed weights (opaque tensors, not copyable; unpack drops them).
+        memo = {id(self): self}
+        for module in self.model.modules():
+            for attr in ("_packed", "_kernel_packed"):
+                if attr in module.__dict__:
+                    memo[id(module.__dict__[attr])] = None
+        try:
+            model = copy.deepcopy(self.model, memo=memo)
+            unpack(model)
+            kernels.unswap(model)
+            return model.to(wide)
+        except torch.OutOfMemoryError:
+            if self.cuda_devices:
+                torch.cuda.empty_cache()
+            return None
 
     def _stop_ids(self) -> frozenset[int]:
         ids = set()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -45,10 +45,22 @@ def step_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Ite
         feed = [token]
 
 
-def prefix_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int], i: int) -> torch.Tensor:
-    """The target's next-token logits before tokens[i] from one forward over the prompt and
-    tokens[:i] (a fresh prefill): what step_logits yields there, summed in another order."""
-    return lm.forward([*prompt_ids, *tokens[:i]], lm.new_cache(), last_only=True)[-1]
+def referee_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Callable[[int], torch.Tensor | None]:
+    """The lossless check's referee along `tokens`: referee(i) is the target's next-token logits
+    before tokens[i] from a copy of its weights in a wider dtype (LM.widened), one forward over the
+    prompt and tokens[:i]. The copy is made at the first call and dropped with the function; None
+    where it does not fit in memory."""
+    held: list[torch.nn.Module | None] = []
+
+    def referee(i: int) -> torch.Tensor | None:
+        if not held:
+            held.append(lm.widened())
+        if held[0] is None:
+            return None
+        ids = torch.tensor([[*prompt_ids, *tokens[:i]]], device=lm.device)
+        return held[0](input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1]
+
+    return referee
 
 
 def top_two_logits(lm: LM, ids: Sequence[int]) -> tuple[float, float]:
