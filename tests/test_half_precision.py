@@ -174,7 +174,8 @@ def test_the_referee_is_the_same_weights_in_a_wider_dtype_and_leaves_the_model_a
         for i in (0, 3):
             got = referee(i)
             ids = torch.tensor([[*prompt, *tokens[:i]]])
-            assert got.dtype == wide and torch.equal(got, plain(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1])
+            same = plain(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1]  # as referee_logits asks
+            assert got.dtype == wide and torch.equal(got, same)
             truth = exact(input_ids=ids).logits[0, -1]
             assert (got.double() - truth).abs().max() < (before[i].double() - truth).abs().max()
         after = list(step_logits(lm, prompt, tokens))

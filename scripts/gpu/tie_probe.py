@@ -43,7 +43,8 @@ def probe(lm, ids, tokens, reference):
         fd = (float(f.max()) - float(f[c])) / unit
         print(f"TIEPROBE prompt {len(ids)} pos {i} (first {at}, real {real}) chosen {c} step-top {t} "
               f"ref {reference[i] if i < len(reference) else None} unit {unit:.4g} top {float(a.max()):.4g}: "
-              f"deficit step {departure_ulps(a, c):.1f} referee {departure_ulps(b, c, a.dtype):.2f} float64 {fd:.2f} ulps; "
+              f"deficit step {departure_ulps(a, c):.1f} referee {departure_ulps(b, c, a.dtype):.2f} "
+              f"float64 {fd:.2f} ulps; "
               f"float64 gap top-vs-chosen {(float(f[t]) - float(f[c])) / unit:.2f}; "
               f"max|step-referee| {float((a.float() - b.float()).abs().max()) / unit:.1f} "
               f"max|step-f64| {float((a.double() - f).abs().max()) / unit:.1f} "
