@@ -49,13 +49,13 @@ class WandbLogger:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"logger.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode == "online" and not _logged_in():  # now, before the model loads; else wandb.init would prompt
+            raise BenchError("logger.mode=online needs a wandb login (`wandb login`, or WANDB_API_KEY); "
+                             "use logger.mode=offline and `wandb sync` the run directory later")
 
     def start(self, cfg, run_dir) -> None:
         import wandb
 
-        if self.mode == "online" and not _logged_in():  # else wandb.init would prompt, or fail with a traceback
-            raise BenchError("logger.mode=online needs a wandb login (`wandb login`, or WANDB_API_KEY); "
-                             "use logger.mode=offline and `wandb sync` the run directory later")
         try:
             self._run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=str(run_dir),
                                    tags=list(self.tags), config=OmegaConf.to_container(cfg, resolve=True),
