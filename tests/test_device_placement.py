@@ -213,3 +213,34 @@ def test_addon_decoders_equal_autoregressive_on_each_device(name, device, dtype)
     """Add-ons, per-step tensors and masks on the GPU and in half precision: greedy equality holds."""
     lm, reference = placed(device, dtype)
     assert ADDON_DECODERS[name].generate(lm, [5, 6, 7], 12, Sampling(), set()).tokens == reference
+
+
+# ---- host-to-device copies (decoders/core/transfer.py) ------------------------------------------
+@pytest.mark.parametrize("values, dtype", [([3, 1, 4], torch.long), (torch.tensor([[True, False]]), None),
+                                           (torch.arange(4), torch.long), (7, torch.long)])
+def test_to_device_is_as_tensor_off_the_gpu(values, dtype):
+    from decoders.core.transfer import to_device
+    got, want = to_device(values, "cpu", dtype), torch.as_tensor(values, dtype=dtype)
+    assert got.device == want.device and got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.cuda
+def test_the_forward_makes_the_host_wait_nowhere():
+    """LM.forward's copies of ids, positions, a tree mask and the logit rows come from pinned memory:
+    under sync debug mode "error" a forward raises nothing, where a pageable copy (the control) does.
+    The one wait a step needs is the caller's read of the chosen token."""
+    from decoders.core.kv_cache import causal_mask
+    from decoders.core.transfer import to_device
+    lm, _ = placed("cuda", torch.float16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError):
+            torch.as_tensor([1, 2, 3], device="cuda")
+        assert to_device([1, 2, 3], "cuda", torch.long).device.type == "cuda"
+        cache = lm.new_cache()
+        lm.forward([5, 6, 7], cache, last_only=True)
+        lm.forward([8, 9], cache, position_ids=[3, 4], mask=causal_mask(2, 3), logits_rows=[1, 0])
+        lm.forward([10], cache, last_only=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -17,6 +17,7 @@ from . import attention, kernels
 from .compiled import COMPILE_MODES, CompiledForward, compile_supported
 from .fast_path import FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, prepack, prepacked_supported, unpack
 from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask
+from .transfer import to_device
 
 
 def forward_flops(spec: dict, tokens: int, context: int) -> float:
@@ -296,7 +297,7 @@ class LM:
 
     def mask_4d(self, mask: torch.Tensor) -> torch.Tensor:
         """A bool (q, k) mask (True: may attend) in the form this model's attention takes, (1, 1, q, k)."""
-        mask = mask.to(self.device)[None, None]
+        mask = to_device(mask, self.device)[None, None]
         if self.attn_implementation == "sdpa":
             return mask
         if self.attn_implementation == "eager":
@@ -323,10 +324,10 @@ class LM:
         """
         if hidden and features:
             raise ValueError("ask for hidden or features, not both")
-        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        ids = to_device(input_ids, self.device, torch.long).reshape(1, -1)
         kwargs = {}
         if position_ids is not None:
-            kwargs["position_ids"] = torch.as_tensor(position_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+            kwargs["position_ids"] = to_device(position_ids, self.device, torch.long).reshape(1, -1)
         if mask is not None:
             if mask.shape != (ids.shape[1], len(cache) + ids.shape[1]):
                 raise ValueError(f"mask shape {tuple(mask.shape)} "
@@ -343,7 +344,7 @@ class LM:
             kwargs["logits_to_keep"] = int(logits_last)
         if logits_rows is not None:
             # it indexes the last hidden state, which is on the head's side
-            kwargs["logits_to_keep"] = torch.as_tensor(logits_rows, dtype=torch.long, device=self.output_device)
+            kwargs["logits_to_keep"] = to_device(logits_rows, self.output_device, torch.long)
         self._want_hidden = hidden
         # Hooked for this call only: a permanent hook would tie the norm to this wrapper (a deepcopy
         # of the norm, as a self-draft's exit adapter makes, would copy the whole model).
@@ -373,10 +374,10 @@ class LM:
             positions = torch.arange(cached, cached + q, device=self.device).reshape(1, -1)
         if mask is None:
             mask = causal_mask(q, cached)
-        h, final, layers = self.compiled(ids, positions, mask.to(self.device)[None, None], cache.hf, cached)
+        h, final, layers = self.compiled(ids, positions, to_device(mask, self.device)[None, None], cache.hf, cached)
         h = h[0].to(self.output_device)
         if logits_rows is not None:
-            h = h[torch.as_tensor(logits_rows, dtype=torch.long, device=self.output_device)]
+            h = h[to_device(logits_rows, self.output_device, torch.long)]
         elif logits_last is not None:
             h = h[-int(logits_last):]
         logits = self.model.get_output_embeddings()(h)
@@ -424,7 +425,7 @@ class LM:
         if columns == list(range(width - len(columns), width)):
             keep = len(columns)  # a suffix: transformers slices, no gather
         else:
-            keep = torch.as_tensor(columns, dtype=torch.long, device=self.output_device)
+            keep = to_device(columns, self.output_device, torch.long)
         if self.attn_implementation == "eager":
             mask = torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
         elif self.attn_implementation != "sdpa":
@@ -433,8 +434,8 @@ class LM:
         self._want_hidden = hidden
         handles = self._hook_features(features)
         try:
-            out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
-                             attention_mask=mask.to(self.device),
+            out = self.model(input_ids=to_device(ids, self.device), position_ids=to_device(pos, self.device),
+                             attention_mask=to_device(mask, self.device),
                              **{self.cache_kw: cache.hf}, use_cache=True, logits_to_keep=keep)
             h, f = (x.to(self.output_device) if x is not None else None for x in (self._hidden, self._features))
         finally:

@@ -38,6 +38,7 @@ from ..core.kv_cache import KVCache, causal_mask, level_mask
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler
+from ..core.transfer import to_device
 from ..core.tree import (RankTree, TokenTree, ancestors, best_paths, given_paths, prior_accuracy, published_trees,
                          rank_tree)
 from ..tuning.profile import forward_latency, step_cost
@@ -103,8 +104,8 @@ class FeatureDraftProposer:
     # ---- drafting -----------------------------------------------------------------------------------
     def _feed(self, features, tokens, positions, mask) -> torch.Tensor:
         context = len(self.cache)
-        out = self.draft(features, torch.as_tensor(tokens, dtype=torch.long, device=features.device),
-                         torch.as_tensor(positions, dtype=torch.long), mask, self.cache)
+        out = self.draft(features, to_device(tokens, features.device, torch.long),
+                         to_device(positions, features.device, torch.long), mask, self.cache)
         self.forward_tokens += len(tokens)
         self.flops += self.draft.flops(len(tokens), context, len(tokens))
         return out
@@ -158,8 +159,8 @@ class FeatureDraftProposer:
         device = g.device
         k = min(self.top_k, len(self.draft.vocab))
         vocab = self._vocab_on(device)
-        token = torch.tensor([self.nodes.token[0]], device=device)  # (N,) every node so far
-        parent = torch.tensor([-1], device=device)
+        token = to_device([self.nodes.token[0]], device)  # (N,) every node so far
+        parent = torch.full((1,), -1, device=device)
         depth_of = torch.zeros(1, dtype=torch.long, device=device)
         score = torch.zeros(1, device=device)
         frontier = torch.zeros(1, dtype=torch.long, device=device)  # (F,) nodes to expand
@@ -209,7 +210,7 @@ class FeatureDraftProposer:
         if key not in self._plans:
             self._plans[key] = static_plan(self.template, depth, len(vocab), device)
         plan = self._plans[key]
-        token, score = torch.tensor(self.nodes.token, device=device), torch.zeros(1, device=device)  # (N,)
+        token, score = to_device(self.nodes.token, device), torch.zeros(1, device=device)  # (N,)
         for level in plan.levels:
             if level.tail is not None:  # feed the frontier: its tokens after its parents' features
                 f = len(level.frontier)

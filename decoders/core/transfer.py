@@ -1,0 +1,20 @@
+"""Host-to-device copies that do not make the host wait.
+
+A tensor made from a Python list lives in pageable host memory, and copying it to a GPU blocks the
+host until the copy has run, behind every kernel already queued: each such copy stops the host from
+running ahead of the device (on an H200, three of the five waits a step of recycling made:
+results/reference/gpu/2026-11-27-h200/). From pinned memory the copy is queued like a kernel;
+torch's pinned allocator keeps the block until the copy has run, so the source may be dropped at once.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def to_device(values, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`values` (a list, a number or a tensor) as a tensor on `device`; from the host to a GPU without
+    blocking the host. Elsewhere as torch.as_tensor(values, dtype=dtype, device=device)."""
+    device = torch.device(device)
+    if device.type != "cuda" or (isinstance(values, torch.Tensor) and values.device.type != "cpu"):
+        return torch.as_tensor(values, dtype=dtype, device=device)
+    return torch.as_tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
