@@ -36,18 +36,27 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
     return kids
 
 
-def _draw(logits: torch.Tensor, n: int, sampler: Sampler, replacement: bool):
-    """n child tokens from one draft distribution: greedy = the top n in order; sampling =
-    n draws with or without replacement. Returns the tokens (possibly fewer, when the
-    distribution has fewer than n tokens left to draw) and the distribution (sampling only)."""
+def _sample(logits: torch.Tensor, n: int, sampler: Sampler, replacement: bool):
+    """n child tokens drawn from one draft distribution, with or without replacement. Returns the
+    tokens (possibly fewer, when the distribution has fewer than n tokens left to draw) and the
+    distribution."""
     if n == 0:  # e.g. Sequoia's tree for an all-zero acceptance vector is the root alone
         return [], None
-    if sampler.greedy:
-        return torch.topk(logits, min(n, logits.numel())).indices.tolist(), None
     q = sampler.probs(logits[None])[0]
     if not replacement:
         n = min(n, int((q > 0).sum()))
     return torch.multinomial(q, n, replacement=replacement, generator=sampler.generator).tolist(), q
+
+
+def _draw_level(rows: torch.Tensor, counts: Sequence[int], sampler: Sampler, replacement: bool) -> list[tuple]:
+    """counts[f] child tokens from each row of (F, V) `rows`, the draft's logits after a node, and the
+    distribution they were drawn from (None: greedy, the top counts[f] in order). Greedy reads every
+    row's top tokens with one top-k over the level: one read from the device per level, not per node."""
+    if not sampler.greedy:
+        return [_sample(row, n, sampler, replacement) for row, n in zip(rows, counts)]
+    k = min(max(counts), rows.shape[-1])
+    top = torch.topk(rows, k).indices.tolist() if k else [[] for _ in counts]
+    return [(top[f][:n], None) for f, n in enumerate(counts)]
 
 
 def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequence[int], sampler: Sampler, *,
@@ -70,12 +79,12 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
     logits = draft.forward(feed, cache, last_only=True)
     forward_tokens, flops = len(feed), forward_flops(spec, len(feed), context)
     cache_index = {0: len(cache) - 1}
-    frontier = {0: logits[-1]}  # node -> the draft's logits after it
+    frontier, rows = [0], logits[-1:]  # nodes to expand; (F, V) the draft's logits after each
     while frontier:
         level: list[int] = []  # nodes drawn this round that have children of their own
-        for node, row in frontier.items():
+        for node, (drawn, q) in zip(frontier, _draw_level(rows, [len(kids[n]) for n in frontier], sampler,
+                                                          replacement)):
             children = kids[node]
-            drawn, q = _draw(row, len(children), sampler, replacement)
             for child, token in zip(children, drawn):
                 tokens[child], dists[child] = int(token), q
                 if kids[child]:
@@ -92,7 +101,7 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
         forward_tokens, flops = forward_tokens + len(level), flops + forward_flops(spec, len(level), base)
         for r, node in enumerate(level):
             cache_index[node] = base + r
-        frontier = {node: out[r] for r, node in enumerate(level)}
+        frontier, rows = level, out
     # Drop nodes that could not be drawn (sampling without replacement from a distribution
     # with fewer tokens than children): renumber the survivors, keeping level order.
     kept = [True] * len(parents)
