@@ -423,3 +423,22 @@ def test_greedy_on_cpu_reads_only_the_rows_it_reaches_and_agrees_with_every_row(
         assert got == expected, (parents, tree.tokens, logits)
         fewer += sum(read) < n
     assert fewer > 100  # most walks stop well before the last row
+
+
+def test_rows_read_already_give_the_same_path_as_reading_them():
+    """On a GPU the loop reads every row's argmax once (loop.Scores.argmax) and hands them to
+    verify_greedy, which then reads nothing: the same path and bonus as its own reads."""
+    import random
+
+    from decoders.core.loop import Scores
+    from decoders.core.sampling import argmax
+
+    rng = random.Random(1)
+    for _ in range(200):
+        n, s = rng.randint(1, 20), rng.randint(0, 4)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        tree = TokenTree([rng.randrange(4) for _ in range(n)], parents)
+        rows = torch.randint(0, 3, (n + s, 4)).float()  # the tree's rows, then a side branch's
+        scores = Scores(rows[:n], rows[n:], rows=rows)
+        assert verify_greedy(tree, scores.logits, argmax(rows)) == verify_greedy(tree, scores.logits)
+        assert scores.argmax() == argmax(rows) and scores.argmax(n) == argmax(rows[n:])

@@ -24,7 +24,7 @@ import torch
 
 from .kv_cache import KVCache
 from .lm import LM
-from .sampling import Sampler
+from .sampling import Sampler, argmax
 from .trace import Generation, Tracer, truncate_at_stop
 from .tree import TokenTree, ancestor_rows
 from .verify import verify_greedy, verify_sampling
@@ -69,6 +69,19 @@ class Scores:
     # (uncached + len(tree) - 1, width) when the proposal asked for feature_layers: the uncached committed
     # tokens (the root last), then the tree after the root, so tree node i is row uncached - 1 + i
     features: torch.Tensor | None = None
+    rows: torch.Tensor | None = None  # (len(tree) + len(side.rows), V): both, as the forward returned them
+    _argmax: list[int] | None = field(default=None, init=False, repr=False)
+
+    def argmax(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """The argmax of rows start:stop, counting the tree's rows then the side branch's. On a GPU every
+        row is read at the first call and kept: each read makes the host wait, and verification and a
+        proposer's commit would each read. On a CPU only the rows asked for (each costs microseconds)."""
+        rows = self.rows if self.rows is not None else self.logits
+        if rows.device.type == "cpu":
+            return argmax(rows[start:stop])
+        if self._argmax is None:
+            self._argmax = argmax(rows)
+        return self._argmax[start:stop]
 
 
 class Proposer(Protocol):
@@ -103,10 +116,11 @@ class Proposer(Protocol):
 Accept = Callable[[TokenTree, torch.Tensor, Sampler], tuple[list[int], int]]  # (tree, logits, sampler) -> path, bonus
 
 
-def verify(proposal: Proposal, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
+def verify(proposal: Proposal, scores: Scores, sampler: Sampler) -> tuple[list[int], int]:
     """Exact verification: greedy matching, or speculative sampling that keeps the target's distribution."""
-    if sampler.greedy:
-        return verify_greedy(proposal.tree, logits)
+    logits = scores.logits
+    if sampler.greedy:  # on a CPU verify_greedy reads only the rows its walk reaches
+        return verify_greedy(proposal.tree, logits, None if logits.device.type == "cpu" else scores.argmax())
     return verify_sampling(proposal.tree, sampler.probs(logits), proposal.draft_probs, sampler.generator,
                            without_replacement=proposal.without_replacement, draws=proposal.draws)
 
@@ -203,7 +217,8 @@ def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, 
         return Scores(logits, None, hidden, features)
     n, s = len(proposal.tree), len(side.tokens)
     return Scores(logits[:n], logits[n:], hidden[:n] if hidden is not None else None,
-                  torch.cat([features[:uncached], features[uncached + s:]]) if features is not None else None)
+                  torch.cat([features[:uncached], features[uncached + s:]]) if features is not None else None,
+                  rows=logits)
 
 
 def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:
@@ -263,7 +278,7 @@ def verify_and_commit(d: Decoding, proposal: Proposal, fed: Feed, scores: Scores
     drafting); return the step's Step fields and the accepted path."""
     tree, prefill = proposal.tree, not d.tokens
     path, bonus = (d.accept(tree, scores.logits, d.sampler) if d.accept is not None
-                   else verify(proposal, scores.logits, d.sampler))
+                   else verify(proposal, scores, d.sampler))
     new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], d.stop_ids,
                            d.max_new_tokens - len(d.tokens))
     d.tokens += new

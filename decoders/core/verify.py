@@ -7,15 +7,21 @@ then next_token.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from .sampling import argmax
 from .tree import TokenTree
 
 
-def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """Longest path whose every token is the target's argmax after its parent (TokenTree.longest_path)."""
-    if target_logits.device.type == "cpu":
+def verify_greedy(tree: TokenTree, target_logits: torch.Tensor,
+                  predicted_rows: Sequence[int] | None = None) -> tuple[list[int], int]:
+    """Longest path whose every token is the target's argmax after its parent (TokenTree.longest_path).
+    predicted_rows: every row's argmax where the caller has read them already (loop.Scores.greedy)."""
+    if predicted_rows is not None:
+        predicted = predicted_rows.__getitem__
+    elif target_logits.device.type == "cpu":
         # Only the rows the walk reaches: the matched path and its children's parents, a few of a
         # tree's rows (on a CPU the argmax of all of them, each over the whole vocabulary, cost
         # 0.2-0.6 ms a step). On a GPU every row at once: one copy to the host, not one per row.

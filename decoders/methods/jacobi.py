@@ -11,7 +11,7 @@ from typing import Sequence
 from ..core.contract import check, check_step, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
-from ..core.sampling import Sampler, argmax
+from ..core.sampling import Sampler
 from ..core.tree import TokenTree
 
 GUESS_INITS = ("prompt", "vocab", "repeat")
@@ -46,7 +46,7 @@ class JacobiWindow:
         return Proposal(TokenTree.chain(sequence[-1], self.guesses))
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
-        following = argmax(scores.logits[len(path):])
+        following = scores.argmax(len(path), len(scores.logits))
         fresh = initial_guesses(self.init, self.block_size, list(sequence), self.vocab_size, self.rng)
         self.guesses = (following + fresh)[:self.block_size]
         return {}

@@ -25,7 +25,7 @@ import torch
 from ..core.contract import check, check_step, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, SideBranch
-from ..core.sampling import Sampler, Sampling, argmax
+from ..core.sampling import Sampler, Sampling
 from ..core.tree import TokenTree
 from ..tuning.lookahead_tuning import AUTO, tune
 from .jacobi import GUESS_INITS, initial_guesses
@@ -78,7 +78,7 @@ class LookaheadWindow:
         return Proposal(TokenTree.from_sequences(sequence[-1], grams), side=side)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
-        newest = argmax(scores.side_logits)
+        newest = scores.argmax(len(scores.logits))  # the side rows (on a GPU, read with verification's)
         if len(self.levels) < self.ngram - 1:
             self.levels.append(newest)
         else:
