@@ -97,7 +97,8 @@ class FeatureDraftProposer:
         # loop stops and these are never read.)
         u = scores.features.shape[0] - len(proposal.tree) + 1
         rows = list(range(u)) + [u - 1 + i for i in path[1:]]
-        self.pending = (scores.features[rows], list(sequence[-len(rows):]))
+        features = scores.features.index_select(0, to_device(rows, scores.features.device, torch.long))
+        self.pending = (features, list(sequence[-len(rows):]))
         tree = proposal.tree
         return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}
 
