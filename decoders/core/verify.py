@@ -18,7 +18,7 @@ from .tree import TokenTree
 def verify_greedy(tree: TokenTree, target_logits: torch.Tensor,
                   predicted_rows: Sequence[int] | None = None) -> tuple[list[int], int]:
     """Longest path whose every token is the target's argmax after its parent (TokenTree.longest_path).
-    predicted_rows: every row's argmax where the caller has read them already (loop.Scores.greedy)."""
+    predicted_rows: every row's argmax where the caller has read them already (loop.Scores.argmax)."""
     if predicted_rows is not None:
         predicted = predicted_rows.__getitem__
     elif target_logits.device.type == "cpu":
