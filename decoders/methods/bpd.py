@@ -25,23 +25,29 @@ from ..core.kv_cache import KVCache, level_mask
 from ..core.lm import LM, forward_flops
 from .ngram_lm import NgramLM
 from ..core.sampling import Sampler
+from ..core.transfer import to_device
 from ..core.tree import TokenTree
 
 def lattice_beam_search(head_logp: torch.Tensor, top_k: int, width: int, weight: float,
                         score_next: Callable[[list[tuple[int, ...]], torch.Tensor], torch.Tensor] | None):
     """The `width` best paths through the lattice of each position's top_k tokens.
-    head_logp: (positions, V) log-probabilities. score_next(beams, candidates (beams, k)) ->
-    LM log-scores of each candidate after its beam, or None to rank by the heads alone."""
+    head_logp: (positions, V) log-probabilities. score_next(beams, candidates (beams, k) on the host) ->
+    LM log-scores of each candidate after its beam (on the host), or None to rank by the heads alone.
+    The lattice reaches the host in one read and the beams are ranked there: on a GPU every read of a
+    beam's index made the host wait (21 waits a step on an H200, results/reference/gpu/)."""
+    lp_all, cand_all = torch.topk(head_logp, top_k, dim=-1)  # (positions, top_k) each
+    # One read for both: float64 holds every id and every narrower float exactly.
+    lattice = torch.stack([lp_all.double(), cand_all.double()]).cpu()
+    lps, cands = lattice[0].to(head_logp.dtype), lattice[1].long()
     beams: list[tuple[int, ...]] = [()]
-    scores = head_logp.new_zeros(1)  # per-step tensors live where the heads' scores do
-    for i in range(head_logp.shape[0]):
-        lp, cand = torch.topk(head_logp[i], top_k)
-        cand_tokens = cand.expand(len(beams), -1)
-        total = scores[:, None] + lp[None, :]
+    scores = lps.new_zeros(1)
+    for lp, cand in zip(lps, cands):
+        total = scores[:, None] + lp[None, :]  # (beams, top_k)
         if score_next is not None:
-            total = total + weight * score_next(beams, cand_tokens)
+            total = total + weight * score_next(beams, cand.expand(len(beams), -1))
         best = torch.topk(total.flatten(), min(width, total.numel())).indices
-        beams = [beams[int(j) // top_k] + (int(cand[int(j) % top_k]),) for j in best]
+        ids = cand.tolist()
+        beams = [beams[j // top_k] + (ids[j % top_k],) for j in best.tolist()]
         scores = total.flatten()[best]
     return beams
 
@@ -145,7 +151,7 @@ class BPD:
 
                 def score_next(beams, cands):
                     return torch.tensor([[ngram.score(context + list(b), int(t)) for t in row]
-                                         for b, row in zip(beams, cands.tolist())], device=cands.device)
+                                         for b, row in zip(beams, cands.tolist())])
             elif neural is not None:
                 first, f0 = neural.start(sequence)
                 flops[0] += f0
@@ -156,7 +162,8 @@ class BPD:
                     else:
                         logp, f = neural.step(beams)
                         flops[0] += f
-                    return torch.gather(logp.to(cands.device), 1, cands)  # the scorer's head may sit elsewhere
+                    # gathered where the scorer ran; the (beams, k) scores come back in the level's one read
+                    return torch.gather(logp, 1, to_device(cands, logp.device)).cpu()
             beams = lattice_beam_search(head_logp, self.ranks_per_head, self.paths, self.weight, score_next)
             if neural is not None:
                 neural.finish()
