@@ -35,25 +35,30 @@ def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int,
                 sampler: Sampler) -> tuple[list[int], list[torch.Tensor], int, float]:
     """k draft tokens after `sequence`, each drawn from the draft (argmax when greedy).
     Returns the tokens, the distributions they were drawn from (sampling only), the tokens
-    fed to the draft and its FLOPs."""
+    fed to the draft and its FLOPs. On a GPU each token stays there and feeds the next forward,
+    and the chain reaches the host in one read (per token, each read made the host wait)."""
     spec = draft.flops_spec()
-    tokens: list[int] = []
+    tokens: list = []  # ints on a CPU; (1,) tensors on the draft's device elsewhere
     dists: list[torch.Tensor] = []
     forward_tokens, flops = 0, 0.0
     context = len(cache)
     logits, n = catch_up(draft, cache, sequence)
+    on_host = logits.device.type == "cpu"
     forward_tokens, flops = n, forward_flops(spec, n, context)
     for i in range(k):
         if i:
             context = len(cache)
-            logits = draft.forward([tokens[-1]], cache, last_only=True)[-1]
+            logits = draft.forward([tokens[-1]] if on_host else tokens[-1], cache, last_only=True)[-1]
             forward_tokens, flops = forward_tokens + 1, flops + forward_flops(spec, 1, context)
         if sampler.greedy:
-            tokens.append(argmax(logits))
+            tokens.append(argmax(logits) if on_host else torch.argmax(logits, -1, keepdim=True))
         else:
             q = sampler.probs(logits[None])[0]
             dists.append(q)
-            tokens.append(int(torch.multinomial(q, 1, generator=sampler.generator)))
+            drawn = torch.multinomial(q, 1, generator=sampler.generator)  # (1,)
+            tokens.append(int(drawn) if on_host else drawn)
+    if not on_host and tokens:
+        tokens = torch.cat(tokens).tolist()
     return tokens, dists, forward_tokens, flops
 
 
