@@ -244,3 +244,36 @@ def test_the_forward_makes_the_host_wait_nowhere():
         lm.forward([10], cache, last_only=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def host_reads(run) -> int:
+    """How many times `run()` made the host wait for the GPU (sync debug mode "warn", counted)."""
+    import warnings
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@pytest.mark.cuda
+def test_drafts_reach_the_host_in_one_read():
+    """A draft chain of 4, a draft tree of depth 3 and BPD's lattice of 4 positions each wait for the
+    GPU once, when the finished draft is read; the control reads every token as it is drawn."""
+    from decoders.core.sampling import Sampler, argmax
+    from decoders.methods.bpd import lattice_beam_search
+    from decoders.methods.draft_tree import draft_tree
+    from decoders.methods.spec_chain import draft_chain
+    lm, _ = placed("cuda", torch.float16)
+    greedy = Sampler(Sampling(), "cuda")
+    sequence = [5, 6, 7]
+    assert host_reads(lambda: [argmax(lm.forward([t], lm.new_cache())[-1]) for t in sequence]) == 3  # control
+    assert host_reads(lambda: draft_chain(lm, lm.new_cache(), sequence, 4, greedy)) == 1
+    parents = [-1, 0, 0, 1, 1, 2, 3]  # depth 3, two inner levels fed
+    assert host_reads(lambda: draft_tree(lm, lm.new_cache(), sequence, parents, greedy)) == 1
+    head_logp = torch.log_softmax(torch.randn(4, 64, device="cuda"), -1)
+    assert host_reads(lambda: lattice_beam_search(head_logp, 3, 2, 1.0, None)) == 1

@@ -50,13 +50,23 @@ def _sample(logits: torch.Tensor, n: int, sampler: Sampler, replacement: bool):
 
 def _draw_level(rows: torch.Tensor, counts: Sequence[int], sampler: Sampler, replacement: bool) -> list[tuple]:
     """counts[f] child tokens from each row of (F, V) `rows`, the draft's logits after a node, and the
-    distribution they were drawn from (None: greedy, the top counts[f] in order). Greedy reads every
-    row's top tokens with one top-k over the level: one read from the device per level, not per node."""
+    distribution they were drawn from (None: greedy, the top counts[f] in order). Greedy takes every
+    row's top tokens with one top-k over the level; on a GPU they stay there as 0-d tensors (feeding
+    the next level and read once with the whole tree: each read made the host wait), on a CPU ints."""
     if not sampler.greedy:
         return [_sample(row, n, sampler, replacement) for row, n in zip(rows, counts)]
     k = min(max(counts), rows.shape[-1])
-    top = torch.topk(rows, k).indices.tolist() if k else [[] for _ in counts]
+    if not k:
+        return [([], None) for _ in counts]
+    top = torch.topk(rows, k).indices  # (F, k)
+    if rows.device.type == "cpu":
+        top = top.tolist()
     return [(top[f][:n], None) for f, n in enumerate(counts)]
+
+
+def _as_input(tokens: list):
+    """A level's tokens as the draft's input: the ints, or the device's 0-d tensors stacked there."""
+    return torch.stack(tokens) if isinstance(tokens[0], torch.Tensor) else tokens
 
 
 def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequence[int], sampler: Sampler, *,
@@ -86,7 +96,7 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
                                                           replacement)):
             children = kids[node]
             for child, token in zip(children, drawn):
-                tokens[child], dists[child] = int(token), q
+                tokens[child], dists[child] = token, q  # an int, or a 0-d tensor still on the device
                 if kids[child]:
                     level.append(child)
             for child in children[len(drawn):]:
@@ -97,11 +107,15 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
         base = len(cache)
         mask = level_mask(base, root_pos + 1, [[cache_index[a] for a in ancestors(parents, node)] for node in level])
         positions = [root_pos + depth[n] for n in level]
-        out = draft.forward([tokens[n] for n in level], cache, position_ids=positions, mask=mask)
+        out = draft.forward(_as_input([tokens[n] for n in level]), cache, position_ids=positions, mask=mask)
         forward_tokens, flops = forward_tokens + len(level), flops + forward_flops(spec, len(level), base)
         for r, node in enumerate(level):
             cache_index[node] = base + r
         frontier, rows = level, out
+    on_device = [i for i, t in enumerate(tokens) if isinstance(t, torch.Tensor)]
+    if on_device:  # the whole tree's tokens in one read
+        for i, token in zip(on_device, _as_input([tokens[i] for i in on_device]).tolist()):
+            tokens[i] = token
     # Drop nodes that could not be drawn (sampling without replacement from a distribution
     # with fewer tokens than children): renumber the survivors, keeping level order.
     kept = [True] * len(parents)
