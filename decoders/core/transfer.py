@@ -17,4 +17,5 @@ def to_device(values, device: torch.device | str, dtype: torch.dtype | None = No
     device = torch.device(device)
     if device.type != "cuda" or (isinstance(values, torch.Tensor) and values.device.type != "cpu"):
         return torch.as_tensor(values, dtype=dtype, device=device)
-    return torch.as_tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+    # contiguous: an expanded view (BPD's candidates per beam) cannot be pinned in place
+    return torch.as_tensor(values, dtype=dtype).contiguous().pin_memory().to(device, non_blocking=True)
