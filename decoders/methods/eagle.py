@@ -30,6 +30,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -199,9 +200,10 @@ class FeatureDraftProposer:
         # One read to the host, not five (on a GPU each makes the host wait): float64 holds every id and
         # every float32 score exactly.
         n, m = len(token), len(chosen)
-        read = torch.cat([t.double() for t in (token, parent, depth_of, chosen, score)]).tolist()
-        ids = [int(x) for x in read[:3 * n + m]]
-        self.nodes = DraftNodes(token=ids[:n], parent=ids[n:2 * n], depth=ids[2 * n:3 * n], score=read[3 * n + m:])
+        read = torch.cat([t.double() for t in (token, parent, depth_of, chosen, score)]).cpu().numpy()
+        ids = read[:3 * n + m].astype(np.int64).tolist()
+        self.nodes = DraftNodes(token=ids[:n], parent=ids[n:2 * n], depth=ids[2 * n:3 * n],
+                                score=read[3 * n + m:].tolist())
         return ids[3 * n:]
 
     def _static(self, base: int, depth: int) -> list[int]:
