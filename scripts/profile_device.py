@@ -5,7 +5,7 @@ once at this machine's measured read bandwidth (a read-only stream). A path endi
 is that path with model.compile=inductor (compiled first; its compile time is printed apart).
 
     python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--context 256[,1024...]] [--refresh] [--out DIR]
-        [--paths none,prepacked>=1,kernel,...] [--interleave ROUNDS] [hydra overrides...]
+        [--paths none,prepacked>=1,kernel,...] [--interleave ROUNDS] [--split 1,8,16,32] [hydra overrides...]
 
 Profiles are cached under cache_dir/latency/, keyed by device, CPU threads, model, dtype,
 attention kernel and fast path: lookahead's `auto` W/N/G, Sequoia's tree=auto and Medusa's
@@ -21,6 +21,10 @@ of the model, loaded and packed (and built: kernel_build_seconds) before any tim
 rounds, each visiting every path in turn (the order rotating) for one forward of every size; each
 size's median over the rounds (the *_ms columns; *_min_ms its fastest) is reported, nothing cached;
 with several --context values, the rounds of each context in turn.
+
+--split SIZES says what holds each forward back: on each eager path, forwards of those widths and the
+autoregressive step are split into linears, attention and the rest, the linears set against the read
+bandwidth and a large matmul's rate (decoders/tuning/forward_split.py; split.csv with --out).
 """
 from __future__ import annotations
 
@@ -95,6 +99,10 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
     parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
     parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                         help="measure the paths in turn, ROUNDS rounds, and report medians (nothing cached)")
+    parser.add_argument("--split", default="", metavar="SIZES",
+                        help="also split forwards of these widths (comma-separated, e.g. 1,8,16,32) on each eager "
+                             "path into linears, attention and the rest, the linears set against the read "
+                             "bandwidth and a large matmul's rate: what holds each back (split.csv with --out)")
     args, overrides = parser.parse_known_args()
     paths = [p for p in args.paths.split(",") if p]
     try:
@@ -105,6 +113,10 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
     if not all(c.strip().isdigit() and int(c) >= 1 for c in contexts):
         parser.error(f"--context {args.context}: give cached-token counts >= 1, comma-separated (e.g. 256,1024)")
     args.contexts = list(dict.fromkeys(int(c) for c in contexts))
+    sizes = [c for c in args.split.split(",") if c.strip()]
+    if not all(c.strip().isdigit() and int(c) >= 1 for c in sizes):
+        parser.error(f"--split {args.split}: give forward widths >= 1, comma-separated (e.g. 1,8,16,32)")
+    args.split = [int(c) for c in sizes]
     args.context = args.contexts[0]  # the one cached, plotted and in provenance.json's autoregressive_s
     return args, overrides, choices
 
@@ -245,6 +257,30 @@ def print_steps_against_floor(lm, args: argparse.Namespace, steps: dict[str, flo
                  if fastest else ""))
 
 
+def split_paths(cfg, args: argparse.Namespace, choices: list[tuple[str, tuple]], floor: Floor) -> pd.DataFrame:
+    """--split: per eager path, forwards of the --split widths (and the autoregressive step) split into
+    linears, attention and the rest (decoders/tuning/forward_split.py), printed with what holds each back."""
+    from decoders.tuning.forward_split import matmul_rate, split_forwards, split_table
+
+    lm = instantiate(cfg.model, fast_path="none", compile="none").load()
+    rate = matmul_rate(lm.device, lm.dtype)
+    print(f"\nwhere each forward's time goes ({args.context} cached tokens, median of {args.repeats}); the linears "
+          f"against the read bandwidth {floor.read_bandwidth / 1e9:.1f} GB/s and a 1536^3 matmul's "
+          f"{rate / 1e9:.0f} GFLOP/s:")
+    tables = []
+    for path, choice in choices:
+        if path.endswith("+inductor"):
+            print(f"{path}: not split (a compiled forward calls its kernels outside Python)")
+            continue
+        if not put_on_path(lm, path, choice, Profiles()):
+            continue
+        table = split_table(split_forwards(lm, [0, *args.split], args.context, args.repeats),
+                            floor.read_bandwidth, rate).assign(path=path)
+        print(table.drop(columns="path").to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        tables.append(table)
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+
+
 def plot(lm, table: pd.DataFrame, steps: dict[str, float]):
     """Each path's latency relative to the native autoregressive step, by tokens in one forward."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -298,6 +334,7 @@ def main() -> None:
         table[f"{path}_vs_floor"] = table[f"{path}_ms"] / 1e3 / floor.seconds
     shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    split = split_paths(cfg, args, choices, floor) if args.split else None
     fig = plot(lm, table.iloc[:args.max_tokens], profiles.steps)  # the first context's rows
     out = Path(args.out) if args.out else Path(cfg.cache_dir).expanduser() / "latency"
     out.mkdir(parents=True, exist_ok=True)
@@ -306,6 +343,8 @@ def main() -> None:
     table.to_csv(out / f"{stem}.csv", index=False)
     if args.out:
         (out / "provenance.json").write_text(json.dumps(provenance_info(lm, args, profiles, floor), indent=2))
+        if split is not None and len(split):
+            split.to_csv(out / "split.csv", index=False)
     print(f"table: {out / f'{stem}.csv'}\nplot: {out / f'{stem}.png'}")
 
 

@@ -117,7 +117,7 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     import json
 
     out = run_script("profile_device.py", "--max-tokens", "4", "--repeats", "1", "--out", str(tmp_path / "out"),
-                     "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu")
+                     "--split", "2", "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu")
     assert out.returncode == 0, out.stderr[-2000:]
     from decoders.core.kernels import dtype_supported
 
@@ -134,6 +134,9 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert float(rows[0]["none_vs_floor"]) == pytest.approx(float(rows[0]["none_ms"]) / 1e3 / info["floor_s"], rel=1e-6)
     assert len(set(info["profiles"].values())) == len(labels)  # each threshold its own cached profile
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
+    split = list(csv.DictReader(open(tmp_path / "out" / "split.csv")))  # --split: each path's step and 2 tokens
+    assert [(r["path"], r["tokens"]) for r in split] == [(p, t) for p in labels for t in ("1 (step)", "2")]
+    assert "where each forward's time goes" in out.stdout and all(r["held_back_by"] for r in split)
     compiled = run_script("profile_device.py", "--paths", "prepacked>=4,prepacked>=4+inductor", "--max-tokens", "4",
                           "--repeats", "1", "--out", str(tmp_path / "c"), "model=tiny-random", f"cache_dir={tmp_path}",
                           "device=cpu")
@@ -145,6 +148,8 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu",
                      f"cache_dir={tmp_path}")
     assert bad.returncode == 2 and "prepacked>=N (N >= 1)" in bad.stderr
+    bad = run_script("profile_device.py", "--split", "0,8", "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}")
+    assert bad.returncode == 2 and "--split 0,8: give forward widths >= 1" in bad.stderr
 
 
 @pytest.mark.slow
