@@ -136,6 +136,69 @@ def test_autograd_and_other_dtypes_keep_the_native_kernel():
     assert type(lm.accelerate(half)) is torch.nn.Linear  # float16: not the kernel's, left native
 
 
+# ---- the fused RMSNorm (KernelRMSNorm) ------------------------------------------------------------------
+def _llama_norm(dim: int, dtype: torch.dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    norm = LlamaRMSNorm(dim, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim, generator=torch.Generator().manual_seed(1)))
+    return norm
+
+
+def _fused(norm):
+    """The same module on the kernel path (a copy: the class is swapped in place)."""
+    import copy
+    fused = copy.deepcopy(norm)
+    kernels._DTYPES.add(next(fused.parameters()).dtype)
+    fused.__class__ = kernels._kernel_norm_class(type(norm))
+    return fused
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [576, 100, 7])  # SmolLM2's; a tail of 4 lanes; under one vector
+def test_fused_norm_matches_transformers_and_each_row_is_its_own(dtype, dim):
+    norm = _llama_norm(dim, dtype)
+    fused = _fused(norm)
+    x = (torch.randn(2, 33, dim, generator=torch.Generator().manual_seed(2)) * 4).to(dtype)
+    with torch.inference_mode():
+        want, got = norm(x), fused(x)
+        alone = [fused(x[0, r:r + 1]) for r in (0, 17, 32)]
+        strided = fused(x.transpose(0, 1))  # not contiguous: copied first
+    ulp = torch.finfo(dtype).eps
+    assert got.dtype == dtype and got.shape == x.shape
+    assert torch.allclose(got.float(), want.float(), rtol=2 * ulp, atol=1e-6)
+    assert all(torch.equal(a[0], got[0, r]) for a, r in zip(alone, (0, 17, 32)))
+    assert torch.equal(strided, got.transpose(0, 1))
+    if dtype == torch.float32:  # the control: a wrong eps is seen
+        fused.variance_epsilon = 1.0
+        assert not torch.allclose(fused(x), want, rtol=2 * ulp, atol=1e-6)
+
+
+@needs_kernel
+def test_only_llamas_norm_formula_is_fused_and_the_swap_is_undone():
+    class GemmaLikeRMSNorm(torch.nn.Module):  # (1 + w): not Llama's formula, so the probe refuses it
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.zeros(dim)), eps
+
+        def forward(self, x):
+            x32 = x.float()
+            return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+                    * (1.0 + self.weight.float())).to(x.dtype)
+
+    lm = tiny_lm(seed=1, fast_path="kernel")
+    norms = [m for m in lm.model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all(isinstance(m, kernels.KernelRMSNorm) for m in norms)
+    gemma = torch.nn.Sequential(GemmaLikeRMSNorm(16))
+    lm.accelerate(gemma)
+    assert type(gemma[0]) is GemmaLikeRMSNorm
+    x = torch.randn(3, norms[0].weight.shape[0], requires_grad=True)
+    norms[0](x).sum().backward()  # autograd: transformers' own forward, so gradients flow
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    lm.set_fast_path("none")
+    assert all(type(m).__name__ == "LlamaRMSNorm" for m in norms)
+
+
 def _fresh_build_state(monkeypatch):
     monkeypatch.setattr(kernels, "_lib", None)
     monkeypatch.setattr(kernels, "_why_not", None)
