@@ -199,6 +199,73 @@ def test_only_llamas_norm_formula_is_fused_and_the_swap_is_undone():
     assert all(type(m).__name__ == "LlamaRMSNorm" for m in norms)
 
 
+# ---- the fused rotary embeddings (KernelAttention) ----------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kv, tokens, dim", [(9, 3, 1, 64), (9, 3, 17, 64), (4, 2, 5, 36), (2, 1, 3, 8)])
+def test_fused_rotary_is_bitwise_transformers(dtype, heads, kv, tokens, dim):
+    from transformers.models.llama import modeling_llama
+    lm = tiny_lm(seed=1, fast_path="kernel")  # installs the dispatcher
+    kernels._DTYPES.add(dtype)  # as a model in this dtype on the path would
+    original = modeling_llama.apply_rotary_pos_emb.original
+    gen = torch.Generator().manual_seed(heads * tokens)
+    q = (torch.randn(2, tokens, heads, dim, generator=gen) * 3).to(dtype).transpose(1, 2)  # as attention makes it
+    k = (torch.randn(2, tokens, kv, dim, generator=gen) * 3).to(dtype).transpose(1, 2)
+    angle = torch.randn(2, tokens, dim, generator=gen) * 20
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    want = original(q, k, cos, sin)
+    calls = []
+    real = dict(kernels._lib.rotary)
+    kernels._lib.rotary = {d: (lambda *a, f=f: (calls.append(1), f(*a))[1]) for d, f in real.items()}
+    try:
+        outside = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)  # not inside attention: transformers'
+        assert calls == []
+        kernels._in_kernel_attention.on = True
+        got = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    finally:
+        kernels._in_kernel_attention.on = False
+        kernels._lib.rotary = real
+    assert calls == [1]
+    for g, w, o in zip(got, want, outside):
+        assert torch.equal(g, w) and torch.equal(o, w)
+        def layout(t):
+            return [st for st, n in zip(t.stride(), t.shape) if n > 1]  # a size-1 dimension's stride is moot
+        assert layout(g) == layout(w)
+        assert torch.equal(torch.signbit(g), torch.signbit(w))  # zeros keep their sign, as torch's neg gives it
+    assert any(isinstance(m, kernels.KernelAttention) for m in lm.model.modules())
+
+
+@needs_kernel
+def test_a_rotary_of_another_formula_is_refused_and_the_swap_is_undone(monkeypatch):
+    import sys
+    import types
+
+    def interleaved(q, k, cos, sin, unsqueeze_dim=1):  # GPT-J's pairs, not Llama's halves
+        def rot(x):
+            return torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+    fake = types.ModuleType("fake_gptj_modeling")
+    fake.apply_rotary_pos_emb = interleaved
+
+    class FakeAttention(torch.nn.Module):
+        __module__ = "fake_gptj_modeling"
+
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    monkeypatch.setitem(sys.modules, "fake_gptj_modeling", fake)
+    lm = tiny_lm(seed=1, fast_path="kernel")
+    attention = lm.accelerate(torch.nn.Sequential(FakeAttention()))[0]
+    assert type(attention) is FakeAttention and fake.apply_rotary_pos_emb is interleaved
+    assert kernels._ROTARY.pop("fake_gptj_modeling") is False
+    llama = [m for m in lm.model.modules() if type(m).__name__.endswith("LlamaAttention")]
+    assert llama and all(isinstance(m, kernels.KernelAttention) for m in llama)
+    lm.set_fast_path("none")
+    assert all(type(m).__name__ == "LlamaAttention" for m in llama)
+
+
 def _fresh_build_state(monkeypatch):
     monkeypatch.setattr(kernels, "_lib", None)
     monkeypatch.setattr(kernels, "_why_not", None)

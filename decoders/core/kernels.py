@@ -6,8 +6,10 @@ sharing stay as they are), which keeps its weight repacked into column panels an
 over k in a fixed order, so a row's result is bitwise the same alone or among others (a tree's
 verification and a one-token step agree in the linears). Wider inputs (a prompt's prefill) and
 autograd keep the native kernel. Llama-formula RMSNorms (their class checked by a probe) are swapped
-too, for KernelRMSNorm: one call into the library per norm instead of transformers' seven operations
-(1.4-2.7 ms of a SmolLM2 step on a 2-core Zen 4, results/reference/kernels/split_zen4/).
+too, for KernelRMSNorm: one call into the library per norm instead of transformers' seven operations;
+and attention whose model's rotary is Llama's, for KernelAttention: inside it, apply_rotary_pos_emb runs
+in the library, bitwise transformers' result (scripts/bench_fused_ops.py: both save 2.1-4.2 ms a SmolLM2
+forward on a 2-core Zen 4, results/reference/kernels/split_zen4/).
 
 The extension (plain C on raw pointers, called through ctypes: no torch headers, so it builds in
 seconds) is built at first use by torch.utils.cpp_extension.load (g++ -O3 with AVX-512 flags;
@@ -25,6 +27,7 @@ import hashlib
 import os
 import platform
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -126,8 +129,12 @@ class Library:
         for name in ("db_rmsnorm_f32", "db_rmsnorm_bf16"):
             getattr(lib, name).argtypes = [ptr, i64, i64, ptr, ctypes.c_float, ptr]
             getattr(lib, name).restype = None
+        for name in ("db_rotary_f32", "db_rotary_bf16"):
+            getattr(lib, name).argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
+            getattr(lib, name).restype = None
         self.path, self.lib = Path(path), lib
         self.rmsnorm = {torch.float32: lib.db_rmsnorm_f32, torch.bfloat16: lib.db_rmsnorm_bf16}
+        self.rotary = {torch.float32: lib.db_rotary_f32, torch.bfloat16: lib.db_rotary_bf16}
         self.panel, self.rows = lib.db_kernel_panel(), lib.db_kernel_rows()  # output columns a panel, rows a block
         self._f32, self._bf16 = lib.db_linear_f32, lib.db_linear_bf16
 
@@ -342,6 +349,93 @@ def _kernel_norm_class(cls: type) -> type | None:
     return _NORMS[cls]
 
 
+# ---- rotary embeddings: transformers' apply_rotary_pos_emb, fused inside attention on the kernel path ----
+_in_kernel_attention = threading.local()  # .on: inside a KernelAttention's forward (this thread)
+
+
+def fused_rotary(q, k, cos, sin, original):
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin) in one call into the library (bitwise the same
+    result), inside a KernelAttention's forward on the CPU in the kernel's dtypes; `original` elsewhere."""
+    if getattr(_in_kernel_attention, "on", False) and q.dtype in _DTYPES and q.is_cpu:
+        B, H, T, D = q.shape
+        if (q.dtype == k.dtype == cos.dtype == sin.dtype and k.shape[0] == B and k.shape[2:] == (T, D)
+                and cos.shape == sin.shape == (B, T, D) and cos.is_contiguous() and sin.is_contiguous()
+                and q.stride(-1) == 1 and k.stride(-1) == 1 and D % 2 == 0
+                and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))):
+            q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # the inputs' layouts, as torch's would be
+            strides = (ctypes.c_int64 * 12)(*q.stride()[:3], *q_out.stride()[:3], *k.stride()[:3],
+                                            *k_out.stride()[:3])
+            _lib.rotary[q.dtype](q.data_ptr(), k.data_ptr(), B, H, k.shape[1], T, D, strides, cos.data_ptr(),
+                                 sin.data_ptr(), q_out.data_ptr(), k_out.data_ptr())
+            return q_out, k_out
+    return original(q, k, cos, sin)
+
+
+class KernelAttention:
+    """Mixed into an attention class whose model module's apply_rotary_pos_emb is Llama's (swap makes
+    `Kernel<its name>`): its forward marks the thread so that the module's rotary, replaced once by a
+    dispatcher (fused_rotary), runs in the library. Other models' attention in the process is untouched."""
+
+    def forward(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return super().forward(*args, **kwargs)
+        was = getattr(_in_kernel_attention, "on", False)
+        _in_kernel_attention.on = True
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            _in_kernel_attention.on = was
+
+
+_ROTARY: dict[str, bool] = {}  # a model module's name -> its rotary replaced by the dispatcher (False: refused)
+_ATTENTIONS: dict[type, type] = {}
+
+
+def _rotary_module(module_name: str) -> bool:
+    """Replace `module_name`'s apply_rotary_pos_emb by the dispatcher, once, if the library's result is
+    bitwise its own on random queries and keys in every dtype the kernel runs here."""
+    if module_name not in _ROTARY:
+        python_module = sys.modules.get(module_name)
+        original = getattr(python_module, "apply_rotary_pos_emb", None)
+        ok = callable(original)
+        gen = torch.Generator().manual_seed(0)
+        for dtype in _DTYPES if ok else ():
+            q = torch.randn(2, 5, 3, 36, generator=gen).to(dtype).transpose(1, 2)  # (B, T, H, D) memory, as q's
+            k = torch.randn(2, 5, 1, 36, generator=gen).to(dtype).transpose(1, 2)
+            angle = torch.randn(2, 5, 36, generator=gen) * 5
+            cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+            want = original(q, k, cos, sin)
+            _in_kernel_attention.on = True
+            try:
+                got = fused_rotary(q, k, cos, sin, lambda *a: (None, None))
+            finally:
+                _in_kernel_attention.on = False
+            ok = ok and all(g is not None and torch.equal(g, w) for g, w in zip(got, want))
+        if ok:
+            def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, original=original):
+                if unsqueeze_dim != 1 or torch.compiler.is_compiling():  # a graph traces transformers' own
+                    return original(q, k, cos, sin, unsqueeze_dim)
+                return fused_rotary(q, k, cos, sin, original)
+            apply_rotary_pos_emb.original = original
+            python_module.apply_rotary_pos_emb = apply_rotary_pos_emb
+        _ROTARY[module_name] = ok
+    return _ROTARY[module_name]
+
+
+def _kernel_attention_class(cls: type) -> type | None:
+    """`cls` with KernelAttention's forward, if its model module's rotary could be fused; else None."""
+    if not _rotary_module(cls.__module__):
+        return None
+    if cls not in _ATTENTIONS:
+        _ATTENTIONS[cls] = type(f"Kernel{cls.__name__}", (KernelAttention, cls), {})
+    return _ATTENTIONS[cls]
+
+
+def _is_attention(module: nn.Module) -> bool:
+    return (type(module).__name__.endswith("Attention") and hasattr(module, "q_proj") and hasattr(module, "k_proj")
+            and hasattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb"))
+
+
 def _is_rmsnorm(module: nn.Module) -> bool:
     return (type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
             and isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 1)
@@ -365,12 +459,16 @@ def swap(model: nn.Module) -> int:
             kernel = _kernel_norm_class(type(module))
             if kernel is not None:
                 module.__class__ = kernel
+        elif _is_attention(module) and not isinstance(module, KernelAttention) and _DTYPES:
+            kernel = _kernel_attention_class(type(module))
+            if kernel is not None:
+                module.__class__ = kernel
     return extra
 
 
 def unswap(model: nn.Module) -> None:
     for module in model.modules():
-        if isinstance(module, KernelRMSNorm):
+        if isinstance(module, (KernelRMSNorm, KernelAttention)):
             module.__class__ = type(module).__bases__[1]
         if type(module) is KernelLinear:
             module.__class__ = nn.Linear
