@@ -169,7 +169,7 @@ def check_compile(name: str, compile: str) -> None:
 def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str = "none") -> LM:
     """model.fast_path: auto = measured choice on CPU (cached under cache_dir), nothing on CUDA;
     none / prepacked / kernel as asked (a path this machine cannot run falls back to none, with the reason noted).
-    Then model.compile, traced over the path chosen: auto = compiled where that measures faster
+    Then model.compile, traced over the path chosen: auto = compiled where that measures 5% faster or more
     (measured once per device, model, dtype and path, cached under cache_dir), none / inductor as asked."""
     if fast_path == "auto":
         choice = choose_fast_path(lm, cache_dir)
