@@ -271,7 +271,10 @@ class KernelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The hot path of every linear layer in a decode step (about nn.Linear's own cost in Python):
         # checks that allocate nothing, then one call into the library, whose shape checks hold here.
-        weight, bias = self.weight, self.bias
+        # The parameters straight from their dict: nn.Module's attribute lookup costs 0.6 us each.
+        params = self.__dict__["_parameters"]
+        weight = params["weight"] if "weight" in params else self.weight
+        bias = params["bias"] if "bias" in params else self.bias
         shape, dtype = x.shape, x.dtype
         k = shape[-1]
         rows = x.numel() // k if k else 0
