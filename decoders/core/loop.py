@@ -24,7 +24,7 @@ import torch
 
 from .kv_cache import KVCache
 from .lm import LM
-from .sampling import Sampler, argmax
+from .sampling import ArgmaxRows, Sampler
 from .trace import Generation, Tracer, truncate_at_stop
 from .tree import TokenTree, ancestor_rows
 from .verify import verify_greedy, verify_sampling
@@ -70,18 +70,18 @@ class Scores:
     # tokens (the root last), then the tree after the root, so tree node i is row uncached - 1 + i
     features: torch.Tensor | None = None
     rows: torch.Tensor | None = None  # (len(tree) + len(side.rows), V): both, as the forward returned them
-    _argmax: list[int] | None = field(default=None, init=False, repr=False)
+    _argmax: ArgmaxRows | None = field(default=None, init=False, repr=False)
+
+    def argmax_rows(self) -> ArgmaxRows:
+        """The argmax of every row, the tree's then the side branch's, read as asked (one reader a step:
+        on a GPU verification and a proposer's commit share one read)."""
+        if self._argmax is None:
+            self._argmax = ArgmaxRows(self.rows if self.rows is not None else self.logits)
+        return self._argmax
 
     def argmax(self, start: int = 0, stop: int | None = None) -> list[int]:
-        """The argmax of rows start:stop, counting the tree's rows then the side branch's. On a GPU every
-        row is read at the first call and kept: each read makes the host wait, and verification and a
-        proposer's commit would each read. On a CPU only the rows asked for (each costs microseconds)."""
-        rows = self.rows if self.rows is not None else self.logits
-        if rows.device.type == "cpu":
-            return argmax(rows[start:stop])
-        if self._argmax is None:
-            self._argmax = argmax(rows)
-        return self._argmax[start:stop]
+        """The argmax of rows start:stop, counting the tree's rows then the side branch's."""
+        return self.argmax_rows().slice(start, stop)
 
 
 class Proposer(Protocol):
@@ -119,8 +119,8 @@ Accept = Callable[[TokenTree, torch.Tensor, Sampler], tuple[list[int], int]]  # 
 def verify(proposal: Proposal, scores: Scores, sampler: Sampler) -> tuple[list[int], int]:
     """Exact verification: greedy matching, or speculative sampling that keeps the target's distribution."""
     logits = scores.logits
-    if sampler.greedy:  # on a CPU verify_greedy reads only the rows its walk reaches
-        return verify_greedy(proposal.tree, logits, None if logits.device.type == "cpu" else scores.argmax())
+    if sampler.greedy:
+        return verify_greedy(proposal.tree, logits, scores.argmax_rows())
     return verify_sampling(proposal.tree, sampler.probs(logits), proposal.draft_probs, sampler.generator,
                            without_replacement=proposal.without_replacement, draws=proposal.draws)
 

@@ -11,32 +11,19 @@ from typing import Sequence
 
 import torch
 
-from .sampling import argmax
+from .sampling import ArgmaxRows
 from .tree import TokenTree
 
 
 def verify_greedy(tree: TokenTree, target_logits: torch.Tensor,
-                  predicted_rows: Sequence[int] | None = None) -> tuple[list[int], int]:
+                  predicted: ArgmaxRows | Sequence[int] | None = None) -> tuple[list[int], int]:
     """Longest path whose every token is the target's argmax after its parent (TokenTree.longest_path).
-    predicted_rows: every row's argmax where the caller has read them already (loop.Scores.argmax)."""
-    if predicted_rows is not None:
-        predicted = predicted_rows.__getitem__
-    elif target_logits.device.type == "cpu":
-        # Only the rows the walk reaches: the matched path and its children's parents, a few of a
-        # tree's rows (on a CPU the argmax of all of them, each over the whole vocabulary, cost
-        # 0.2-0.6 ms a step). On a GPU every row at once: one copy to the host, not one per row.
-        rows: dict[int, int] = {}
-
-        def predicted(node: int) -> int:
-            if node not in rows:
-                rows[node] = argmax(target_logits[node])
-            return rows[node]
-    else:
-        prediction = argmax(target_logits)
-        predicted = prediction.__getitem__
-
-    path = tree.longest_path(lambda node, child: tree.tokens[child] == predicted(node))
-    return path, predicted(path[-1])
+    predicted: each row's argmax by index, where the caller reads them (loop.Scores.argmax_rows);
+    by default read from target_logits as the walk reaches them (ArgmaxRows)."""
+    if predicted is None:
+        predicted = ArgmaxRows(target_logits)
+    path = tree.longest_path(lambda node, child: tree.tokens[child] == predicted[node])
+    return path, predicted[path[-1]]
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
