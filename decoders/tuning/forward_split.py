@@ -24,6 +24,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..core.lm import LM
+from .profile import primed_cache, timed_forward
 
 
 @dataclass
@@ -102,28 +103,12 @@ def linear_work(model: nn.Module, rows: int) -> tuple[int, float]:
 
 def split_forwards(lm: LM, sizes: list[int], context: int = 256, repeats: int = 7, seed: int = 0) -> list[Split]:
     """Per size (0 = the autoregressive step), the median of `repeats` forwards after `context` cached
-    tokens, fed as profile.forward_samples feeds them, split by `timed`."""
-    rng = random.Random(seed)
-    width = max(sizes + [1])
-    ids = [rng.randrange(lm.vocab_size) for _ in range(context + width)]
-    cache = lm.new_cache()
-    lm.forward(ids[:context], cache, last_only=True)
+    tokens (profile.timed_forward), split by `timed`."""
+    ids, cache = primed_cache(lm, context, max(sizes + [1]), random.Random(seed))
 
     def one(k: int, spent: dict) -> tuple[float, float, float]:
         spent["linear"] = spent["attention"] = 0.0
-        lm.sync()
-        start = time.perf_counter()
-        if k == 0:
-            lm.forward(ids[context:context + 1], cache, last_only=True)
-        else:
-            mask = torch.ones(k, context + k, dtype=torch.bool)
-            mask[:, context:] = torch.tril(mask[:, context:])
-            lm.forward(ids[context:context + k], cache, position_ids=torch.arange(context, context + k), mask=mask,
-                       logits_last=k)
-        lm.sync()
-        total = time.perf_counter() - start
-        cache.crop(context)
-        return total, spent["linear"], spent["attention"]
+        return timed_forward(lm, ids, cache, context, k), spent["linear"], spent["attention"]
 
     splits = []
     with timed(lm.model) as spent:

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..core.compiled import COMPILE_MODES
 from ..core.fast_path import FAST_PATHS
+from ..core.kv_cache import KVCache
 from ..core.lm import LM
 
 
@@ -49,32 +50,44 @@ def profile_key(lm: LM, fast_path: bool = True) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
 
 
-def forward_samples(lm: LM, max_tokens: int = 48, context: int = 256, repeats: int = 5,
-                    seed: int = 0) -> dict[int, list[float]]:
-    """Seconds of each forward of k = 1..max_tokens new tokens after `context` cached ones, fed as
-    tree/window decoders feed them (explicit positions and a bool mask, logits for every row), and
-    (k = 0) of one autoregressive step (1 token, causal, no mask): `repeats` rounds, the sizes
-    visited in a fresh random order each round so that drift spreads over all of them."""
-    rng = random.Random(seed)
-    ids = [rng.randrange(lm.vocab_size) for _ in range(context + max_tokens)]
+def primed_cache(lm: LM, context: int, width: int, rng: random.Random) -> tuple[list[int], KVCache]:
+    """Random ids for `context` cached tokens and `width` more, and a cache holding the first `context`."""
+    ids = [rng.randrange(lm.vocab_size) for _ in range(context + width)]
     cache = lm.new_cache()
     lm.forward(ids[:context], cache, last_only=True)
+    return ids, cache
+
+
+def timed_forward(lm: LM, ids: list[int], cache: KVCache, context: int, k: int) -> float:
+    """Seconds of one forward of k new tokens (ids[context:]) after the `context` cached ones, fed as
+    tree/window decoders feed them (explicit positions and a bool mask, logits for every row), or
+    (k = 0) of one autoregressive step (1 token, causal, no mask). The cache is cut back after."""
+    lm.sync()
+    start = time.perf_counter()
+    if k == 0:
+        lm.forward(ids[context:context + 1], cache, last_only=True)
+    else:
+        mask = torch.ones(k, context + k, dtype=torch.bool)
+        mask[:, context:] = torch.tril(mask[:, context:])
+        lm.forward(ids[context:context + k], cache, position_ids=torch.arange(context, context + k), mask=mask,
+                   logits_last=k)
+    lm.sync()
+    elapsed = time.perf_counter() - start
+    cache.crop(context)
+    return elapsed
+
+
+def forward_samples(lm: LM, max_tokens: int = 48, context: int = 256, repeats: int = 5,
+                    seed: int = 0) -> dict[int, list[float]]:
+    """Seconds of each forward of k = 1..max_tokens new tokens after `context` cached ones and (k = 0)
+    of one autoregressive step (timed_forward): `repeats` rounds, the sizes visited in a fresh random
+    order each round so that drift spreads over all of them."""
+    rng = random.Random(seed)
+    ids, cache = primed_cache(lm, context, max_tokens, rng)
     samples: dict[int, list[float]] = {k: [] for k in range(0, max_tokens + 1)}
 
     def one(k: int) -> float:
-        lm.sync()
-        start = time.perf_counter()
-        if k == 0:  # the autoregressive step
-            lm.forward(ids[context:context + 1], cache, last_only=True)
-        else:
-            mask = torch.ones(k, context + k, dtype=torch.bool)
-            mask[:, context:] = torch.tril(mask[:, context:])
-            lm.forward(ids[context:context + k], cache, position_ids=torch.arange(context, context + k), mask=mask,
-                       logits_last=k)
-        lm.sync()
-        elapsed = time.perf_counter() - start
-        cache.crop(context)
-        return elapsed
+        return timed_forward(lm, ids, cache, context, k)
 
     for k in (0, 1, max_tokens):  # warm-up: allocator growth, kernel selection
         one(k)
