@@ -233,29 +233,18 @@ inline __m512 negate(__m512 v) {  // the sign bit flipped, as torch's neg (-0 fo
   return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
 }
 
-// x, out: (B, H, T, D) at strides (sb, sh, st, 1); cos, sin: (B, T, D) contiguous.
-void rotary_f32(const float* x, int64_t B, int64_t H, int64_t T, int64_t D, const int64_t* xs, const float* cos,
-                const float* sin, float* out, const int64_t* os) {
-  const int64_t half = D / 2;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const float* xr = x + b * xs[0] + h * xs[1] + t * xs[2];
-        float* yr = out + b * os[0] + h * os[1] + t * os[2];
-        const float* c = cos + (b * T + t) * D;
-        const float* s = sin + (b * T + t) * D;
-        for (int64_t i = 0; i < half; i += 16) {
-          const __mmask16 m = tail_mask(half - i);
-          const __m512 lo = _mm512_maskz_loadu_ps(m, xr + i), hi = _mm512_maskz_loadu_ps(m, xr + half + i);
-          const __m512 neg_hi = negate(hi);
-          _mm512_mask_storeu_ps(yr + i, m, _mm512_add_round_ps(
-              _mm512_mul_round_ps(lo, _mm512_maskz_loadu_ps(m, c + i), NEAREST),
-              _mm512_mul_round_ps(neg_hi, _mm512_maskz_loadu_ps(m, s + i), NEAREST), NEAREST));
-          _mm512_mask_storeu_ps(yr + half + i, m, _mm512_add_round_ps(
-              _mm512_mul_round_ps(hi, _mm512_maskz_loadu_ps(m, c + half + i), NEAREST),
-              _mm512_mul_round_ps(lo, _mm512_maskz_loadu_ps(m, s + half + i), NEAREST), NEAREST));
-        }
-      }
+// One row of D = 2 * half values: out = x * cos + rotate_half(x) * sin, cos and sin the row's own.
+void rotary_row_f32(const float* xr, const float* c, const float* s, int64_t half, float* yr) {
+  for (int64_t i = 0; i < half; i += 16) {
+    const __mmask16 m = tail_mask(half - i);
+    const __m512 lo = _mm512_maskz_loadu_ps(m, xr + i), hi = _mm512_maskz_loadu_ps(m, xr + half + i);
+    _mm512_mask_storeu_ps(yr + i, m, _mm512_add_round_ps(
+        _mm512_mul_round_ps(lo, _mm512_maskz_loadu_ps(m, c + i), NEAREST),
+        _mm512_mul_round_ps(negate(hi), _mm512_maskz_loadu_ps(m, s + i), NEAREST), NEAREST));
+    _mm512_mask_storeu_ps(yr + half + i, m, _mm512_add_round_ps(
+        _mm512_mul_round_ps(hi, _mm512_maskz_loadu_ps(m, c + half + i), NEAREST),
+        _mm512_mul_round_ps(lo, _mm512_maskz_loadu_ps(m, s + half + i), NEAREST), NEAREST));
+  }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -265,26 +254,26 @@ inline void store_bf16(uint16_t* p, __mmask16 m, __m512 v) {
 
 // The same in bfloat16: each product rounded to bfloat16, then their sum (as torch's bfloat16 operations do).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-void rotary_bf16(const uint16_t* x, int64_t B, int64_t H, int64_t T, int64_t D, const int64_t* xs,
-                 const uint16_t* cos, const uint16_t* sin, uint16_t* out, const int64_t* os) {
-  const int64_t half = D / 2;
+void rotary_row_bf16(const uint16_t* xr, const uint16_t* c, const uint16_t* s, int64_t half, uint16_t* yr) {
+  for (int64_t i = 0; i < half; i += 16) {
+    const __mmask16 m = tail_mask(half - i);
+    const __m512 lo = bf16_to_f32(m, xr + i), hi = bf16_to_f32(m, xr + half + i);
+    store_bf16(yr + i, m, _mm512_add_ps(round_bf16(_mm512_mul_ps(lo, bf16_to_f32(m, c + i))),
+                                        round_bf16(_mm512_mul_ps(negate(hi), bf16_to_f32(m, s + i)))));
+    store_bf16(yr + half + i, m, _mm512_add_ps(round_bf16(_mm512_mul_ps(hi, bf16_to_f32(m, c + half + i))),
+                                               round_bf16(_mm512_mul_ps(lo, bf16_to_f32(m, s + half + i)))));
+  }
+}
+
+// x, out: (B, H, T, D) at strides (sb, sh, st, 1); cos, sin: (B, T, D) contiguous; `row` rotates one row.
+template <typename E>
+void rotary(void (*row)(const E*, const E*, const E*, int64_t, E*), const E* x, int64_t B, int64_t H, int64_t T,
+            int64_t D, const int64_t* xs, const E* cos, const E* sin, E* out, const int64_t* os) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const uint16_t* xr = x + b * xs[0] + h * xs[1] + t * xs[2];
-        uint16_t* yr = out + b * os[0] + h * os[1] + t * os[2];
-        const uint16_t* c = cos + (b * T + t) * D;
-        const uint16_t* s = sin + (b * T + t) * D;
-        for (int64_t i = 0; i < half; i += 16) {
-          const __mmask16 m = tail_mask(half - i);
-          const __m512 lo = bf16_to_f32(m, xr + i), hi = bf16_to_f32(m, xr + half + i);
-          const __m512 neg_hi = negate(hi);
-          store_bf16(yr + i, m, _mm512_add_ps(round_bf16(_mm512_mul_ps(lo, bf16_to_f32(m, c + i))),
-                                              round_bf16(_mm512_mul_ps(neg_hi, bf16_to_f32(m, s + i)))));
-          store_bf16(yr + half + i, m, _mm512_add_ps(round_bf16(_mm512_mul_ps(hi, bf16_to_f32(m, c + half + i))),
-                                                     round_bf16(_mm512_mul_ps(lo, bf16_to_f32(m, s + half + i)))));
-        }
-      }
+      for (int64_t t = 0; t < T; ++t)
+        row(x + b * xs[0] + h * xs[1] + t * xs[2], cos + (b * T + t) * D, sin + (b * T + t) * D, D / 2,
+            out + b * os[0] + h * os[1] + t * os[2]);
 }
 
 }  // namespace
@@ -295,15 +284,15 @@ extern "C" {
 // strides (the last dimension contiguous), cos / sin (B, T, D) contiguous; outputs at their own strides.
 void db_rotary_f32(const float* q, const float* k, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t D,
                    const int64_t* strides, const float* cos, const float* sin, float* q_out, float* k_out) {
-  rotary_f32(q, B, H, T, D, strides, cos, sin, q_out, strides + 3);
-  rotary_f32(k, B, KV, T, D, strides + 6, cos, sin, k_out, strides + 9);
+  rotary<float>(rotary_row_f32, q, B, H, T, D, strides, cos, sin, q_out, strides + 3);
+  rotary<float>(rotary_row_f32, k, B, KV, T, D, strides + 6, cos, sin, k_out, strides + 9);
 }
 
 void db_rotary_bf16(const uint16_t* q, const uint16_t* k, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t D,
                     const int64_t* strides, const uint16_t* cos, const uint16_t* sin, uint16_t* q_out,
                     uint16_t* k_out) {
-  rotary_bf16(q, B, H, T, D, strides, cos, sin, q_out, strides + 3);
-  rotary_bf16(k, B, KV, T, D, strides + 6, cos, sin, k_out, strides + 9);
+  rotary<uint16_t>(rotary_row_bf16, q, B, H, T, D, strides, cos, sin, q_out, strides + 3);
+  rotary<uint16_t>(rotary_row_bf16, k, B, KV, T, D, strides + 6, cos, sin, k_out, strides + 9);
 }
 
 // x, y (rows, dim) float32, w (dim): transformers' LlamaRMSNorm in float32.
