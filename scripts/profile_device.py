@@ -257,12 +257,13 @@ def print_steps_against_floor(lm, args: argparse.Namespace, steps: dict[str, flo
                  if fastest else ""))
 
 
-def split_paths(cfg, args: argparse.Namespace, choices: list[tuple[str, tuple]], floor: Floor) -> pd.DataFrame:
+def split_paths(lm, args: argparse.Namespace, choices: list[tuple[str, tuple]], floor: Floor) -> pd.DataFrame:
     """--split: per eager path, forwards of the --split widths (and the autoregressive step) split into
-    linears, attention and the rest (decoders/tuning/forward_split.py), printed with what holds each back."""
+    linears, attention and the rest (decoders/tuning/forward_split.py), printed with what holds each back.
+    On the profile's own model, uncompiled, each path put on it in turn."""
     from decoders.tuning.forward_split import matmul_rate, split_forwards, split_table
 
-    lm = instantiate(cfg.model, fast_path="none", compile="none").load()
+    lm.set_compile("none")  # before the kernels change, as profile_paths does
     rate = matmul_rate(lm.device, lm.dtype)
     print(f"\nwhere each forward's time goes ({args.context} cached tokens, median of {args.repeats}); the linears "
           f"against the read bandwidth {floor.read_bandwidth / 1e9:.1f} GB/s and a 1536^3 matmul's "
@@ -334,7 +335,7 @@ def main() -> None:
         table[f"{path}_vs_floor"] = table[f"{path}_ms"] / 1e3 / floor.seconds
     shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    split = split_paths(cfg, args, choices, floor) if args.split else None
+    split = split_paths(lm, args, choices, floor) if args.split else None
     fig = plot(lm, table.iloc[:args.max_tokens], profiles.steps)  # the first context's rows
     out = Path(args.out) if args.out else Path(cfg.cache_dir).expanduser() / "latency"
     out.mkdir(parents=True, exist_ok=True)
