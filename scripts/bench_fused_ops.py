@@ -8,9 +8,9 @@ after 256 cached ones; medians of the rounds. `--only norm` or `--only rotary` s
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from decoders.core.kernels import KernelAttention, KernelRMSNorm  # noqa: E402
-from decoders.core.kv_cache import causal_mask  # noqa: E402
+from decoders.tuning.profile import primed_cache, timed_forward  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 SIZES = (1, 8, 32)
@@ -48,26 +48,14 @@ def main() -> None:
         for m, cls in fused.items():
             m.__class__ = cls if on else cls.__bases__[1]
 
-    def one(k: int, cache) -> float:
-        start = time.perf_counter()
-        if k == 1:
-            lm.forward([200], cache, last_only=True)
-        else:
-            lm.forward(list(range(200, 200 + k)), cache, position_ids=list(range(CONTEXT, CONTEXT + k)),
-                       mask=causal_mask(k, CONTEXT), logits_last=k)
-        elapsed = time.perf_counter() - start
-        cache.crop(CONTEXT)
-        return elapsed
-
     seconds = {(on, k): [] for on in (False, True) for k in SIZES}
     with torch.inference_mode():
-        cache = lm.new_cache()
-        lm.forward(list(range(100, 100 + CONTEXT)), cache)
+        ids, cache = primed_cache(lm, CONTEXT, max(SIZES), random.Random(0))
         for r in range(args.rounds + 1):
             for on in ((False, True) if r % 2 else (True, False)):
                 use(on)
                 for k in SIZES:
-                    t = one(k, cache)
+                    t = timed_forward(lm, ids, cache, CONTEXT, 0 if k == 1 else k)  # 1: the autoregressive step
                     if r:  # round 0 warms both up
                         seconds[(on, k)].append(t)
     print(f"{lm.name}, {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
