@@ -287,3 +287,30 @@ def test_drafts_reach_the_host_in_one_read():
                 lambda: lattice_beam_search(head_logp, 3, 2, 1.0, None)):
         reads = host_reads(run)
         assert sum(reads.values()) == 1, reads
+
+
+@pytest.mark.cuda
+def test_draft_tree_levels_copy_nothing_from_the_host(monkeypatch):
+    """A greedy draft tree's levels feed the draft tensors already on the GPU (its shape's plan): a tree
+    of three fed levels pins as many host buffers as one of a single level, the catch-up's. The
+    control, with the plan never matching, copies each level's mask and positions."""
+    import dataclasses
+    import decoders.methods.draft_tree as tree_module
+    from decoders.core.sampling import Sampler
+    lm, _ = placed("cuda", torch.float16)
+    greedy = Sampler(Sampling(), "cuda")
+    one_level, three_levels = (-1, 0, 0, 1), (-1, 0, 0, 1, 1, 2, 3, 5, 6)
+
+    def pins(parents) -> int:
+        tree_module.draft_tree(lm, lm.new_cache(), [5, 6, 7], parents, greedy)  # makes the plan
+        count, real = [], torch.Tensor.pin_memory
+        monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a: count.append(1) or real(t, *a))
+        tree_module.draft_tree(lm, lm.new_cache(), [5, 6, 7], parents, greedy)
+        monkeypatch.setattr(torch.Tensor, "pin_memory", real)
+        return len(count)
+
+    assert pins(three_levels) == pins(one_level)
+    plan = tree_module.tree_plan
+    monkeypatch.setattr(tree_module, "tree_plan", lambda *a: dataclasses.replace(
+        plan(*a), levels=tuple(() for _ in plan(*a).levels)))
+    assert pins(three_levels) >= pins(one_level) + 4

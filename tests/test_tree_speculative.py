@@ -2,6 +2,8 @@
 after every step, the trace, and the sampled output distribution (chi-square against the exact
 joint at temperature 0.7 / 1.0 / top-p 0.9, with a negative control). Greedy equality is in
 test_greedy_equality.py."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -68,6 +70,79 @@ def test_sampling_without_replacement_drops_children_it_cannot_draw():
     parents = (-1, 0, 0, 0, 3)
     tree = draft_tree(draft, draft.new_cache(), [1, 2, 3], parents, Sampler(sampling, "cpu"), replacement=False)
     assert tree.parents == [-1, 0, 0] and len(set(tree.tokens[1:])) == 2
+
+
+def fed_rows_against_fresh_forwards(draft, sequence, parents, sampler, replacement):
+    """Draft a tree, recording each level's forward; every fed node's logits must equal a fresh causal
+    forward of the committed text and the node's own path (its mask and position were right)."""
+    calls, real = [], draft.forward
+
+    def recording(ids, cache, **kwargs):
+        base = len(cache)
+        out = real(ids, cache, **kwargs)
+        calls.append((base, out))
+        return out
+
+    draft.forward = recording
+    try:
+        tree = draft_tree(draft, draft.new_cache(), sequence, parents, sampler, replacement=replacement)
+    finally:
+        del draft.forward
+    checked = 0
+    for node, slot in tree.cache_index.items():
+        if node == 0:
+            continue
+        base, out = next((b, o) for b, o in calls[1:] if b <= slot < b + len(o))
+        path, a = [], node
+        while a > 0:
+            path.append(tree.tokens[a])
+            a = tree.parents[a]
+        fresh = real(list(sequence) + path[::-1], draft.new_cache(), last_only=True)[-1]
+        torch.testing.assert_close(out[slot - base], fresh, rtol=1e-4, atol=1e-5)
+        checked += 1
+    return tree, checked
+
+
+def test_fed_levels_see_their_ancestors_from_the_plan_and_from_the_host():
+    """Greedy fills the whole shape, so every level's mask and positions come from the plan made
+    once per shape; top_k=2 without replacement drops node 3 and its subtree, so the levels after it
+    are masked from the host. Either way each fed node saw exactly its context and ancestors."""
+    lm = tiny_lm(seed=1, layers=3)
+    draft = SelfDraft(layers=2).build(lm)
+    parents = (-1, 0, 0, 0, 1, 1, 3, 4, 6)  # node 3 (a third child) has a subtree
+    tree, checked = fed_rows_against_fresh_forwards(draft, [1, 2, 3, 4], parents, Sampler(GREEDY, "cpu"), False)
+    assert tree.parents == list(parents) and checked == 4  # nodes 1, 3, 4, 6
+    sampling = Sampler(Sampling(temperature=1.0, top_k=2, seed=0), "cpu")
+    tree, checked = fed_rows_against_fresh_forwards(draft, [1, 2, 3, 4], parents, sampling, False)
+    assert tree.parents == [-1, 0, 0, 1, 1, 3] and checked == 2  # nodes 1 and 4 (now 3)
+
+
+def test_greedy_levels_build_no_mask_on_the_host(monkeypatch):
+    """Once a shape's plan is made, a greedy tree's depth loop passes the draft only tensors made on
+    its device (on a GPU, no copy from the host); the control, with the plan never matching, builds a
+    mask and a positions list on the host for each level."""
+    lm = tiny_lm(seed=0, layers=3)
+    draft = SelfDraft(layers=1).build(lm)
+    parents = (-1, 0, 0, 1, 1, 2, 3, 5, 6)  # three levels fed: (1, 2), (3, 5), (6,)
+    greedy = Sampler(GREEDY, "cpu")
+    draft_tree(draft, draft.new_cache(), [1, 2, 3], parents, greedy)  # makes the plan
+
+    def count_host_inputs():
+        masks, real_mask = [], tree_draft_module.level_mask
+        monkeypatch.setattr(tree_draft_module, "level_mask", lambda *a: masks.append(a) or real_mask(*a))
+        listed, real = [], draft.forward
+        monkeypatch.setattr(draft, "forward", lambda ids, cache, **kw: listed.append(
+            isinstance(kw.get("position_ids"), list)) or real(ids, cache, **kw))
+        draft_tree(draft, draft.new_cache(), [1, 2, 3], parents, greedy)
+        monkeypatch.undo()
+        return len(masks), sum(listed)
+
+    assert count_host_inputs() == (0, 0)
+    plan = tree_draft_module.tree_plan(parents, draft.device)
+    monkeypatch.setattr(tree_draft_module, "tree_plan", lambda *a: dataclasses.replace(
+        plan, levels=tuple(() for _ in plan.levels)))
+    control = count_host_inputs()
+    assert control == (3, 3)
 
 
 DECODERS = {

@@ -7,6 +7,7 @@ draft forwards whatever its width.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -34,6 +35,38 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
     for i, p in enumerate(parents[1:], start=1):
         kids[p].append(i)
     return kids
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """What feeding a tree shape to the draft does at each level when every node is drawn, worked out
+    once per shape (as EAGLE's static_plan): the inner nodes fed, and their masks and depths, already
+    on the draft's device, so the depth loop copies nothing from the host."""
+
+    levels: tuple[tuple[int, ...], ...]  # per level: the nodes fed (those with children), level order
+    tails: tuple[torch.Tensor, ...]  # per level (F, fed before + F) bool over the tree rows fed: ancestors, itself
+    depths: tuple[torch.Tensor, ...]  # per level (F,) long: each node's depth below the root
+
+
+@functools.lru_cache(maxsize=64)
+def tree_plan(parents: tuple[int, ...], device: torch.device) -> TreePlan:
+    kids = children_of(parents)
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    slot: dict[int, int] = {}  # fed node -> its row among the tree rows fed
+    levels, tails, depths, frontier = [], [], [], [0]
+    while True:
+        level = [c for n in frontier for c in kids[n] if kids[c]]
+        if not level:
+            break
+        fed = len(slot)
+        tails.append(level_mask(fed, 0, [[slot[a] for a in ancestors(parents, n)] for n in level]).to(device))
+        depths.append(torch.tensor([depth[n] for n in level], device=device))
+        slot.update((n, fed + r) for r, n in enumerate(level))
+        levels.append(tuple(level))
+        frontier = level
+    return TreePlan(tuple(levels), tuple(tails), tuple(depths))
 
 
 def _sample(logits: torch.Tensor, n: int, sampler: Sampler, replacement: bool):
@@ -90,6 +123,7 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
     forward_tokens, flops = len(feed), forward_flops(spec, len(feed), context)
     cache_index = {0: len(cache) - 1}
     frontier, rows = [0], logits[-1:]  # nodes to expand; (F, V) the draft's logits after each
+    plan, planned, fed_levels = tree_plan(tuple(parents), draft.device), True, 0
     while frontier:
         level: list[int] = []  # nodes drawn this round that have children of their own
         for node, (drawn, q) in zip(frontier, _draw_level(rows, [len(kids[n]) for n in frontier], sampler,
@@ -105,13 +139,21 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
             break
         # One forward for the level: each node sees the context and its own fed ancestors.
         base = len(cache)
-        mask = level_mask(base, root_pos + 1, [[cache_index[a] for a in ancestors(parents, node)] for node in level])
-        positions = [root_pos + depth[n] for n in level]
+        # The plan holds while every node so far was drawn (a node not drawn takes its subtree with it,
+        # and the rows fed after it move)
+        planned = planned and tuple(level) == plan.levels[fed_levels]
+        if planned:  # the plan's tensors, already on the device
+            tail = plan.tails[fed_levels]  # (F, tree rows fed + F)
+            mask = torch.cat([tail.new_ones(len(level), root_pos + 1), tail], 1)
+            positions = plan.depths[fed_levels] + root_pos
+        else:  # sampling without replacement ran out of tokens: this level's mask, from the host
+            mask = level_mask(base, root_pos + 1, [[cache_index[a] for a in ancestors(parents, n)] for n in level])
+            positions = [root_pos + depth[n] for n in level]
         out = draft.forward(_as_input([tokens[n] for n in level]), cache, position_ids=positions, mask=mask)
         forward_tokens, flops = forward_tokens + len(level), flops + forward_flops(spec, len(level), base)
         for r, node in enumerate(level):
             cache_index[node] = base + r
-        frontier, rows = level, out
+        frontier, rows, fed_levels = level, out, fed_levels + 1
     on_device = [i for i, t in enumerate(tokens) if isinstance(t, torch.Tensor)]
     if on_device:  # the whole tree's tokens in one read
         for i, token in zip(on_device, _as_input([tokens[i] for i in on_device]).tolist()):
