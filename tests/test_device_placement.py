@@ -269,10 +269,11 @@ def host_reads(run) -> dict:
 
 @pytest.mark.cuda
 def test_drafts_reach_the_host_in_one_read():
-    """A draft chain of 4, a draft tree of depth 3 and BPD's lattice of 4 positions each wait for the
-    GPU once, when the finished draft is read; the control reads every token as it is drawn."""
+    """A draft chain of 4, a draft tree of depth 3 and BPD's lattice of 4 positions (ranked by the heads
+    alone on the host, or rescored by a neural LM on the GPU) each wait for the GPU once, when the
+    finished draft is read; the control reads every token as it is drawn."""
     from decoders.core.sampling import Sampler, argmax
-    from decoders.methods.bpd import lattice_beam_search
+    from decoders.methods.bpd import NeuralScorer, lattice_beam_search
     from decoders.methods.draft_tree import draft_tree
     from decoders.methods.spec_chain import draft_chain
     lm, _ = placed("cuda", torch.float16)
@@ -282,9 +283,16 @@ def test_drafts_reach_the_host_in_one_read():
     assert sum(control.values()) == 3, control
     parents = [-1, 0, 0, 1, 1, 2, 3]  # depth 3, two inner levels fed
     head_logp = torch.log_softmax(torch.randn(4, 64, device="cuda"), -1)
+    scorer = NeuralScorer(lm)
+
+    def rescored():
+        scorer.start(sequence)
+        lattice_beam_search(head_logp, 3, 2, 1.0, scorer, on_host=False)
+        scorer.finish()
+
     for run in (lambda: draft_chain(lm, lm.new_cache(), sequence, 4, greedy),
                 lambda: draft_tree(lm, lm.new_cache(), sequence, parents, greedy),
-                lambda: lattice_beam_search(head_logp, 3, 2, 1.0, None)):
+                lambda: lattice_beam_search(head_logp, 3, 2, 1.0, None), rescored):
         reads = host_reads(run)
         assert sum(reads.values()) == 1, reads
 

@@ -370,8 +370,8 @@ def test_lattice_beam_search_with_full_width_is_exhaustive():
     head_logp = torch.log_softmax(torch.randn(3, 10, generator=g), -1)
     lm_scores = torch.randn(10, generator=g)
 
-    def score_next(beams, cands):  # a context-dependent LM: depends on the beam's last token
-        return torch.stack([torch.roll(lm_scores, len(b) and b[-1])[row] for b, row in zip(beams, cands)])
+    def score_next(paths, parent, cand):  # a context-dependent LM: depends on the beam's last token
+        return torch.stack([torch.roll(lm_scores, len(b) and b[-1])[cand] for b in paths.tolist()])
 
     best = lattice_beam_search(head_logp, 3, 27, 0.7, score_next)
     top = torch.topk(head_logp, 3).indices.tolist()
@@ -415,17 +415,40 @@ def test_neural_scorer_matches_a_fresh_forward_and_restores_the_cache():
     draft = SelfDraft(layers=1).build(lm)
     scorer = NeuralScorer(draft)
     sequence = [3, 1, 4, 1, 5]
-    first, _ = scorer.start(sequence)
-    beams = [(9,), (2,)]
-    scorer.step(beams)
-    deeper, _ = scorer.step([(9, 7), (2, 6)])
+    scorer.start(sequence)
+    every = torch.arange(64)  # candidates: the whole vocabulary, so the scores are the log-probabilities
+    first = scorer(torch.zeros(1, 0, dtype=torch.long), None, every)
+    scorer(torch.tensor([[9], [2]]), torch.tensor([0, 0]), every)
+    beams = [(2, 7), (9, 6), (2, 5)]  # their prefixes: rows 1, 0 and 1 of the level before
+    deeper = scorer(torch.tensor(beams), torch.tensor([1, 0, 1]), every)
     scorer.finish()
     assert len(scorer.cache) == len(sequence)
-    for beam, row in zip([(9, 7), (2, 6)], deeper):
+    for beam, row in zip(beams, deeper):
         fresh = draft.forward(sequence + list(beam), draft.new_cache(), last_only=True)[-1]
         assert torch.allclose(row, torch.log_softmax(fresh, -1), atol=1e-4)
     fresh = draft.forward(sequence, draft.new_cache(), last_only=True)[-1]
-    assert torch.allclose(first, torch.log_softmax(fresh, -1), atol=1e-4)
+    assert torch.allclose(first[0], torch.log_softmax(fresh, -1), atol=1e-4)
+
+
+@pytest.mark.parametrize("width", [1, 3, 8])
+def test_neural_rescoring_ranks_as_fresh_forwards_do(width):
+    """The beam search with the neural scorer (one masked forward per position, on the draft's device)
+    picks the paths a search scoring every path by a fresh forward of its own picks."""
+    lm = tiny_lm(seed=3, layers=3)
+    draft = SelfDraft(layers=2).build(lm)
+    sequence = [7, 3, 9, 2]
+    head_logp = torch.log_softmax(torch.randn(3, 64, generator=torch.Generator().manual_seed(width)), -1)
+
+    def fresh(paths, parent, cand):
+        rows = [draft.forward(sequence + path, draft.new_cache(), last_only=True)[-1] for path in paths.tolist()]
+        return torch.log_softmax(torch.stack(rows).float(), -1)[:, cand]
+
+    scorer = NeuralScorer(draft)
+    scorer.start(sequence)
+    got = lattice_beam_search(head_logp, 2, width, 0.8, scorer, on_host=False)
+    scorer.finish()
+    assert got == lattice_beam_search(head_logp, 2, width, 0.8, fresh) and len(got) == width
+    assert len(scorer.cache) == len(sequence)
 
 
 # ---- sampling: deterministic-candidate acceptance preserves the target distribution ---------

@@ -21,65 +21,78 @@ from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.weights_file import addon_path
 from .draft_model import DRAFT_REQUIRED, build_draft
 from .heads import HeadsProposer, heads_for
-from ..core.kv_cache import KVCache, level_mask
+from ..core.kv_cache import KVCache
 from ..core.lm import LM, forward_flops
 from .ngram_lm import NgramLM
 from ..core.sampling import Sampler
-from ..core.transfer import to_device
 from ..core.tree import TokenTree
 
+# score_next(paths (B, j), parent (B,) each path's prefix's row among the previous call's paths (None at
+# j = 0), candidates (top_k,)) -> (B, top_k) LM log-scores of each candidate after each path
+ScoreNext = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], torch.Tensor]
+
+
 def lattice_beam_search(head_logp: torch.Tensor, top_k: int, width: int, weight: float,
-                        score_next: Callable[[list[tuple[int, ...]], torch.Tensor], torch.Tensor] | None):
+                        score_next: ScoreNext | None, on_host: bool = True) -> list[tuple[int, ...]]:
     """The `width` best paths through the lattice of each position's top_k tokens.
-    head_logp: (positions, V) log-probabilities. score_next(beams, candidates (beams, k) on the host) ->
-    LM log-scores of each candidate after its beam (on the host), or None to rank by the heads alone.
-    The lattice reaches the host in one read and the beams are ranked there: on a GPU every read of a
-    beam's index made the host wait (21 waits a step on an H200, results/reference/gpu/)."""
+    head_logp: (positions, V) log-probabilities. score_next scores candidates after the paths, on the
+    search's device; None ranks by the heads alone. on_host: the lattice reaches the host in one read
+    and the paths are ranked there (an n-gram LM scores on the host; on a GPU every read of a beam's
+    index made the host wait: 21 waits a step on an H200, results/reference/gpu/). Otherwise the search
+    stays where head_logp is (a neural LM scores there) and only the chosen paths are read."""
     lp_all, cand_all = torch.topk(head_logp, top_k, dim=-1)  # (positions, top_k) each
-    # One read for both: float64 holds every id and every narrower float exactly.
-    lattice = torch.stack([lp_all.double(), cand_all.double()]).cpu()
-    lps, cands = lattice[0].to(head_logp.dtype), lattice[1].long()
-    beams: list[tuple[int, ...]] = [()]
-    scores = lps.new_zeros(1)
-    for lp, cand in zip(lps, cands):
-        total = scores[:, None] + lp[None, :]  # (beams, top_k)
+    if on_host:  # one read for both: float64 holds every id and every narrower float exactly
+        lattice = torch.stack([lp_all.double(), cand_all.double()]).cpu()
+        lp_all, cand_all = lattice[0].to(head_logp.dtype), lattice[1].long()
+    paths = cand_all.new_zeros(1, 0)  # (B, j) the beams so far
+    scores, parent = lp_all.new_zeros(1), None  # (B,)
+    for lp, cand in zip(lp_all, cand_all):  # (top_k,) each
+        total = scores[:, None] + lp[None, :]  # (B, top_k)
         if score_next is not None:
-            total = total + weight * score_next(beams, cand.expand(len(beams), -1))
-        best = torch.topk(total.flatten(), min(width, total.numel())).indices
-        ids = cand.tolist()
-        beams = [beams[j // top_k] + (ids[j % top_k],) for j in best.tolist()]
+            total = total + weight * score_next(paths, parent, cand)
+        best = torch.topk(total.flatten(), min(width, total.numel())).indices  # (B',)
+        parent = best // top_k
+        paths = torch.cat([paths[parent], cand[best % top_k][:, None]], 1)
         scores = total.flatten()[best]
-    return beams
+    return [tuple(p) for p in paths.tolist()]
 
 
 class NeuralScorer:
-    """A small LM's log-probabilities along the beams, one forward per lattice position: each
-    beam's newest token is fed under a mask (committed text + its own earlier tokens); the cache
-    is cropped back to the committed text afterwards."""
+    """A small LM's log-probabilities along the beams (a ScoreNext), one forward per lattice position:
+    each beam's newest token is fed under a mask (committed text + its own earlier tokens) built on the
+    LM's device from the beams' parents; the cache is cropped back to the committed text afterwards."""
 
     def __init__(self, draft: LM):
         self.draft = draft
         self.cache: KVCache | None = None
 
-    def start(self, sequence: Sequence[int]) -> tuple[torch.Tensor, float]:
+    def start(self, sequence: Sequence[int]) -> float:
+        """Catch up on the committed text; returns the forward's FLOPs (self.flops adds each level's)."""
         if self.cache is None:
             self.cache = self.draft.new_cache()
         context = len(self.cache)
         logits = self.draft.forward(list(sequence[context:]), self.cache, last_only=True)
         self.committed = len(sequence)
-        self.root_pos = len(sequence) - 1
-        self.slots: dict[tuple[int, ...], int] = {}  # beam prefix -> its newest token's cache index
-        return (torch.log_softmax(logits[-1].float(), -1),
-                forward_flops(self.draft.flops_spec(), len(sequence) - context, context))
+        self.first = torch.log_softmax(logits[-1].float(), -1)  # (V,) after the committed text
+        self.seen: torch.Tensor | None = None  # (B, tree rows fed) bool: what the last fed beams saw
+        self.flops = forward_flops(self.draft.flops_spec(), len(sequence) - context, context)
+        return self.flops
 
-    def step(self, beams: list[tuple[int, ...]]) -> tuple[torch.Tensor, float]:
-        base = len(self.cache)
-        mask = level_mask(base, self.committed, [[self.slots[beam[:j]] for j in range(1, len(beam))] for beam in beams])
-        positions = [self.root_pos + len(b) for b in beams]
-        logits = self.draft.forward([b[-1] for b in beams], self.cache, position_ids=positions, mask=mask)
-        for r, beam in enumerate(beams):
-            self.slots[beam] = base + r
-        return torch.log_softmax(logits.float(), -1), forward_flops(self.draft.flops_spec(), len(beams), base)
+    def __call__(self, paths: torch.Tensor, parent: torch.Tensor | None, cand: torch.Tensor) -> torch.Tensor:
+        if not paths.shape[1]:
+            logp = self.first[None]  # (1, V)
+        else:
+            b, base, device = len(paths), len(self.cache), self.draft.device
+            own = torch.eye(b, dtype=torch.bool, device=device)
+            # a beam sees the rows its parent saw (its own earlier tokens) and itself
+            seen = own if self.seen is None else torch.cat([self.seen[parent.to(device)], own], 1)
+            mask = torch.cat([seen.new_ones(b, self.committed), seen], 1)  # (B, base + B)
+            positions = torch.full((b,), self.committed - 1 + paths.shape[1], device=device)
+            logits = self.draft.forward(paths[:, -1].to(device), self.cache, position_ids=positions, mask=mask)
+            self.seen = seen
+            self.flops += forward_flops(self.draft.flops_spec(), b, base)
+            logp = torch.log_softmax(logits.float(), -1)  # (B, V)
+        return torch.gather(logp, 1, cand.to(logp.device).expand(len(logp), -1))
 
     def finish(self) -> None:
         self.cache.crop(self.committed)
@@ -144,31 +157,22 @@ class BPD:
 
         def build(sequence, head_logits):
             head_logp = torch.log_softmax(head_logits[:block], dim=-1)
-            flops = [0.0]
             score_next = None
             if self.rescore == "ngram":
                 context = list(sequence[-(ngram.order - 1):]) if ngram.order > 1 else []
 
-                def score_next(beams, cands):
-                    return torch.tensor([[ngram.score(context + list(b), int(t)) for t in row]
-                                         for b, row in zip(beams, cands.tolist())])
+                def score_next(paths, parent, cand):
+                    return torch.tensor([[ngram.score(context + path, t) for t in cand.tolist()]
+                                         for path in paths.tolist()])
             elif neural is not None:
-                first, f0 = neural.start(sequence)
-                flops[0] += f0
-
-                def score_next(beams, cands):
-                    if beams == [()]:
-                        logp = first[None]
-                    else:
-                        logp, f = neural.step(beams)
-                        flops[0] += f
-                    # gathered where the scorer ran; the (beams, k) scores come back in the level's one read
-                    return torch.gather(logp, 1, to_device(cands, logp.device)).cpu()
-            beams = lattice_beam_search(head_logp, self.ranks_per_head, self.paths, self.weight, score_next)
+                neural.start(sequence)
+                score_next = neural
+            beams = lattice_beam_search(head_logp, self.ranks_per_head, self.paths, self.weight, score_next,
+                                        on_host=neural is None)
             if neural is not None:
                 neural.finish()
             tree = TokenTree.from_sequences(int(sequence[-1]), beams)
-            return tree, flops[0], {}
+            return tree, neural.flops if neural is not None else 0.0, {}
 
         return HeadsProposer(heads, build), None
 
