@@ -445,3 +445,30 @@ def test_rows_read_already_give_the_same_path_as_reading_them():
         scores = Scores(rows[:n], rows[n:], rows=rows)
         assert verify_greedy(tree, scores.logits, argmax(rows)) == verify_greedy(tree, scores.logits)
         assert scores.argmax() == argmax(rows) and scores.argmax(n) == argmax(rows[n:])
+
+
+def test_top_rows_ride_with_the_argmax_read_on_a_gpu(monkeypatch):
+    """A proposal asking for each row's top-k (Token Recycling's successors) gets them in the argmax's
+    read where rows are read at once (a GPU, stood for here by rows marked off the host): one read for
+    verification and the commit, the same tokens as reading each alone; the control, without top_k,
+    reads a second time."""
+    from decoders.core import sampling
+    from decoders.core.loop import Scores
+    from decoders.core.sampling import argmax
+
+    rows = torch.randint(0, 5, (7, 12)).float()  # ties, so argmax's first index is checked too
+    reads, real, real_argmax = [], torch.Tensor.tolist, sampling.argmax
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))  # a read of a tensor
+    monkeypatch.setattr(sampling, "argmax", lambda t: reads.append(t.shape) or real_argmax(t))  # numpy's on a CPU
+
+    def read_both(top_k):
+        scores = Scores(rows, top_k=top_k)
+        scores.argmax_rows().on_host = False
+        reads.clear()
+        got = scores.argmax(), (scores.top() if top_k else torch.topk(rows, 3).indices.tolist())
+        return got, len(reads)
+
+    (predicted, top), count = read_both(3)
+    assert count == 1 and predicted == argmax(rows) and top == torch.topk(rows, 3).indices.tolist()
+    assert read_both(0)[1] == 2
+    assert Scores(rows, top_k=3).top() == top and Scores(rows, top_k=99).top() == torch.topk(rows, 12).indices.tolist()

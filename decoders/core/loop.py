@@ -57,6 +57,7 @@ class Proposal:
     draft_forward_tokens: int = 0  # tokens fed to a draft model or heads for this proposal
     draft_flops: float = 0.0
     draft_prefill_flops: float = 0.0  # of draft_flops, the draft's own pass over the prompt
+    top_k: int = 0  # the commit reads each row's top-k tokens (Scores.top): on a GPU, with verification's read
 
 
 @dataclass
@@ -70,18 +71,23 @@ class Scores:
     # tokens (the root last), then the tree after the root, so tree node i is row uncached - 1 + i
     features: torch.Tensor | None = None
     rows: torch.Tensor | None = None  # (len(tree) + len(side.rows), V): both, as the forward returned them
+    top_k: int = 0  # the proposal's top_k
     _argmax: ArgmaxRows | None = field(default=None, init=False, repr=False)
 
     def argmax_rows(self) -> ArgmaxRows:
         """The argmax of every row, the tree's then the side branch's, read as asked (one reader a step:
         on a GPU verification and a proposer's commit share one read)."""
         if self._argmax is None:
-            self._argmax = ArgmaxRows(self.rows if self.rows is not None else self.logits)
+            self._argmax = ArgmaxRows(self.rows if self.rows is not None else self.logits, self.top_k)
         return self._argmax
 
     def argmax(self, start: int = 0, stop: int | None = None) -> list[int]:
         """The argmax of rows start:stop, counting the tree's rows then the side branch's."""
         return self.argmax_rows().slice(start, stop)
+
+    def top(self) -> list[list[int]]:
+        """Each row's top_k tokens (the proposal's top_k), the tree's then the side branch's."""
+        return self.argmax_rows().top()
 
 
 class Proposer(Protocol):
@@ -214,11 +220,11 @@ def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, 
     hidden = extra if proposal.hidden else None
     features = extra if proposal.feature_layers else None
     if side is None:
-        return Scores(logits, None, hidden, features)
+        return Scores(logits, None, hidden, features, top_k=proposal.top_k)
     n, s = len(proposal.tree), len(side.tokens)
     return Scores(logits[:n], logits[n:], hidden[:n] if hidden is not None else None,
                   torch.cat([features[:uncached], features[uncached + s:]]) if features is not None else None,
-                  rows=logits)
+                  rows=logits, top_k=proposal.top_k)
 
 
 def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:

@@ -67,17 +67,24 @@ class ArgmaxRows:
     """The argmax of (n, V) `rows`, each row read when first asked for (rows[i], or a slice). On a CPU
     only the rows asked for are read: a tree's greedy walk reaches a few of its rows, and the argmax of
     all of them, each over the whole vocabulary, cost 0.2-0.6 ms a step. On a GPU every row at the first
-    ask, kept: each read makes the host wait, and verification and a proposer's commit would each read."""
+    ask, kept: each read makes the host wait, and verification and a proposer's commit would each read.
+    `top_k` > 0: each row's top_k tokens are wanted too (top()); on a GPU they come in the same read."""
 
-    def __init__(self, rows: torch.Tensor):
-        self.rows = rows
+    def __init__(self, rows: torch.Tensor, top_k: int = 0):
+        self.rows, self.top_k = rows, min(top_k, rows.shape[-1])
         self.on_host = rows.device.type == "cpu"
         self._all: list[int] | None = None
+        self._top: list[list[int]] | None = None
         self._row: dict[int, int] = {}
 
     def _every_row(self) -> list[int]:
         if self._all is None:
-            self._all = argmax(self.rows)
+            if self.top_k and not self.on_host:  # (n, 1 + top_k): the argmax, then the top tokens
+                both = torch.cat([torch.argmax(self.rows, -1, keepdim=True),
+                                  torch.topk(self.rows, self.top_k).indices], 1).tolist()
+                self._all, self._top = [row[0] for row in both], [row[1:] for row in both]
+            else:
+                self._all = argmax(self.rows)
         return self._all
 
     def __getitem__(self, i: int) -> int:
@@ -89,6 +96,15 @@ class ArgmaxRows:
 
     def slice(self, start: int = 0, stop: int | None = None) -> list[int]:
         return argmax(self.rows[start:stop]) if self.on_host else self._every_row()[start:stop]
+
+    def top(self) -> list[list[int]]:
+        """Each row's top_k token ids, largest first (ties in topk's order)."""
+        if self._top is None:
+            if self.on_host:
+                self._top = torch.topk(self.rows, self.top_k).indices.tolist()
+            else:
+                self._every_row()
+        return self._top
 
 
 def probs(logits: torch.Tensor, sampling: Sampling, warpers: LogitsProcessorList | None = None) -> torch.Tensor:

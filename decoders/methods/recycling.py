@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
 
 from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
@@ -49,11 +48,10 @@ class AdjacencyDraft:
                 placed[node] = len(tokens)
                 tokens.append(following[self.ranks[node - 1]])
                 parents.append(parent)
-        return Proposal(TokenTree(tokens, parents))
+        return Proposal(TokenTree(tokens, parents), top_k=self.k)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
-        top = torch.topk(scores.logits, min(self.k, scores.logits.shape[-1]), dim=-1).indices.tolist()
-        for token, following in zip(proposal.tree.tokens, top):
+        for token, following in zip(proposal.tree.tokens, scores.top()):  # each tree row's top-k successors
             self.table[token] = following
         tree = proposal.tree
         return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}
