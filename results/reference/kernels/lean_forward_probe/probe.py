@@ -28,7 +28,7 @@ with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
 lm = instantiate(cfg.model, fast_path="kernel", compile="none").load()
 base = lm.model.model
 head_dim = base.layers[0].self_attn.head_dim
-rotary_module = sys.modules[type(base.layers[0].self_attn).__module__]
+rotary_module = sys.modules[type(base.layers[0].self_attn).__bases__[-1].__module__]  # KernelLlamaAttention's base
 rotary = getattr(rotary_module.apply_rotary_pos_emb, "original", rotary_module.apply_rotary_pos_emb)
 
 
