@@ -174,8 +174,12 @@ def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequ
 
 def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = None) -> FeatureDraft:
     """An untrained draft (it predicts that features stay as they are); `seed` perturbs it randomly,
-    for exactness tests that need drafts that disagree."""
-    draft = FeatureDraft(lm, vocab)
+    for exactness tests that need drafts that disagree. The layer's own initialisation draws from a
+    generator seeded here too, so one seed is one draft (it drew from the global one, which the
+    perturbation then exposed: two drafts of one seed differed)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0 if seed is None else seed)
+        draft = FeatureDraft(lm, vocab)
     if seed is not None:
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
