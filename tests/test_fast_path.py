@@ -62,8 +62,12 @@ def test_missing_onednn_ops_fall_back_to_native(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no such op")
 
+    import functools
+    from decoders.core import fast_path
     monkeypatch.setattr(lm_module, "prepacked_supported", lm_module.prepacked_supported)  # the real probe runs
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken, raising=False)
+    # the probe, uncached for this test: the process's cache keeps what the real ops do
+    monkeypatch.setattr(fast_path, "linear_problem", functools.cache(fast_path.linear_problem.__wrapped__))
     lm = tiny_lm(seed=1, fast_path="prepacked")
     assert lm.fast_path == "none" and "prepacked unavailable" in lm.fast_path_note
     assert all(type(m) is torch.nn.Linear for m in _linears(lm))

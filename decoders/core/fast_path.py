@@ -5,6 +5,8 @@ The kernels are private torch ops: prepacked_supported probes them before use.
 """
 from __future__ import annotations
 
+import functools
+
 import weakref
 
 import torch
@@ -73,7 +75,7 @@ class PrepackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (rows < self._min_rows or x.dtype != self.weight.dtype
+        if (rows < self._min_rows or x.dtype != self.weight.dtype or linear_problem(x.dtype) is not None
                 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
@@ -109,14 +111,21 @@ def prepacked_supported(model: nn.Module) -> str | None:
     ref = model.get_input_embeddings().weight
     if ref.device.type != "cpu":
         return f"prepacked linears are a CPU path; this model is on {ref.device.type}"
-    if ref.dtype not in (torch.float32, torch.bfloat16):
-        return f"prepacked linears support float32 and bfloat16, not {str(ref.dtype).replace('torch.', '')}"
+    return linear_problem(ref.dtype)
+
+
+@functools.cache
+def linear_problem(dtype: torch.dtype) -> str | None:
+    """None if oneDNN's prepacked linear runs in `dtype` on this CPU, else why not (e.g. bfloat16 needs
+    AVX-512 or AVX-NE-CONVERT: a Zen 3 has neither). Probed once per dtype and process."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"prepacked linears support float32 and bfloat16, not {str(dtype).replace('torch.', '')}"
     try:
         if not torch.backends.mkldnn.is_available():
             return "this torch build has no oneDNN (mkldnn)"
-        probe = torch.ones(3, 4, dtype=ref.dtype)
+        probe = torch.ones(3, 4, dtype=dtype)
         packed = torch.ops.mkldnn._reorder_linear_weight(probe, None)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4, dtype=ref.dtype), packed, None, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4, dtype=dtype), packed, None, "none", [], "")
         if out.shape != (2, 3) or not torch.allclose(out.float(), torch.full((2, 3), 4.0)):
             return "the oneDNN linear gave a wrong result on a probe"
     except (AttributeError, RuntimeError, NotImplementedError) as e:

@@ -15,7 +15,8 @@ from transformers import DynamicCache
 
 from . import attention, kernels
 from .compiled import COMPILE_MODES, CompiledForward, compile_supported
-from .fast_path import FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, prepack, prepacked_supported, unpack
+from .fast_path import (FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, linear_problem, prepack, prepacked_supported,
+                        unpack)
 from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask
 from .transfer import to_device
 
@@ -170,6 +171,8 @@ class LM:
         in another dtype (a bfloat16 draft beside a float32 target) packs from that dtype's default rows."""
         if self.fast_path == "prepacked":
             dtype = next(module.parameters(), self.model.get_input_embeddings().weight).dtype
+            if dtype != self.dtype and linear_problem(dtype) is not None:  # a dtype oneDNN cannot run here stays native
+                return module
             rows = self.packed_min_rows if dtype == self.dtype else PACKED_MIN_ROWS.get(dtype, 1)
             self.fast_path_bytes += prepack(module, rows)
         elif self.fast_path == "kernel":  # a dtype the kernel cannot run here stays native
