@@ -21,6 +21,8 @@ from decoders.methods.eagle import Eagle
 from decoders.methods.eagle_draft import new_draft
 from decoders.methods.heads import new_heads
 from decoders.methods.medusa import Medusa
+from decoders.methods.sequoia import Sequoia
+from decoders.methods.spec_chain import SpecChain
 from helpers import tiny_lm
 
 
@@ -271,8 +273,11 @@ def host_reads(run) -> dict:
 def test_drafts_reach_the_host_in_one_read():
     """A draft chain of 4, a draft tree of depth 3 and BPD's lattice of 4 positions (ranked by the heads
     alone on the host, or rescored by a neural LM on the GPU) each wait for the GPU once, when the
-    finished draft is read; the control reads every token as it is drawn."""
+    finished draft is read (the chain's and the tree's tokens by tree.host_tokens: in a decode they are
+    read with verification instead, test_a_draft_step_waits_once); the control reads every token as it
+    is drawn."""
     from decoders.core.sampling import Sampler, argmax
+    from decoders.core.tree import host_tokens
     from decoders.methods.bpd import NeuralScorer, lattice_beam_search
     from decoders.methods.draft_tree import draft_tree
     from decoders.methods.spec_chain import draft_chain
@@ -290,8 +295,8 @@ def test_drafts_reach_the_host_in_one_read():
         lattice_beam_search(head_logp, 3, 2, 1.0, scorer, on_host=False)
         scorer.finish()
 
-    for run in (lambda: draft_chain(lm, lm.new_cache(), sequence, 4, greedy),
-                lambda: draft_tree(lm, lm.new_cache(), sequence, parents, greedy),
+    for run in (lambda: host_tokens(draft_chain(lm, lm.new_cache(), sequence, 4, greedy)[0]),
+                lambda: host_tokens(draft_tree(lm, lm.new_cache(), sequence, parents, greedy).tokens),
                 lambda: lattice_beam_search(head_logp, 3, 2, 1.0, None), rescored):
         reads = host_reads(run)
         assert sum(reads.values()) == 1, reads
@@ -322,3 +327,31 @@ def test_draft_tree_levels_copy_nothing_from_the_host(monkeypatch):
     monkeypatch.setattr(tree_module, "tree_plan", lambda *a: dataclasses.replace(
         plan(*a), levels=tuple(() for _ in plan(*a).levels)))
     assert pins(three_levels) >= pins(one_level) + 4
+
+
+WAIT_ONCE = {"eagle-dynamic": lambda: Eagle(draft_weights=None, draft_seed=1, tree_size=10, depth=3, top_k=4),
+             "eagle-static": lambda: Eagle(draft_weights=None, draft_seed=1, tree="static", tree_size=10, depth=3,
+                                           top_k=4),
+             "spec_chain": lambda: SpecChain(draft=SelfDraft(layers=1), depth=4),
+             "sequoia": lambda: Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16)}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", WAIT_ONCE)
+def test_a_draft_step_waits_once(name, monkeypatch):
+    """A drafted tree stays on the GPU until verification reads it with the argmax (tree.DeviceTree): a
+    decode waits once a step (one more allowed). The control, reading each tree as soon as it is drafted,
+    waits twice a step. The Tracer's clock waits are left out: they are the timer's, not the method's."""
+    import decoders.core.transfer as transfer
+    lm, _ = placed("cuda", torch.float16)
+    monkeypatch.setattr(lm, "sync", lambda: None)
+    decoder, steps = WAIT_ONCE[name](), []
+
+    def run():
+        steps.append(len(decoder.generate(lm, [5, 6, 7, 5, 6, 7], 16, Sampling(), set()).steps))
+
+    deferred = sum(host_reads(run).values())
+    monkeypatch.setattr(transfer, "reads_wait", lambda device: False)
+    at_once = sum(host_reads(run).values())
+    n = steps[-1]
+    assert n >= 4 and deferred <= n + 1 < 2 * n - 2 <= at_once, (n, deferred, at_once)

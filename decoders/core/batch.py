@@ -21,7 +21,7 @@ from typing import Sequence
 
 from .contract import Batches
 from .lm import LM
-from .loop import Accept, Decoding, Feed, Proposal, Proposer, feed, propose, split, verify_and_commit
+from .loop import Accept, Decoding, Feed, Proposal, Proposer, feed, propose, settled, split, verify_and_commit
 from .sampling import Sampler, Sampling
 from .trace import Clock, Generation, Step, stop_reason
 
@@ -80,6 +80,7 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
         for row in active:
             with drafting():
                 proposals.append(propose(row.proposer, row.sequence, row.room, prefill=not row.tokens))
+                settled(proposals[-1])  # a tree still on the device is read now: the batched feed is built on the host
             feeds.append(feed(row.cached, row.sequence, proposals[-1]))
         with target():
             outputs = _forward(lm, cache, proposals, feeds)

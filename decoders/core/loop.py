@@ -26,7 +26,8 @@ from .kv_cache import KVCache
 from .lm import LM
 from .sampling import ArgmaxRows, Sampler
 from .trace import Generation, Tracer, truncate_at_stop
-from .tree import TokenTree, ancestor_rows
+from .transfer import to_device
+from .tree import DeviceTree, TokenTree, ancestor_rows
 from .verify import verify_greedy, verify_sampling
 
 
@@ -43,7 +44,7 @@ class SideBranch:
 
 @dataclass
 class Proposal:
-    tree: TokenTree  # node 0 is the root: the last committed token
+    tree: TokenTree | DeviceTree  # node 0 is the root: the last committed token (DeviceTree: read with verification)
     # Sampling verification: row c is the distribution node c's token was drawn from (the root's row
     # is never read); None for deterministic candidates (n-gram guesses, heads' top-k).
     draft_probs: torch.Tensor | None = None
@@ -72,13 +73,14 @@ class Scores:
     features: torch.Tensor | None = None
     rows: torch.Tensor | None = None  # (len(tree) + len(side.rows), V): both, as the forward returned them
     top_k: int = 0  # the proposal's top_k
+    read: torch.Tensor | None = None  # the proposal's DeviceTree's `read`: read with the argmax
     _argmax: ArgmaxRows | None = field(default=None, init=False, repr=False)
 
     def argmax_rows(self) -> ArgmaxRows:
         """The argmax of every row, the tree's then the side branch's, read as asked (one reader a step:
         on a GPU verification and a proposer's commit share one read)."""
         if self._argmax is None:
-            self._argmax = ArgmaxRows(self.rows if self.rows is not None else self.logits, self.top_k)
+            self._argmax = ArgmaxRows(self.rows if self.rows is not None else self.logits, self.top_k, self.read)
         return self._argmax
 
     def argmax(self, start: int = 0, stop: int | None = None) -> list[int]:
@@ -180,7 +182,7 @@ class Feed:
     """One prompt's part of a target forward: [the committed tokens not yet cached (the root last),
     the side branch, the tree's nodes after the root], laid out by layout()."""
 
-    tokens: list[int]
+    tokens: list[int] | torch.Tensor  # a tensor on the device where the tree is a DeviceTree
     cached: int  # committed tokens already in the target's cache
     uncached: int  # of `tokens`, the committed ones
     side: int  # of `tokens`, the side branch's
@@ -194,23 +196,39 @@ class Feed:
         return [*range(u), *(u - 1 + self.side + i for i in path[1:])]
 
 
+def device_layout(cache_len: int, uncached: int, tree: DeviceTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """layout() without a side branch for a tree whose shape is on the device: built there, nothing read."""
+    c, u, device = cache_len, uncached, tree.tokens.device
+    q = u + len(tree) - 1
+    mask = torch.ones(q, c + q, dtype=torch.bool, device=device)
+    mask[:u, c:] = torch.ones(u, q, dtype=torch.bool, device=device).tril()  # committed: causal, no tree
+    mask[u:, c + u:] = tree.ancestor_mask()[1:, 1:]
+    return mask, torch.cat([torch.arange(c, c + u, device=device), tree.depths[1:] + (c + u - 1)])
+
+
 def feed(cached: int, sequence: Sequence[int], proposal: Proposal) -> Feed:
     """Lay out the target's input for `proposal` after the `cached` committed tokens of `sequence`."""
     tree, side = proposal.tree, proposal.side
     uncached = list(sequence[cached:])
-    if uncached[-1] != tree.tokens[0]:
+    on_device = isinstance(tree, DeviceTree)
+    if uncached[-1] != (tree.root if on_device else tree.tokens[0]):
         raise ValueError("the proposal's root must be the last committed token")
     u, n = len(uncached), len(tree)
     side_tokens = side.tokens if side is not None else []
     s = len(side_tokens)
     mask = positions = None
-    if side is not None or not tree.is_chain():
+    if on_device and isinstance(tree.parents, torch.Tensor):
+        if side is not None:
+            raise ValueError("a side branch beside a tree whose shape is on the device")
+        mask, positions = device_layout(cached, u, tree)
+    elif side is not None or not tree.is_chain():
         mask, positions = layout(cached, u, tree, side)
     # The tree's rows first, so that its logits are a view of the forward's, not a copy (a side branch's
     # rows, a copy, cost 0.1-0.2 ms a step: a row is the whole vocabulary)
     side_rows = [u + r for r in side.rows] if side is not None else []
-    return Feed(uncached + side_tokens + tree.tokens[1:], cached, u, s, mask, positions,
-                [u - 1, *range(u + s, u + s + n - 1), *side_rows])
+    tokens = (torch.cat([to_device(uncached + side_tokens, tree.tokens.device, torch.long), tree.tokens[1:]])
+              if on_device else uncached + side_tokens + tree.tokens[1:])
+    return Feed(tokens, cached, u, s, mask, positions, [u - 1, *range(u + s, u + s + n - 1), *side_rows])
 
 
 def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, uncached: int) -> Scores:
@@ -219,12 +237,13 @@ def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, 
     side = proposal.side
     hidden = extra if proposal.hidden else None
     features = extra if proposal.feature_layers else None
+    read = proposal.tree.read if isinstance(proposal.tree, DeviceTree) else None
     if side is None:
-        return Scores(logits, None, hidden, features, top_k=proposal.top_k)
+        return Scores(logits, None, hidden, features, top_k=proposal.top_k, read=read)
     n, s = len(proposal.tree), len(side.tokens)
     return Scores(logits[:n], logits[n:], hidden[:n] if hidden is not None else None,
                   torch.cat([features[:uncached], features[uncached + s:]]) if features is not None else None,
-                  rows=logits, top_k=proposal.top_k)
+                  rows=logits, top_k=proposal.top_k, read=read)
 
 
 def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:
@@ -252,6 +271,15 @@ def propose(proposer: Proposer, sequence: Sequence[int], room: int, prefill: boo
         return Proposal(TokenTree.chain(sequence[-1], []), hidden=proposer.hidden,
                         feature_layers=proposer.feature_layers)
     return proposer.propose(sequence, room)
+
+
+def settled(proposal: Proposal, scores: Scores | None = None) -> TokenTree:
+    """The proposal's tree on the host. A DeviceTree is read, in verification's read where `scores` are
+    given (one wait a step on a GPU), and becomes the proposal's tree."""
+    tree = proposal.tree
+    if isinstance(tree, DeviceTree):
+        proposal.tree = tree = tree.settle(scores.argmax_rows().also() if scores is not None else tree.read.tolist())
+    return tree
 
 
 @dataclass
@@ -282,7 +310,7 @@ def verify_and_commit(d: Decoding, proposal: Proposal, fed: Feed, scores: Scores
     """Verify the proposal, append the step's tokens (the accepted path and the bonus, cut at a stop
     token and max_new_tokens) to `d`, let the proposer commit (its time counted by `timed`, as
     drafting); return the step's Step fields and the accepted path."""
-    tree, prefill = proposal.tree, not d.tokens
+    tree, prefill = settled(proposal, scores), not d.tokens
     path, bonus = (d.accept(tree, scores.logits, d.sampler) if d.accept is not None
                    else verify(proposal, scores, d.sampler))
     new = truncate_at_stop([tree.tokens[i] for i in path[1:]] + [bonus], d.stop_ids,

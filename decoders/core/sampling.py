@@ -68,24 +68,45 @@ class ArgmaxRows:
     only the rows asked for are read: a tree's greedy walk reaches a few of its rows, and the argmax of
     all of them, each over the whole vocabulary, cost 0.2-0.6 ms a step. On a GPU every row at the first
     ask, kept: each read makes the host wait, and verification and a proposer's commit would each read.
-    `top_k` > 0: each row's top_k tokens are wanted too (top()); on a GPU they come in the same read."""
+    `top_k` > 0: each row's top_k tokens are wanted too (top()); `also`: a 1-D tensor whose values are wanted
+    (also()): on a GPU both come in the same read."""
 
-    def __init__(self, rows: torch.Tensor, top_k: int = 0):
-        self.rows, self.top_k = rows, min(top_k, rows.shape[-1])
+    def __init__(self, rows: torch.Tensor, top_k: int = 0, also: torch.Tensor | None = None):
+        self.rows, self.top_k, self.also_rows = rows, min(top_k, rows.shape[-1]), also
         self.on_host = rows.device.type == "cpu"
         self._all: list[int] | None = None
         self._top: list[list[int]] | None = None
+        self._also: list[float] | None = None
         self._row: dict[int, int] = {}
 
     def _every_row(self) -> list[int]:
         if self._all is None:
-            if self.top_k and not self.on_host:  # (n, 1 + top_k): the argmax, then the top tokens
-                both = torch.cat([torch.argmax(self.rows, -1, keepdim=True),
-                                  torch.topk(self.rows, self.top_k).indices], 1).tolist()
-                self._all, self._top = [row[0] for row in both], [row[1:] for row in both]
-            else:
+            if self.on_host or not (self.top_k or self.also_rows is not None):
                 self._all = argmax(self.rows)
+                return self._all
+            # One read: (n, 1 + top_k) the argmax, then the top tokens; then `also` (float64 holds every id)
+            table = torch.argmax(self.rows, -1, keepdim=True)
+            if self.top_k:
+                table = torch.cat([table, torch.topk(self.rows, self.top_k).indices], 1)
+            if self.also_rows is None:
+                read = table.tolist()
+            else:
+                cut, width = table.numel(), table.shape[1]
+                both = torch.cat([table.view(-1).double(), self.also_rows.to(table.device).double()]).tolist()
+                ids, self._also = [int(v) for v in both[:cut]], both[cut:]
+                read = [ids[i:i + width] for i in range(0, cut, width)]
+            self._all = [row[0] for row in read]
+            self._top = [row[1:] for row in read] if self.top_k else None
         return self._all
+
+    def also(self) -> list[float]:
+        """The values of `also` (a tree still on the device: loop.settled); on a GPU in the rows' read."""
+        if self._also is None:
+            if self.on_host:
+                self._also = self.also_rows.tolist()
+            else:
+                self._every_row()
+        return self._also
 
     def __getitem__(self, i: int) -> int:
         if not self.on_host:

@@ -19,3 +19,10 @@ def to_device(values, device: torch.device | str, dtype: torch.dtype | None = No
         return torch.as_tensor(values, dtype=dtype, device=device)
     # contiguous: an expanded view (BPD's candidates per beam) cannot be pinned in place
     return torch.as_tensor(values, dtype=dtype).contiguous().pin_memory().to(device, non_blocking=True)
+
+
+def reads_wait(device: torch.device | str) -> bool:
+    """Whether the host reading a tensor on `device` waits for everything queued there (a GPU's). Where it
+    does, a drafted tree stays on the device until verification reads it (tree.DeviceTree): a step then
+    makes the host wait once. The exactness tests turn it on to run that path on a CPU."""
+    return torch.device(device).type != "cpu"

@@ -11,10 +11,13 @@ import heapq
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
+
+from . import transfer
+from .transfer import to_device
 
 
 @dataclass
@@ -92,6 +95,71 @@ class TokenTree:
     def ancestor_mask(self) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when j is i or one of its ancestors."""
         return torch.from_numpy(ancestor_rows(tuple(self.parents)).copy())
+
+
+@dataclass
+class DeviceTree:
+    """A drafted tree still on the draft's device, scored by the target before the host reads it. The
+    host reads `read` in the same read as verification's argmax (loop.Scores.argmax_rows), so a step
+    makes the host wait once, not once for the draft and again for verification; `settle` then turns
+    the values read into the TokenTree that verification and the proposer's commit see. Its shape is
+    the host's (a static tree's parents) or the device's (EAGLE-2's, chosen by the draft's scores)."""
+
+    root: int  # node 0's token, the last committed one
+    tokens: torch.Tensor  # (n,) long: node 0 the root, parents before children
+    parents: tuple[int, ...] | torch.Tensor  # per node, -1 for the root: on the host, or (n,) long on the device
+    depths: tuple[int, ...] | torch.Tensor  # per node, where the parents are
+    height: int  # no node is deeper (the ancestor walk's length where the device holds the shape)
+    read: torch.Tensor  # (r,) float64 on the device: what settle needs (float64 holds every id exactly)
+    settle: Callable[[list[float]], TokenTree]  # the values of `read` -> the tree drafted
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def is_chain(self) -> bool:
+        return not isinstance(self.parents, torch.Tensor) and all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """(n, n) bool on the tokens' device: [i, j] is True when j is i or one of its ancestors."""
+        if not isinstance(self.parents, torch.Tensor):
+            return torch.from_numpy(ancestor_rows(self.parents).copy()).to(self.tokens.device)
+        n, device = len(self), self.parents.device
+        up, rows = self.parents.clamp(min=0), torch.arange(n, device=device)  # the root is its own parent
+        mask = torch.eye(n, dtype=torch.bool, device=device)
+        node = rows
+        for _ in range(self.height):  # each node's ancestor one depth further up, marked
+            node = up.index_select(0, node)
+            mask[rows, node] = True
+        return mask
+
+
+def host_tokens(tokens: Sequence) -> list[int]:
+    """Drafted tokens as ints: those still on a device (1-element tensors) read in one read."""
+    on_device = [i for i, t in enumerate(tokens) if isinstance(t, torch.Tensor)]
+    out = list(tokens)
+    if on_device:
+        for i, token in zip(on_device, torch.cat([tokens[i].reshape(1) for i in on_device]).tolist()):
+            out[i] = token
+    return out
+
+
+def drafted_tree(tokens: Sequence, parents: Sequence[int]) -> TokenTree | DeviceTree:
+    """The tree of a draft model's tokens in the shape `parents` (node 0 the root, an int; the others ints,
+    or 1-element tensors still on the draft's device). Where reading them makes the host wait they stay
+    there, read with verification's argmax (a DeviceTree); elsewhere they are read now."""
+    drafts = [t for t in tokens[1:] if isinstance(t, torch.Tensor)]
+    if not drafts or not transfer.reads_wait(drafts[0].device):
+        return TokenTree(host_tokens(tokens), list(parents))
+    if len(drafts) < len(tokens) - 1:
+        raise ValueError("a tree's drafts are all on the device or all on the host")
+    root, parents = int(tokens[0]), tuple(parents)
+    drafted = torch.cat([t.reshape(1) for t in drafts])  # (n - 1,)
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    return DeviceTree(root, torch.cat([to_device([root], drafted.device, torch.long), drafted]), parents,
+                      tuple(depths), max(depths), drafted.double(),
+                      lambda values: TokenTree([root, *(int(v) for v in values)], list(parents)))
 
 
 @functools.lru_cache(maxsize=256)

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..core import transfer
 from ..core.kv_cache import KVCache, level_mask
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
@@ -22,7 +23,7 @@ from ..core.tree import TokenTree, ancestors
 
 @dataclass
 class DraftTree:
-    tokens: list[int]  # node 0 = the root (last committed token)
+    tokens: list  # node 0 = the root (last committed token); greedy on a GPU the rest are 0-d tensors there, unread
     parents: list[int]
     dists: list[torch.Tensor | None]  # per node: the draft distribution its token was drawn from (None: root / greedy)
     cache_index: dict[int, int]  # node -> its position in the draft cache (inner nodes only: leaves are never fed)
@@ -85,14 +86,15 @@ def _draw_level(rows: torch.Tensor, counts: Sequence[int], sampler: Sampler, rep
     """counts[f] child tokens from each row of (F, V) `rows`, the draft's logits after a node, and the
     distribution they were drawn from (None: greedy, the top counts[f] in order). Greedy takes every
     row's top tokens with one top-k over the level; on a GPU they stay there as 0-d tensors (feeding
-    the next level and read once with the whole tree: each read made the host wait), on a CPU ints."""
+    the next level, and read with verification, tree.drafted_tree: each read made the host wait), on a
+    CPU ints."""
     if not sampler.greedy:
         return [_sample(row, n, sampler, replacement) for row, n in zip(rows, counts)]
     k = min(max(counts), rows.shape[-1])
     if not k:
         return [([], None) for _ in counts]
     top = torch.topk(rows, k).indices  # (F, k)
-    if rows.device.type == "cpu":
+    if not transfer.reads_wait(rows.device):
         top = top.tolist()
     return [(top[f][:n], None) for f, n in enumerate(counts)]
 
@@ -154,10 +156,6 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
         for r, node in enumerate(level):
             cache_index[node] = base + r
         frontier, rows, fed_levels = level, out, fed_levels + 1
-    on_device = [i for i, t in enumerate(tokens) if isinstance(t, torch.Tensor)]
-    if on_device:  # the whole tree's tokens in one read
-        for i, token in zip(on_device, _as_input([tokens[i] for i in on_device]).tolist()):
-            tokens[i] = token
     # Drop nodes that could not be drawn (sampling without replacement from a distribution
     # with fewer tokens than children): renumber the survivors, keeping level order.
     kept = [True] * len(parents)

@@ -30,7 +30,6 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -39,9 +38,10 @@ from ..core.kv_cache import KVCache, causal_mask, level_mask
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler
+from ..core import transfer
 from ..core.transfer import to_device
-from ..core.tree import (RankTree, TokenTree, ancestors, best_paths, given_paths, prior_accuracy, published_trees,
-                         rank_tree)
+from ..core.tree import (DeviceTree, RankTree, TokenTree, ancestors, best_paths, given_paths, prior_accuracy,
+                         published_trees, rank_tree)
 from ..tuning.profile import forward_latency, step_cost
 from ..tuning.tree_size import check_sizes, choose_size
 from .eagle_draft import DRAFT_DTYPES, FeatureDraft, depth_seconds, draft_for
@@ -75,7 +75,7 @@ class FeatureDraftProposer:
         # One proposal's drafting state (_draft): tokens fed and FLOPs; the nodes (token, parent, depth,
         # cumulative log-probability); each fed node's predicted features and its draft cache slot.
         self.forward_tokens, self.flops = 0, 0.0
-        self.prune = True  # on a CPU, feed no frontier node that can no longer reach the tree (_dynamic)
+        self.prune = True  # where reads do not wait (a CPU), feed no frontier node that cannot reach the tree
         self._vocab: torch.Tensor | None = None  # the draft vocabulary on the draft's device
         self.nodes = DraftNodes([], [], [], [])
         self.fed: list[tuple[torch.Tensor, torch.Tensor]] = []  # per depth fed: nodes (F,), predicted features (F, d)
@@ -112,7 +112,7 @@ class FeatureDraftProposer:
         self.flops += self.draft.flops(len(tokens), context, len(tokens))
         return out
 
-    def _draft(self, sequence: Sequence[int], room: int) -> TokenTree:
+    def _draft(self, sequence: Sequence[int], room: int) -> TokenTree | DeviceTree:
         self.forward_tokens, self.flops = 0, 0.0  # counted by _feed
         feats, tokens = self.pending
         self.pending = None
@@ -133,16 +133,10 @@ class FeatureDraftProposer:
         self.nodes = DraftNodes(token=[root], parent=[-1], depth=[0], score=[0.0])
         self.fed = [(_ROOT, root_g[None])]
         try:
-            if self.kind == "dynamic":
-                chosen = self._dynamic(base, depth)
-            else:
-                chosen = self._static(base, depth)
+            drafted = self._dynamic(base, depth) if self.kind == "dynamic" else self._static(base, depth)
         finally:
             self.cache.crop(base)
-        nodes = self.nodes
-        order = [0] + sorted(chosen, key=lambda i: (nodes.depth[i], i))  # parents first
-        index = {node: i for i, node in enumerate(order)}
-        return TokenTree([nodes.token[i] for i in order], [-1] + [index[nodes.parent[i]] for i in order[1:]])
+        return self._tree(*drafted, root, depth)
 
     def _vocab_on(self, device: torch.device) -> torch.Tensor:
         """The draft vocabulary (draft id -> token id) on `device`: copied once, not per step."""
@@ -153,9 +147,9 @@ class FeatureDraftProposer:
     def _dynamic(self, base: int, depth: int) -> list[int]:
         """EAGLE-2's tree, built on the draft's device: each depth expands the frontier (the top_k
         newest nodes by cumulative log-probability), top_k children each; the tree is the tree_size
-        best nodes (ties: shallower, then older, first). Nothing goes to the host until the tree is
-        built (the authors' code neither), except on a CPU, where a frontier node that can no longer
-        reach the tree is not fed (`prune`: a child scores at most its parent, is deeper than every
+        best nodes (ties: shallower, then older, first). Nothing goes to the host while drafting (the
+        authors' code reads the tree once built; here a GPU reads it with verification, _tree), except
+        where reads do not wait (a CPU): there a frontier node that can no longer reach the tree is not fed (`prune`: a child scores at most its parent, is deeper than every
         candidate so far and loses ties by depth, so the tree stays the same with fewer rows fed)."""
         g = self.fed[0][1]  # (1, d): the root's predicted features
         device = g.device
@@ -168,7 +162,7 @@ class FeatureDraftProposer:
         frontier = torch.zeros(1, dtype=torch.long, device=device)  # (F,) nodes to expand
         ancestry = torch.zeros(1, 0, dtype=torch.bool, device=device)  # (F, S): frontier rows' fed ancestors
         parent_g = g  # (F, d): the frontier's parents' predicted features
-        prune = self.prune and device.type == "cpu"
+        prune = self.prune and not transfer.reads_wait(device)
         for d in range(1, depth + 1):
             if d > 1:  # feed the frontier: its tokens, after its parents' features; one new cache row each
                 f = len(frontier)
@@ -197,14 +191,47 @@ class FeatureDraftProposer:
             parent_g, ancestry = g.index_select(0, rows), ancestry.index_select(0, rows)
             frontier = n + best
         chosen = torch.sort(-score[1:], stable=True).indices[:self.tree_size] + 1  # ties: the older (shallower)
-        # One read to the host, not five (on a GPU each makes the host wait): float64 holds every id and
-        # every float32 score exactly.
-        n, m = len(token), len(chosen)
-        read = torch.cat([t.double() for t in (token, parent, depth_of, chosen, score)]).cpu().numpy()
-        ids = read[:3 * n + m].astype(np.int64).tolist()
-        self.nodes = DraftNodes(token=ids[:n], parent=ids[n:2 * n], depth=ids[2 * n:3 * n],
-                                score=read[3 * n + m:].tolist())
-        return ids[3 * n:]
+        return token, parent, depth_of, chosen, score
+
+    def _tree(self, token: torch.Tensor, parent, depth_of, chosen, score: torch.Tensor, root: int,
+              height: int) -> TokenTree | DeviceTree:
+        """The tree verified: the root, then the chosen nodes parents first (by depth, then as drafted).
+        Every node drafted is (N,) `token` and `score` on the device, and its `parent` and `depth_of`:
+        there too (EAGLE-2's dynamic tree, `chosen` (m,) a tensor) or static's plan on the host. Where a
+        read makes the host wait, the tree stays on the device and is read with verification's argmax;
+        elsewhere it is read now. Either way one read: float64 holds every id and float32 score exactly."""
+        n_all = len(token)
+        if isinstance(parent, torch.Tensor):  # the shape is the device's: order and renumber there
+            order = chosen.index_select(0, torch.argsort(depth_of.index_select(0, chosen) * n_all + chosen))  # (m,)
+            nodes = torch.cat([torch.zeros(1, dtype=torch.long, device=token.device), order])  # (n,)
+            renumber = torch.full_like(token, -1).index_copy_(0, nodes, torch.arange(len(nodes), device=token.device))
+            tree_parents = renumber.index_select(0, parent.index_select(0, nodes).clamp(min=0))  # (n,)
+            tree_parents[0] = -1
+            tree_depths, n = depth_of.index_select(0, nodes), len(nodes)
+            read = torch.cat([t.double() for t in (token.index_select(0, nodes), tree_parents, token, parent,
+                                                   depth_of, score)])
+
+            def settle(values: list[float]) -> TokenTree:
+                ids = [int(v) for v in values[:2 * n + 3 * n_all]]
+                self.nodes = DraftNodes(token=ids[2 * n:2 * n + n_all], parent=ids[2 * n + n_all:2 * n + 2 * n_all],
+                                        depth=ids[2 * n + 2 * n_all:], score=values[2 * n + 3 * n_all:])
+                return TokenTree(ids[:n], ids[n:2 * n])
+        else:  # static: the plan's shape
+            nodes = [0] + sorted(chosen, key=lambda i: (depth_of[i], i))
+            renumber = {node: i for i, node in enumerate(nodes)}
+            tree_parents = tuple([-1] + [renumber[parent[i]] for i in nodes[1:]])
+            tree_depths = tuple(depth_of[i] for i in nodes)
+            read = torch.cat([token.double(), score.double()])
+
+            def settle(values: list[float]) -> TokenTree:
+                ids = [int(v) for v in values[:n_all]]
+                self.nodes = DraftNodes(token=ids, parent=list(parent), depth=list(depth_of), score=values[n_all:])
+                return TokenTree([ids[i] for i in nodes], list(tree_parents))
+        if not transfer.reads_wait(token.device):
+            return settle(read.tolist())
+        if not isinstance(nodes, torch.Tensor):
+            nodes = to_device(nodes, token.device, torch.long)
+        return DeviceTree(root, token.index_select(0, nodes), tree_parents, tree_depths, height, read, settle)
 
     def _static(self, base: int, depth: int) -> list[int]:
         """EAGLE-1's tree: the template's nodes, each its template parent's rank-r child. Where each node
@@ -230,9 +257,7 @@ class FeatureDraftProposer:
             # index_select on flat indices: a 2-D advanced index costs several times more, five times a step
             token = torch.cat([token, vocab.index_select(0, idx.view(-1).index_select(0, level.picked))])
             score = torch.cat([score, score.index_select(0, level.above) + top.view(-1).index_select(0, level.picked)])
-        self.nodes = DraftNodes(token=token.tolist(), parent=list(plan.parent), depth=list(plan.depth),
-                                score=score.tolist())
-        return list(plan.chosen)
+        return token, plan.parent, plan.depth, plan.chosen, score
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
-from ..core.tree import TokenTree
+from ..core.tree import drafted_tree
 from ..tuning.sequoia_acceptance import cached_acceptance, device_latency, load_acceptance
 from ..tuning.sequoia_tree import choose_tree, optimal_tree
 from .draft_model import DRAFT_REQUIRED, build_draft
@@ -106,7 +106,7 @@ class Sequoia:
 
         def grow(draft_lm, cache, sequence):
             dtree = draft_tree(draft_lm, cache, sequence, parents, sampler, replacement=False)
-            tree = TokenTree(dtree.tokens, dtree.parents)
+            tree = drafted_tree(dtree.tokens, dtree.parents)  # on a GPU read with verification
             return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree, None
 
         return DraftTreeProposer(self.load_addons(lm), len(prompt_ids), grow, without_replacement=True), None

@@ -14,11 +14,12 @@ from typing import Any, Sequence
 import torch
 
 from ..core.contract import PerTarget, check, check_step, decode_one
+from ..core import transfer
 from ..core.kv_cache import KVCache
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, argmax
-from ..core.tree import TokenTree
+from ..core.tree import TokenTree, drafted_tree
 from .draft_model import DRAFT_REQUIRED, build_draft
 
 
@@ -32,18 +33,19 @@ def catch_up(draft: LM, cache: KVCache, sequence: Sequence[int]) -> tuple[torch.
 
 
 def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int,
-                sampler: Sampler) -> tuple[list[int], list[torch.Tensor], int, float]:
+                sampler: Sampler) -> tuple[list, list[torch.Tensor], int, float]:
     """k draft tokens after `sequence`, each drawn from the draft (argmax when greedy).
     Returns the tokens, the distributions they were drawn from (sampling only), the tokens
-    fed to the draft and its FLOPs. On a GPU each token stays there and feeds the next forward,
-    and the chain reaches the host in one read (per token, each read made the host wait)."""
+    fed to the draft and its FLOPs. On a GPU each token stays there, a (1,) tensor, and feeds the
+    next forward; nothing is read (per token, each read made the host wait): tree.drafted_tree
+    reads them with verification, or tree.host_tokens at once."""
     spec = draft.flops_spec()
     tokens: list = []  # ints on a CPU; (1,) tensors on the draft's device elsewhere
     dists: list[torch.Tensor] = []
     forward_tokens, flops = 0, 0.0
     context = len(cache)
     logits, n = catch_up(draft, cache, sequence)
-    on_host = logits.device.type == "cpu"
+    on_host = not transfer.reads_wait(logits.device)
     forward_tokens, flops = n, forward_flops(spec, n, context)
     for i in range(k):
         if i:
@@ -57,8 +59,6 @@ def draft_chain(draft: LM, cache: KVCache, sequence: Sequence[int], k: int,
             dists.append(q)
             drawn = torch.multinomial(q, 1, generator=sampler.generator)  # (1,)
             tokens.append(int(drawn) if on_host else drawn)
-    if not on_host and tokens:
-        tokens = torch.cat(tokens).tolist()
     return tokens, dists, forward_tokens, flops
 
 
@@ -85,7 +85,7 @@ class DraftChain:
         s = self.sampler
         drafts, dists, forward_tokens, flops = draft_chain(self.draft, self.cache, sequence, n, s)
         draft_probs = torch.stack([torch.zeros_like(dists[0]), *dists]) if dists else None
-        return Proposal(TokenTree.chain(sequence[-1], drafts), draft_probs=draft_probs,
+        return Proposal(drafted_tree([sequence[-1], *drafts], range(-1, n)), draft_probs=draft_probs,
                         draft_forward_tokens=forward_tokens, draft_flops=flops, draft_prefill_flops=prefill)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:

@@ -15,7 +15,7 @@ import torch
 from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
 from ..core.sampling import Sampler
-from ..core.tree import TokenTree
+from ..core.tree import TokenTree, host_tokens
 from .draft_model import DRAFT_REQUIRED, build_draft
 from .draft_tree import DraftTree, DraftTreeProposer, children_of, draft_tree, stacked_dists
 
@@ -33,6 +33,7 @@ def merge_chains(dtree: DraftTree) -> tuple[TokenTree, torch.Tensor | None, list
     shared prefixes once. Returns (trie, draft_probs rows, trie node -> draft node, draws): draws
     holds, per trie node, the child each chain through it drew next, in draw order with
     duplicates kept, because multi-step verification must try every draw (verify_sampling)."""
+    dtree.tokens = host_tokens(dtree.tokens)  # the trie merges equal tokens: read them now
     kids = children_of(dtree.parents)
     sequences, nodes = [], []  # each chain's tokens and draft nodes
     for first in kids[0]:
