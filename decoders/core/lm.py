@@ -58,6 +58,15 @@ def use_attention_kernels() -> None:
     torch.backends.cuda.enable_mem_efficient_sdp(True)
 
 
+def timing_events(device: torch.device):
+    """A factory of CUDA timing events, each recorded on `device`'s current stream as it is made."""
+    def record() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+    return record
+
+
 class LM:
     """A HF causal LM, its tokenizer, and what metrics need to know about it."""
 
@@ -80,6 +89,11 @@ class LM:
             attention.install()  # grouped-query attention on a CPU without copying the cache
         if self.cuda_devices:
             use_attention_kernels()
+        # A decode's timer (trace.new_tracer): events on the one GPU's stream, read when the decode ends, so
+        # timing waits for nothing; None (the host's clock, synchronised) on a CPU or across several GPUs,
+        # whose work one stream's events would not bracket. scripts/step_overhead.py sets None: it times
+        # the host's own regions.
+        self.timing_event = timing_events(self.cuda_devices[0]) if len(self.cuda_devices) == 1 else None
         self.cache_kw = cache_kwarg(model)
         self.max_context = max_context or getattr(self.config, "max_position_embeddings", None)
         self.stop_ids = self._stop_ids()

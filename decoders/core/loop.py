@@ -25,7 +25,7 @@ import torch
 from .kv_cache import KVCache
 from .lm import LM
 from .sampling import ArgmaxRows, Sampler
-from .trace import Generation, Tracer, truncate_at_stop
+from .trace import Generation, new_tracer, truncate_at_stop
 from .transfer import to_device
 from .tree import DeviceTree, TokenTree, ancestor_rows
 from .verify import verify_greedy, verify_sampling
@@ -331,7 +331,7 @@ def speculative_decode(lm: LM, proposer: Proposer, prompt_ids: Sequence[int], ma
                        sampler: Sampler, stop_ids, *, accept: Accept | None = None) -> Generation:
     """Decode with `proposer`'s drafts, one target forward per step. `accept` replaces exact
     verification (Medusa's typical acceptance: lossy)."""
-    tracer = Tracer(lm.sync)
+    tracer = new_tracer(lm.sync, lm.timing_event)
     cache = lm.new_cache(reserve=len(prompt_ids) + max_new_tokens + 64)  # and a step's tree, mostly
     d = Decoding(proposer, sampler, accept, list(prompt_ids), max_new_tokens, stop_ids)
     while True:

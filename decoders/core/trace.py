@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 
 @dataclass
@@ -110,6 +110,66 @@ class Tracer:
     def finish(self, tokens: list[int], stop_ids) -> Generation:
         return Generation(tokens=tokens, steps=self.steps, ttft=self.ttft if self.ttft is not None else 0.0,
                           stop_reason=stop_reason(tokens, stop_ids))
+
+
+class DeviceTracer:
+    """Tracer's split on a GPU's own timeline. Each region's ends and each step's end are timing events
+    that the host records as it passes (`event()` makes and records one: that waits for nothing), read
+    once, when the generation finishes. Tracer's clock made the host wait at each region's start and end,
+    four times a step beside the one read a step needs (the accepted tokens), so the host could never
+    run ahead of the device as the authors' loops do. A region is charged the device time between its
+    events: the work it launched, or, where the device was idle waiting for the host, the host's time."""
+
+    def __init__(self, event: Callable[[], "TimingEvent"]):
+        self.event = event
+        self._start = event()
+        self._spans: dict[str, list] = {"target": [], "draft": []}  # this step's (start, end) events per region
+        self._steps: list[tuple[dict, "TimingEvent", list, list]] = []  # fields, end, target spans, draft spans
+
+    @contextmanager
+    def _span(self, region: str):
+        start = self.event()
+        try:
+            yield
+        finally:
+            self._spans[region].append((start, self.event()))
+
+    def target(self):
+        return self._span("target")
+
+    def draft(self):
+        return self._span("draft")
+
+    def end_step(self, **fields) -> None:
+        self._steps.append((fields, self.event(), self._spans["target"], self._spans["draft"]))
+        self._spans = {"target": [], "draft": []}
+
+    def finish(self, tokens: list[int], stop_ids) -> Generation:
+        last = self._steps[-1][1] if self._steps else self._start
+        last.synchronize()  # the generation's one wait for its timer: every event before it has run too
+        steps, before = [], self._start
+        for fields, end, target, draft in self._steps:
+            t, d = (sum(a.elapsed_time(b) for a, b in spans) / 1e3 for spans in (target, draft))
+            total = before.elapsed_time(end) / 1e3
+            steps.append(Step(target_time=t, draft_time=d, overhead_time=max(0.0, total - t - d), **fields))
+            before = end
+        ttft = self._start.elapsed_time(self._steps[0][1]) / 1e3 if self._steps else 0.0
+        return Generation(tokens=tokens, steps=steps, ttft=ttft, stop_reason=stop_reason(tokens, stop_ids))
+
+
+class TimingEvent(Protocol):
+    """What DeviceTracer reads of an event (torch.cuda.Event(enable_timing=True), recorded)."""
+
+    def elapsed_time(self, end: "TimingEvent") -> float: ...  # milliseconds from this event to `end`
+
+    def synchronize(self) -> None: ...
+
+
+def new_tracer(sync: Callable[[], None] | None,
+               event: Callable[[], TimingEvent] | None = None) -> Tracer | DeviceTracer:
+    """The tracer of one decode: on the device's own timeline where `event` records timing events there
+    (LM.timing_event, a single GPU), else the host's clock, `sync` before each reading."""
+    return Tracer(sync) if event is None else DeviceTracer(event)
 
 
 def stop_reason(tokens: list[int], stop_ids) -> str:

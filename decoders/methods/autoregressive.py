@@ -10,12 +10,12 @@ from ..core.lm import LM
 from ..core.loop import Proposal
 from ..core.tree import TokenTree
 from ..core.sampling import Sampling, next_token
-from ..core.trace import Generation, Tracer
+from ..core.trace import Generation, new_tracer
 
 
 def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
                           stop_ids) -> Generation:
-    tracer = Tracer(lm.sync)
+    tracer = new_tracer(lm.sync, lm.timing_event)
     cache = lm.new_cache(reserve=len(prompt_ids) + max_new_tokens)
     warpers = sampling.warpers()
     generator = sampling.generator(lm.output_device)

@@ -149,8 +149,9 @@ class FeatureDraftProposer:
         newest nodes by cumulative log-probability), top_k children each; the tree is the tree_size
         best nodes (ties: shallower, then older, first). Nothing goes to the host while drafting (the
         authors' code reads the tree once built; here a GPU reads it with verification, _tree), except
-        where reads do not wait (a CPU): there a frontier node that can no longer reach the tree is not fed (`prune`: a child scores at most its parent, is deeper than every
-        candidate so far and loses ties by depth, so the tree stays the same with fewer rows fed)."""
+        where reads do not wait (a CPU): there a frontier node that can no longer reach the tree is not
+        fed (`prune`: a child scores at most its parent, is deeper than every candidate so far and
+        loses ties by depth, so the tree stays the same with fewer rows fed)."""
         g = self.fed[0][1]  # (1, d): the root's predicted features
         device = g.device
         k = min(self.top_k, len(self.draft.vocab))
