@@ -95,3 +95,32 @@ def test_a_decode_timed_on_the_device_timeline_never_waits(decode):
     spent = sum(s.target_time + s.draft_time + s.overhead_time for s in on_device.steps)
     assert all(min(s.target_time, s.draft_time, s.overhead_time) >= 0 for s in on_device.steps)
     assert 0 < on_device.ttft <= spent <= time.perf_counter() - start
+
+
+@pytest.mark.parametrize("peer", ["hf_generate", "hf_assisted"])
+def test_transformers_loops_are_timed_as_ours(peer):
+    """generate()'s forwards (and an assistant's) are timed on the events too where ours are: the model's
+    sync is called only around the whole call (twice), where the host clock calls it at every forward's
+    start and end (the control); the steps are the same, their times positive and within the call."""
+    from decoders.methods.draft_model import SelfDraft
+    from decoders.methods.hf_peers import HFAssisted, HFGenerate
+    lm = tiny_lm(seed=2)
+    decoder = HFGenerate() if peer == "hf_generate" else HFAssisted(draft=SelfDraft(layers=1))
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    decoder.generate(lm, prompt, 4, Sampling(), set())  # the assistant built, generate() warmed up
+    syncs = []
+    lm.sync = lambda: syncs.append(1)
+    on_host = decoder.generate(lm, prompt, 12, Sampling(), set())
+    forwards = len(on_host.steps) + sum(s.draft_forward_tokens > 0 for s in on_host.steps)
+    assert len(syncs) >= 2 + 2 * forwards, "the control: the host clock synchronises at every forward"
+    syncs.clear()
+    lm.timing_event = events = FakeEvents()
+    start = time.perf_counter()
+    on_device = decoder.generate(lm, prompt, 12, Sampling(), set())
+    assert len(syncs) == 2 and on_device.tokens == on_host.tokens
+    fields = lambda g: [(s.committed, s.forward_tokens, s.draft_forward_tokens) for s in g.steps]  # noqa: E731
+    assert fields(on_device) == fields(on_host)
+    assert all(s.target_time > 0 and s.draft_time >= 0 for s in on_device.steps)
+    assert (peer == "hf_assisted") == any(s.draft_time > 0 for s in on_device.steps)
+    assert sum(s.target_time + s.draft_time + s.overhead_time for s in on_device.steps) <= time.perf_counter() - start
+    assert events.synchronized == 0  # read after the call's own final sync

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -45,7 +45,7 @@ def hf_generate(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling
     lm.sync()
     total = time.perf_counter() - start
     tokens = truncate_at_stop(out[0, ids.shape[1]:].tolist(), stop_ids, max_new_tokens)
-    steps = hooks.steps
+    steps = hooks.timed_steps()
     _fit_committed(steps, len(tokens))
     _count_drafts(steps, len(prompt_ids))
     # Whatever generate() did outside the forwards is overhead; spread it per step.
@@ -70,22 +70,42 @@ def _seed_generate(lm: LM, sampling: Sampling) -> None:
 class _Drafted:
     """The assistant's forwards since the last target step, charged to the next one."""
 
-    time: float = 0.0
+    spans: list = field(default_factory=list)  # (start, end) of each forward: _StepHooks.mark()'s
     tokens: int = 0
     flops: float = 0.0
     prefill: float = 0.0  # of flops, its first pass over the prompt
 
 
 class _StepHooks:
-    """Forward hooks on the target (one Step per forward) and on the assistant (its drafting)."""
+    """Forward hooks on the target (one Step per forward) and on the assistant (its drafting). The
+    forwards are timed as our loop's are (trace.new_tracer): on one GPU by events read once generate()
+    has finished, so that timing it makes the host wait no more than generate() itself does; else by
+    the host's clock, synchronised at each forward's start and end."""
 
     def __init__(self, lm: LM, prompt_len: int, assistant: "LM | None"):
         self.lm, self.prompt_len = lm, prompt_len
         self.draft_spec = assistant.flops_spec() if assistant is not None else None
         self.steps: list[Step] = []
+        self.spans: list[tuple] = []  # per step: the target forward's (start, end), its drafted spans
         self.drafted = _Drafted()
         self._forward: dict = {}  # the target forward under way: its start, tokens fed, cache length
-        self._draft_start = 0.0
+        self._draft_start = None
+
+    def mark(self):
+        """Now: a recorded timing event on the device's timeline, or the host's clock after a sync."""
+        if self.lm.timing_event is not None:
+            return self.lm.timing_event()
+        self.lm.sync()  # generate()'s own work before the mark is charged before it
+        return time.perf_counter()
+
+    def timed_steps(self) -> list[Step]:
+        """The steps with their target and draft seconds (events are read here: after generate())."""
+        def seconds(start, end) -> float:
+            return end - start if isinstance(start, float) else start.elapsed_time(end) / 1e3
+        for step, (target, drafted) in zip(self.steps, self.spans):
+            step.target_time = seconds(*target)
+            step.draft_time = sum(seconds(*span) for span in drafted)
+        return self.steps
 
     @contextmanager
     def attached(self, model, assistant_model):
@@ -102,30 +122,26 @@ class _StepHooks:
 
     def target_pre(self, module, args, kwargs):
         ids, context = _fed(args, kwargs)
-        self.lm.sync()  # generate()'s own work before this forward is overhead, not target time
-        self._forward = dict(t0=time.perf_counter(), tokens=ids, context=context)
+        self._forward = dict(start=self.mark(), tokens=ids, context=context)
 
     def target_post(self, module, args, kwargs, output):
-        self.lm.sync()
         d = self.drafted
+        self.spans.append(((self._forward["start"], self.mark()), d.spans))
         self.steps.append(Step(committed=0, forward_tokens=self._forward["tokens"],
-                               context_tokens=self._forward["context"],
-                               target_time=time.perf_counter() - self._forward["t0"], draft_time=d.time,
-                               draft_forward_tokens=d.tokens, draft_flops=d.flops, draft_prefill_flops=d.prefill))
+                               context_tokens=self._forward["context"], draft_forward_tokens=d.tokens,
+                               draft_flops=d.flops, draft_prefill_flops=d.prefill))
         self.drafted = _Drafted()
 
     def draft_pre(self, module, args, kwargs):
         n, context = _fed(args, kwargs)
-        self.lm.sync()
-        self._draft_start = time.perf_counter()
+        self._draft_start = self.mark()
         self.drafted.tokens += n
         self.drafted.flops += forward_flops(self.draft_spec, n, context)
         if context == 0:  # the assistant's first pass reads the prompt: its prefill
             self.drafted.prefill += forward_flops(self.draft_spec, min(n, self.prompt_len), 0)
 
     def draft_post(self, module, args, kwargs, output):
-        self.lm.sync()
-        self.drafted.time += time.perf_counter() - self._draft_start
+        self.drafted.spans.append((self._draft_start, self.mark()))
 
 
 def _fed(args, kwargs) -> tuple[int, int]:
