@@ -31,6 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from decoders.core import kernels  # noqa: E402
+from decoders.core.fast_path import linear_problem  # noqa: E402
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -50,7 +51,6 @@ def kernel_table(dtype, layers: int, libraries: dict[str, kernels.Library]) -> d
     """name -> (prepare(k) -> one pass over every layer for inputs of k rows), for `dtype`."""
     weights = [[torch.randn(o, i, dtype=dtype) * 0.02 for o, i in SHAPES] for _ in range(layers)]
     flat = [w for layer in weights for w in layer]
-    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in flat]
     table = {}
 
     def inputs(k):
@@ -60,11 +60,17 @@ def kernel_table(dtype, layers: int, libraries: dict[str, kernels.Library]) -> d
         xs = inputs(k)
         return lambda: [F.linear(x, w) for x, w in zip(xs, flat)]
 
-    def packed(k):
-        xs = inputs(k)
-        return lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in zip(xs, onednn)]
+    table["native"] = native
+    why_not = linear_problem(dtype)
+    if why_not:  # e.g. bfloat16 on a CPU without AVX-512 (a Zen 3)
+        print(f"{str(dtype).replace('torch.', '')}: onednn_prepacked skipped ({why_not})")
+    else:
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in flat]
 
-    table["native"], table["onednn_prepacked"] = native, packed
+        def packed(k):
+            xs = inputs(k)
+            return lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for x, p in zip(xs, onednn)]
+        table["onednn_prepacked"] = packed
     if dtype == torch.float32:
         def mkl(k):
             if k not in MKL_ROWS:
