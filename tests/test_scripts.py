@@ -159,8 +159,20 @@ def test_bench_linear_kernels_runs(tmp_path):
     assert "onednn_prepacked" in out.stdout and (tmp_path / "kernels.csv").is_file()
     from decoders.core.kernels import dtype_supported
 
-    kernel_rows = [line for line in out.stdout.splitlines() if "kernel" in line.split()[:2]]
-    assert bool(kernel_rows) == (dtype_supported(torch.float32) is None)  # ours, where this CPU runs it
+    def table_rows(label):  # the tables' rows of `label` (a row names its dtype, or is indented under it)
+        rows = []
+        for line in out.stdout.splitlines():
+            tokens = line.split()
+            if tokens[:1] in (["float32"], ["bfloat16"]):
+                tokens = tokens[1:]
+            elif not line.startswith(" "):
+                continue
+            if tokens[:1] == [label]:
+                rows.append(line)
+        return rows
+
+    assert len(table_rows("native")) == 4  # the control: float32's and bfloat16's, in both tables
+    assert bool(table_rows("kernel")) == (dtype_supported(torch.float32) is None)  # ours, where this CPU runs it
 
 
 @pytest.mark.slow
