@@ -333,7 +333,8 @@ WAIT_ONCE = {"eagle-dynamic": lambda: Eagle(draft_weights=None, draft_seed=1, tr
              "eagle-static": lambda: Eagle(draft_weights=None, draft_seed=1, tree="static", tree_size=10, depth=3,
                                            top_k=4),
              "spec_chain": lambda: SpecChain(draft=SelfDraft(layers=1), depth=4),
-             "sequoia": lambda: Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16)}
+             "sequoia": lambda: Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16),
+             "medusa": lambda: Medusa(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, heads_seed=2)}
 
 
 @pytest.mark.cuda

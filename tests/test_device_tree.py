@@ -17,6 +17,7 @@ from decoders.core.tree import DeviceTree, TokenTree
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
 from decoders.methods.eagle import Eagle
+from decoders.methods.medusa import Medusa
 from decoders.methods.sequoia import Sequoia
 from decoders.methods.spec_chain import SpecChain
 from decoders.methods.specinfer import SpecInfer
@@ -32,6 +33,8 @@ DECODERS = {  # each built anew per test: a decoder keeps its draft, and Sequoia
     "eagle-static-5-5-1": lambda: Eagle(draft_weights=None, draft_seed=5, tree="static", tree_size=5, depth=5, top_k=1),
     "spec_chain-4": lambda: SpecChain(draft=SelfDraft(layers=1), depth=4),
     "sequoia-8-4": lambda: Sequoia(draft=SelfDraft(layers=1), budget=8, depth=4, auto_tokens=16),
+    "medusa-list-seed2": lambda: Medusa(choices=[[0], [1], [0, 0], [2], [0, 1], [0, 0, 0]], num_heads=3, heads_seed=2),
+    "medusa-chain-seed1": lambda: Medusa(choices="chain", heads_seed=1),
     # its trie merges equal draws, so its tokens are read at once (tree.host_tokens), on the device path too
     "specinfer-2x3": lambda: SpecInfer(draft=SelfDraft(layers=1), num_drafts=2, depth=3),
 }
@@ -60,9 +63,9 @@ def trees_of(gen) -> list[tuple]:
 @pytest.mark.parametrize("name", DECODERS)
 @pytest.mark.parametrize("seed", range(3))
 def test_a_tree_read_with_verification_decodes_as_autoregressive(name, seed, reads_wait, monkeypatch):
-    """Drafts kept on the device (EAGLE's dynamic and static trees, a draft model's chain and Sequoia's
-    tree): autoregressive greedy's tokens, and each step drafts and accepts what the path that reads at
-    once does (the same trees)."""
+    """Drafts kept on the device (EAGLE's dynamic and static trees, a draft model's chain, Sequoia's tree
+    and Medusa's heads' top-k): autoregressive greedy's tokens, and each step drafts and accepts what the
+    path that reads at once does (the same trees)."""
     lm = tiny_lm(seed=seed)
     prompt = [(7 * seed + 3 * i) % 64 for i in range(5)] * 3  # repeats: drafts get accepted
     reference = autoregressive_decode(lm, prompt, 30, GREEDY, stop_ids=set()).tokens

@@ -143,17 +143,22 @@ def host_tokens(tokens: Sequence) -> list[int]:
     return out
 
 
-def drafted_tree(tokens: Sequence, parents: Sequence[int]) -> TokenTree | DeviceTree:
-    """The tree of a draft model's tokens in the shape `parents` (node 0 the root, an int; the others ints,
-    or 1-element tensors still on the draft's device). Where reading them makes the host wait they stay
-    there, read with verification's argmax (a DeviceTree); elsewhere they are read now."""
-    drafts = [t for t in tokens[1:] if isinstance(t, torch.Tensor)]
-    if not drafts or not transfer.reads_wait(drafts[0].device):
-        return TokenTree(host_tokens(tokens), list(parents))
-    if len(drafts) < len(tokens) - 1:
-        raise ValueError("a tree's drafts are all on the device or all on the host")
-    root, parents = int(tokens[0]), tuple(parents)
-    drafted = torch.cat([t.reshape(1) for t in drafts])  # (n - 1,)
+def drafted_tree(root: int, drafts: Sequence | torch.Tensor, parents: Sequence[int]) -> TokenTree | DeviceTree:
+    """The tree of `root` and its drafted tokens in the shape `parents` (the drafts in node order after the
+    root: ints, or still on the draft's device, one (n - 1,) tensor or 1-element tensors). Where reading
+    them makes the host wait they stay there, read with verification's argmax (a DeviceTree); elsewhere
+    they are read now."""
+    if isinstance(drafts, torch.Tensor):
+        drafted = drafts.reshape(-1)
+    elif any(isinstance(t, torch.Tensor) for t in drafts):
+        if not all(isinstance(t, torch.Tensor) for t in drafts):
+            raise ValueError("a tree's drafts are all on the device or all on the host")
+        drafted = torch.cat([t.reshape(1) for t in drafts])  # (n - 1,)
+    else:
+        return TokenTree([root, *drafts], list(parents))
+    if not transfer.reads_wait(drafted.device):
+        return TokenTree([root, *drafted.tolist()], list(parents))
+    parents = tuple(parents)
     depths = [0] * len(parents)
     for i in range(1, len(parents)):
         depths[i] = depths[parents[i]] + 1

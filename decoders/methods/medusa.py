@@ -30,7 +30,8 @@ from ..core.contract import PerTarget, check, check_step, decode_one
 from .heads import HeadsProposer, heads_for
 from ..core.lm import LM
 from ..core.sampling import Sampler
-from ..core.tree import TokenTree, best_paths, given_paths, prior_accuracy, published_trees, rank_tree
+from ..core.transfer import to_device
+from ..core.tree import TokenTree, best_paths, drafted_tree, given_paths, prior_accuracy, published_trees, rank_tree
 from ..tuning.profile import forward_latency, step_cost
 from ..tuning.tree_size import check_sizes, choose_size, expected_tokens
 
@@ -150,12 +151,13 @@ class Medusa:
 
     def proposer(self, lm: LM, prompt_ids, sampler: Sampler, stop_ids):
         heads, (parents, slots) = self.tree_for(lm)
-        max_rank = max((r for _, r in slots), default=0) + 1
+        ranks = min(max((r for _, r in slots), default=0) + 1, lm.vocab_size)
+        picked = to_device([h * ranks + r for h, r in slots], lm.output_device, torch.long)  # (n - 1,) in (K * R)
 
-        def build(sequence, head_logits):
-            top = torch.topk(head_logits, min(max_rank, head_logits.shape[-1]), dim=-1).indices.tolist()
-            tokens = [int(sequence[-1])] + [top[h][r] for h, r in slots]
-            return TokenTree(tokens, list(parents)), 0.0, {}
+        def build(sequence, head_logits):  # (K, V) -> the tree: on a GPU it stays there, read with verification
+            top = torch.topk(head_logits, ranks, dim=-1).indices  # (K, R)
+            drafts = top.view(-1).index_select(0, picked.to(top.device))  # (n - 1,)
+            return drafted_tree(int(sequence[-1]), drafts, parents), 0.0, {}
 
         accept = None  # exact verification
         if self.accept_rule == "typical":

@@ -106,7 +106,7 @@ class Sequoia:
 
         def grow(draft_lm, cache, sequence):
             dtree = draft_tree(draft_lm, cache, sequence, parents, sampler, replacement=False)
-            tree = drafted_tree(dtree.tokens, dtree.parents)  # on a GPU read with verification
+            tree = drafted_tree(dtree.tokens[0], dtree.tokens[1:], dtree.parents)  # on a GPU read with verification
             return tree, stacked_dists(dtree.dists), list(range(len(tree))), dtree, None
 
         return DraftTreeProposer(self.load_addons(lm), len(prompt_ids), grow, without_replacement=True), None

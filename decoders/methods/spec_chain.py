@@ -85,7 +85,7 @@ class DraftChain:
         s = self.sampler
         drafts, dists, forward_tokens, flops = draft_chain(self.draft, self.cache, sequence, n, s)
         draft_probs = torch.stack([torch.zeros_like(dists[0]), *dists]) if dists else None
-        return Proposal(drafted_tree([sequence[-1], *drafts], range(-1, n)), draft_probs=draft_probs,
+        return Proposal(drafted_tree(int(sequence[-1]), drafts, range(-1, n)), draft_probs=draft_probs,
                         draft_forward_tokens=forward_tokens, draft_flops=flops, draft_prefill_flops=prefill)
 
     def commit(self, proposal: Proposal, scores: Scores, path: list[int], sequence: Sequence[int]) -> dict:
