@@ -9,6 +9,7 @@ import contextlib
 import importlib.metadata
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,11 +179,16 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
         lm.fast_path_note = f"auto chose {choice['chosen']}{rows}: {choice['why']}"
     else:
         lm.set_fast_path(fast_path)
+        if lm.fast_path != fast_path:  # the run goes on, on the path this machine has: said in one line
+            print(f"warning: model.fast_path={fast_path} runs {lm.fast_path} here: {lm.fast_path_note}",
+                  file=sys.stderr)
     if compile == "auto":  # after the fast path: the graph is traced over its kernels
         choice = choose_compile(lm, cache_dir)
         lm.compile_note = f"auto chose {choice['chosen']}: {choice['why']}"
     else:
         lm.set_compile(compile)
+        if lm.compile != compile:
+            print(f"warning: model.compile={compile} runs {lm.compile} here: {lm.compile_note}", file=sys.stderr)
     return lm
 
 

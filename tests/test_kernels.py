@@ -289,6 +289,20 @@ def test_a_failed_build_falls_back_in_one_line(monkeypatch):
     assert torch.equal(lm.forward(ids, lm.new_cache()), ref.forward(ids, ref.new_cache()))
 
 
+def test_a_run_says_in_one_line_which_path_it_takes_instead(monkeypatch, capsys):
+    """model.fast_path=kernel (or model.compile=inductor) on a machine without it: the run goes on natively
+    and says so in one line on stderr; a path that runs says nothing."""
+    from bench.models import put_on_fast_path
+    _fresh_build_state(monkeypatch)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "fma"})
+    lm = put_on_fast_path(tiny_lm(seed=1, fast_path="none"), "kernel", None)
+    err = capsys.readouterr().err
+    assert lm.fast_path == "none" and err.count("\n") == 1
+    assert err.startswith("warning: model.fast_path=kernel runs none here: kernel unavailable: this CPU lacks avx512f")
+    put_on_fast_path(tiny_lm(seed=1, fast_path="none"), "none", None)
+    assert capsys.readouterr().err == ""
+
+
 @needs_kernel
 def test_missing_instructions_fall_back_in_one_line(monkeypatch):
     _fresh_build_state(monkeypatch)
