@@ -6,7 +6,6 @@ The kernels are private torch ops: prepacked_supported probes them before use.
 from __future__ import annotations
 
 import functools
-
 import weakref
 
 import torch

@@ -120,9 +120,8 @@ class DeviceTree:
         return not isinstance(self.parents, torch.Tensor) and all(p == i - 1 for i, p in enumerate(self.parents))
 
     def ancestor_mask(self) -> torch.Tensor:
-        """(n, n) bool on the tokens' device: [i, j] is True when j is i or one of its ancestors."""
-        if not isinstance(self.parents, torch.Tensor):
-            return torch.from_numpy(ancestor_rows(self.parents).copy()).to(self.tokens.device)
+        """(n, n) bool on the device, for a shape held there (a host shape is laid out on the host,
+        loop.layout): [i, j] is True when j is i or one of its ancestors."""
         n, device = len(self), self.parents.device
         up, rows = self.parents.clamp(min=0), torch.arange(n, device=device)  # the root is its own parent
         mask = torch.eye(n, dtype=torch.bool, device=device)

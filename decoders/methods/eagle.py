@@ -144,7 +144,7 @@ class FeatureDraftProposer:
             self._vocab = self.draft.vocab.to(device)
         return self._vocab
 
-    def _dynamic(self, base: int, depth: int) -> list[int]:
+    def _dynamic(self, base: int, depth: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """EAGLE-2's tree, built on the draft's device: each depth expands the frontier (the top_k
         newest nodes by cumulative log-probability), top_k children each; the tree is the tree_size
         best nodes (ties: shallower, then older, first). Nothing goes to the host while drafting (the
@@ -192,17 +192,27 @@ class FeatureDraftProposer:
             parent_g, ancestry = g.index_select(0, rows), ancestry.index_select(0, rows)
             frontier = n + best
         chosen = torch.sort(-score[1:], stable=True).indices[:self.tree_size] + 1  # ties: the older (shallower)
-        return token, parent, depth_of, chosen, score
+        return token, score, (parent, depth_of, chosen)
 
-    def _tree(self, token: torch.Tensor, parent, depth_of, chosen, score: torch.Tensor, root: int,
+    def _tree(self, token: torch.Tensor, score: torch.Tensor, shape: "tuple | StaticPlan", root: int,
               height: int) -> TokenTree | DeviceTree:
         """The tree verified: the root, then the chosen nodes parents first (by depth, then as drafted).
-        Every node drafted is (N,) `token` and `score` on the device, and its `parent` and `depth_of`:
-        there too (EAGLE-2's dynamic tree, `chosen` (m,) a tensor) or static's plan on the host. Where a
+        Every node drafted is (N,) `token` and `score` on the device; `shape` is EAGLE-2's dynamic one,
+        there too ((N,) parent and depth, (m,) chosen), or the static plan, whose tree is known. Where a
         read makes the host wait, the tree stays on the device and is read with verification's argmax;
         elsewhere it is read now. Either way one read: float64 holds every id and float32 score exactly."""
         n_all = len(token)
-        if isinstance(parent, torch.Tensor):  # the shape is the device's: order and renumber there
+        if isinstance(shape, StaticPlan):
+            nodes, tree_parents, tree_depths = shape.tree_nodes, shape.tree_parents, shape.tree_depths
+            read = torch.cat([token.double(), score.double()])
+
+            def settle(values: list[float]) -> TokenTree:
+                ids = [int(v) for v in values[:n_all]]
+                self.nodes = DraftNodes(token=ids, parent=list(shape.parent), depth=list(shape.depth),
+                                        score=values[n_all:])
+                return TokenTree([ids[i] for i in shape.tree], list(tree_parents))
+        else:  # the shape is the device's: order and renumber there
+            parent, depth_of, chosen = shape
             order = chosen.index_select(0, torch.argsort(depth_of.index_select(0, chosen) * n_all + chosen))  # (m,)
             nodes = torch.cat([torch.zeros(1, dtype=torch.long, device=token.device), order])  # (n,)
             renumber = torch.full_like(token, -1).index_copy_(0, nodes, torch.arange(len(nodes), device=token.device))
@@ -217,24 +227,11 @@ class FeatureDraftProposer:
                 self.nodes = DraftNodes(token=ids[2 * n:2 * n + n_all], parent=ids[2 * n + n_all:2 * n + 2 * n_all],
                                         depth=ids[2 * n + 2 * n_all:], score=values[2 * n + 3 * n_all:])
                 return TokenTree(ids[:n], ids[n:2 * n])
-        else:  # static: the plan's shape
-            nodes = [0] + sorted(chosen, key=lambda i: (depth_of[i], i))
-            renumber = {node: i for i, node in enumerate(nodes)}
-            tree_parents = tuple([-1] + [renumber[parent[i]] for i in nodes[1:]])
-            tree_depths = tuple(depth_of[i] for i in nodes)
-            read = torch.cat([token.double(), score.double()])
-
-            def settle(values: list[float]) -> TokenTree:
-                ids = [int(v) for v in values[:n_all]]
-                self.nodes = DraftNodes(token=ids, parent=list(parent), depth=list(depth_of), score=values[n_all:])
-                return TokenTree([ids[i] for i in nodes], list(tree_parents))
         if not transfer.reads_wait(token.device):
             return settle(read.tolist())
-        if not isinstance(nodes, torch.Tensor):
-            nodes = to_device(nodes, token.device, torch.long)
         return DeviceTree(root, token.index_select(0, nodes), tree_parents, tree_depths, height, read, settle)
 
-    def _static(self, base: int, depth: int) -> list[int]:
+    def _static(self, base: int, depth: int) -> tuple[torch.Tensor, torch.Tensor, "StaticPlan"]:
         """EAGLE-1's tree: the template's nodes, each its template parent's rank-r child. Where each node
         goes, what each depth feeds and its mask are the plan's (made once per depth); only tokens and
         scores come from the draft, and they stay on its device until the tree is built."""
@@ -258,7 +255,7 @@ class FeatureDraftProposer:
             # index_select on flat indices: a 2-D advanced index costs several times more, five times a step
             token = torch.cat([token, vocab.index_select(0, idx.view(-1).index_select(0, level.picked))])
             score = torch.cat([score, score.index_select(0, level.above) + top.view(-1).index_select(0, level.picked)])
-        return token, plan.parent, plan.depth, plan.chosen, score
+        return token, score, plan
 
 
 @dataclass(frozen=True)
@@ -280,7 +277,12 @@ class StaticPlan:
     levels: tuple[PlanLevel, ...]
     parent: tuple[int, ...]  # per placed node (node 0: the root)
     depth: tuple[int, ...]
-    chosen: tuple[int, ...]  # the template's nodes within the depth, placed, in template order
+    # The tree verified: the placed nodes of the template within the depth, the root first, parents first
+    # (by depth, then as placed); its parents and depths in that numbering; the nodes again on the device
+    tree: tuple[int, ...]
+    tree_parents: tuple[int, ...]
+    tree_depths: tuple[int, ...]
+    tree_nodes: torch.Tensor
 
 
 def static_plan(template: RankTree, depth: int, vocab: int, device: torch.device) -> StaticPlan:
@@ -321,7 +323,11 @@ def static_plan(template: RankTree, depth: int, vocab: int, device: torch.device
             parent.append(placed[parents[i]])
             depth_of.append(d)
         previous = ask
-    return StaticPlan(tuple(levels), tuple(parent), tuple(depth_of), tuple(placed[i] for i in keep if i in placed))
+    tree = [0] + sorted((placed[i] for i in keep if i in placed), key=lambda node: (depth_of[node], node))
+    renumber = {node: i for i, node in enumerate(tree)}
+    tree_parents = tuple([-1] + [renumber[parent[node]] for node in tree[1:]])
+    return StaticPlan(tuple(levels), tuple(parent), tuple(depth_of), tuple(tree), tree_parents,
+                      tuple(depth_of[node] for node in tree), torch.tensor(tree, device=device))
 
 
 @dataclass
