@@ -9,6 +9,7 @@ import time
 import pytest
 
 from decoders.core import trace
+from decoders.core.batch import decode_batch
 from decoders.core.sampling import Sampling
 from decoders.core.trace import DeviceTracer, Tracer
 from decoders.methods.autoregressive import autoregressive_decode
@@ -67,17 +68,22 @@ def test_the_device_timeline_splits_steps_as_the_host_clock_does(monkeypatch):
     assert on_device.ttft == 8
 
 
-@pytest.mark.parametrize("decode", ["autoregressive", "prompt_lookup"])
+@pytest.mark.parametrize("decode", ["autoregressive", "prompt_lookup", "batch"])
 def test_a_decode_timed_on_the_device_timeline_never_waits(decode):
-    """With LM.timing_event set (a GPU's), the loop and the autoregressive baseline time on events: the
-    model's sync is never called, the events are waited for once, and each step's times add up to the
-    span of its events; the tokens and step fields are the host-timed decode's."""
+    """With LM.timing_event set (a GPU's), the loop, the batch loop and the autoregressive baseline time
+    on events: the model's sync is never called, the events are waited for once, and each step's times
+    add up to the span of its events; the tokens and step fields are the host-timed decode's."""
     lm = tiny_lm(seed=1)
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
 
     def run():
         if decode == "autoregressive":
             return autoregressive_decode(lm, prompt, 12, Sampling(), set())
+        if decode == "batch":  # a second row, shorter, leaves the batch early: the first row's last steps are alone
+            gens, _ = decode_batch(PromptLookupDecoding(), lm, [prompt, prompt[:5]], [12, 5], [Sampling()] * 2,
+                                   set())
+            assert gens[1].ttft == gens[0].ttft and len(gens[1].steps) < len(gens[0].steps)
+            return gens[0]
         return PromptLookupDecoding().generate(lm, prompt, 12, Sampling(), set())
 
     syncs = []

@@ -23,7 +23,7 @@ from .contract import Batches
 from .lm import LM
 from .loop import Accept, Decoding, Feed, Proposal, Proposer, feed, propose, settled, split, verify_and_commit
 from .sampling import Sampler, Sampling
-from .trace import Clock, Generation, Step, stop_reason
+from .trace import Generation, Step, new_tracer, stop_reason
 
 
 @dataclass
@@ -72,24 +72,24 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
     stats = BatchStats(rows=len(rows))
     cache = lm.new_batch_cache(len(rows))
     active = rows  # rows still decoding, in cache order
-    start = step_start = time.perf_counter()
-    first_token: dict[int, float] = {}  # by id(row)
+    tracer = new_tracer(lm.sync, lm.timing_event)  # each step's times, shared by the rows in it
+    start = time.perf_counter()
     while active:
-        drafting, target = Clock(lm.sync), Clock(lm.sync)  # this step's: every row's drafting, the forward
         proposals, feeds = [], []
         for row in active:
-            with drafting():
+            with tracer.draft():
                 proposals.append(propose(row.proposer, row.sequence, row.room, prefill=not row.tokens))
                 settled(proposals[-1])  # a tree still on the device is read now: the batched feed is built on the host
             feeds.append(feed(row.cached, row.sequence, proposals[-1]))
-        with target():
+        with tracer.target():
             outputs = _forward(lm, cache, proposals, feeds)
         width = max(len(f.tokens) for f in feeds)
         slot0 = len(cache) - width  # where this forward's slots begin; row r's tokens are right-aligned in them
         stats.count_forward(feeds, width)
         kept, fields = [], []
         for row, proposal, fed, (logits, extra) in zip(active, proposals, feeds, outputs):
-            step, path = verify_and_commit(row, proposal, fed, split(proposal, logits, extra, fed.uncached), drafting)
+            step, path = verify_and_commit(row, proposal, fed, split(proposal, logits, extra, fed.uncached),
+                                           tracer.draft)
             fields.append(step)
             kept.append([width - len(fed.tokens) + i for i in fed.kept(path)])  # after the row's left padding
             row.cached += len(kept[-1])
@@ -98,15 +98,15 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
             cache.select_rows(going)
         if going:
             cache.keep_tail(slot0, [kept[i] for i in going])
-        now = time.perf_counter()
-        stats.draft_s += drafting.seconds
-        overhead = max(0.0, now - step_start - target.seconds - drafting.seconds)
-        for row, f in zip(active, fields):  # every row took part in the whole step
-            row.steps.append(Step(target_time=target.seconds, draft_time=drafting.seconds, overhead_time=overhead, **f))
-            first_token.setdefault(id(row), now - start)
+        tracer.end_step(rows=list(zip(active, fields)))  # every row took part in the whole step
         active = [active[i] for i in going]
-        step_start = now
     stats.wall_s = time.perf_counter() - start
+    first_token: dict[int, float] = {}  # by id(row): when its first step ended
+    for step, t in tracer.timed():
+        stats.draft_s += t.draft
+        for row, f in step["rows"]:
+            row.steps.append(Step(target_time=t.target, draft_time=t.draft, overhead_time=t.overhead, **f))
+            first_token.setdefault(id(row), t.at)
     gens = [Generation(tokens=row.tokens, steps=row.steps, ttft=first_token[id(row)],
                        stop_reason=stop_reason(row.tokens, stop_ids)) for row in rows]
     return gens, stats

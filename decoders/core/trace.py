@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 
 @dataclass
@@ -76,15 +76,23 @@ class Clock:
         self.seconds += time.perf_counter() - t0
 
 
+class StepTime(NamedTuple):
+    """One step's split of its time, in seconds, and when it ended (seconds from the decode's start)."""
+
+    target: float
+    draft: float
+    overhead: float  # the rest of the step: sampling, verification, bookkeeping
+    at: float
+
+
 class Tracer:
-    """Times steps and splits each into target / draft / overhead."""
+    """Times steps and splits each into target / draft / overhead on the host's clock."""
 
     def __init__(self, sync: Callable[[], None] | None = None):
-        self.steps: list[Step] = []
         self.start = time.perf_counter()
-        self.ttft: float | None = None
         self._step_start = self.start
         self._target, self._draft = Clock(sync), Clock(sync)
+        self._steps: list[tuple[dict, StepTime]] = []
 
     def target(self):
         """Time spent in the target forward."""
@@ -94,28 +102,28 @@ class Tracer:
         """Time spent drafting (draft model, heads, n-gram lookups)."""
         return self._draft()
 
-    def end_step(self, **fields) -> Step:
-        """Close the current step; its overhead is whatever was not target or draft time."""
+    def end_step(self, **fields) -> None:
+        """Close the current step (`fields`: what the caller keeps with it); its overhead is whatever was
+        not target or draft time."""
         now = time.perf_counter()
         target, draft = self._target.seconds, self._draft.seconds
-        step = Step(target_time=target, draft_time=draft,
-                    overhead_time=max(0.0, (now - self._step_start) - target - draft), **fields)
-        self.steps.append(step)
-        if self.ttft is None:
-            self.ttft = now - self.start
+        overhead = max(0.0, (now - self._step_start) - target - draft)
+        self._steps.append((fields, StepTime(target, draft, overhead, now - self.start)))
         self._step_start = now
         self._target.seconds = self._draft.seconds = 0.0
-        return step
+
+    def timed(self) -> list[tuple[dict, StepTime]]:
+        """Each step's fields and times, in order."""
+        return self._steps
 
     def finish(self, tokens: list[int], stop_ids) -> Generation:
-        return Generation(tokens=tokens, steps=self.steps, ttft=self.ttft if self.ttft is not None else 0.0,
-                          stop_reason=stop_reason(tokens, stop_ids))
+        return generation(self.timed(), tokens, stop_ids)
 
 
 class DeviceTracer:
     """Tracer's split on a GPU's own timeline. Each region's ends and each step's end are timing events
     that the host records as it passes (`event()` makes and records one: that waits for nothing), read
-    once, when the generation finishes. Tracer's clock made the host wait at each region's start and end,
+    once, when the decode finishes. Tracer's clock made the host wait at each region's start and end,
     four times a step beside the one read a step needs (the accepted tokens), so the host could never
     run ahead of the device as the authors' loops do. A region is charged the device time between its
     events: the work it launched, or, where the device was idle waiting for the host, the host's time."""
@@ -144,17 +152,26 @@ class DeviceTracer:
         self._steps.append((fields, self.event(), self._spans["target"], self._spans["draft"]))
         self._spans = {"target": [], "draft": []}
 
-    def finish(self, tokens: list[int], stop_ids) -> Generation:
+    def timed(self) -> list[tuple[dict, StepTime]]:
         last = self._steps[-1][1] if self._steps else self._start
-        last.synchronize()  # the generation's one wait for its timer: every event before it has run too
-        steps, before = [], self._start
+        last.synchronize()  # the decode's one wait for its timer: every event before it has run too
+        timed, before = [], self._start
         for fields, end, target, draft in self._steps:
             t, d = (sum(a.elapsed_time(b) for a, b in spans) / 1e3 for spans in (target, draft))
             total = before.elapsed_time(end) / 1e3
-            steps.append(Step(target_time=t, draft_time=d, overhead_time=max(0.0, total - t - d), **fields))
+            timed.append((fields, StepTime(t, d, max(0.0, total - t - d), self._start.elapsed_time(end) / 1e3)))
             before = end
-        ttft = self._start.elapsed_time(self._steps[0][1]) / 1e3 if self._steps else 0.0
-        return Generation(tokens=tokens, steps=steps, ttft=ttft, stop_reason=stop_reason(tokens, stop_ids))
+        return timed
+
+    def finish(self, tokens: list[int], stop_ids) -> Generation:
+        return generation(self.timed(), tokens, stop_ids)
+
+
+def generation(timed: list[tuple[dict, StepTime]], tokens: list[int], stop_ids) -> Generation:
+    """A decode's Generation from its tracer's steps (their fields are Step's)."""
+    steps = [Step(target_time=t.target, draft_time=t.draft, overhead_time=t.overhead, **fields) for fields, t in timed]
+    return Generation(tokens=tokens, steps=steps, ttft=timed[0][1].at if timed else 0.0,
+                      stop_reason=stop_reason(tokens, stop_ids))
 
 
 class TimingEvent(Protocol):
