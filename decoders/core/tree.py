@@ -158,12 +158,19 @@ def drafted_tree(root: int, drafts: Sequence | torch.Tensor, parents: Sequence[i
     if not transfer.reads_wait(drafted.device):
         return TokenTree([root, *drafted.tolist()], list(parents))
     parents = tuple(parents)
+    depths = depths_of(parents)
+    return DeviceTree(root, torch.cat([to_device([root], drafted.device, torch.long), drafted]), parents,
+                      depths, max(depths), drafted.double(),
+                      lambda values: TokenTree([root, *(int(v) for v in values)], list(parents)))
+
+
+@functools.lru_cache(maxsize=256)
+def depths_of(parents: tuple[int, ...]) -> tuple[int, ...]:
+    """Each node's depth below the root (0), parents preceding their children."""
     depths = [0] * len(parents)
     for i in range(1, len(parents)):
         depths[i] = depths[parents[i]] + 1
-    return DeviceTree(root, torch.cat([to_device([root], drafted.device, torch.long), drafted]), parents,
-                      tuple(depths), max(depths), drafted.double(),
-                      lambda values: TokenTree([root, *(int(v) for v in values)], list(parents)))
+    return tuple(depths)
 
 
 @functools.lru_cache(maxsize=256)

@@ -18,7 +18,7 @@ from ..core.kv_cache import KVCache, level_mask
 from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler
-from ..core.tree import TokenTree, ancestors
+from ..core.tree import TokenTree, ancestors, depths_of
 
 
 @dataclass
@@ -51,10 +51,7 @@ class TreePlan:
 
 @functools.lru_cache(maxsize=64)
 def tree_plan(parents: tuple[int, ...], device: torch.device) -> TreePlan:
-    kids = children_of(parents)
-    depth = [0] * len(parents)
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
+    kids, depth = children_of(parents), depths_of(parents)
     slot: dict[int, int] = {}  # fed node -> its row among the tree rows fed
     levels, tails, depths, frontier = [], [], [], [0]
     while True:
@@ -114,10 +111,8 @@ def draft_tree(draft: LM, cache: KVCache, sequence: Sequence[int], parents: Sequ
     root_pos = len(sequence) - 1
     tokens: list[int] = [int(sequence[-1])] + [-1] * (len(parents) - 1)
     dists: list[torch.Tensor | None] = [None] * len(parents)
-    depth = [0] * len(parents)
+    depth = depths_of(tuple(parents))
     alive = [True] * len(parents)  # False: its token could not be drawn; it drops with its subtree
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
     # Catch up on the committed tokens the draft has not seen; its last row is the root's.
     context = len(cache)
     feed = list(sequence[context:])
