@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bench.models import PretrainedModel
+import helpers
 from helpers import CACHE_DIR, DATA_DIR, smollm2
 
 # Tests must see the data copies and the model cache the README's commands set up.
@@ -83,8 +84,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _slow_work(item):
-    """Runs a test phase, noting every subprocess it starts (but QUICK_TOOLS) and every real-sized
-    model it loads; a test not marked `slow` that did either fails, saying what it did."""
+    """Runs a test phase, noting every process it starts (but QUICK_TOOLS; helpers.run_python's from the fork
+    server too) and every real-sized model it loads; a test not marked `slow` that did either fails, saying what."""
     done = []
     popen_init, load = subprocess.Popen.__init__, PretrainedModel.load
 
@@ -102,10 +103,13 @@ def _slow_work(item):
         return lm
 
     subprocess.Popen.__init__, PretrainedModel.load = noting_popen, noting_load
+    helpers.started.clear()
     try:
         result = yield
     finally:
         subprocess.Popen.__init__, PretrainedModel.load = popen_init, load
+    if "cuda" not in item.keywords:  # a process from the fork server (helpers.run_python)
+        done += [f"started python {argv}" for argv in helpers.started]
     if done and "slow" not in item.keywords:
         pytest.fail(f"{item.nodeid} is not marked slow but {'; '.join(sorted(set(done)))}: mark it "
                     "@pytest.mark.slow (pyproject.toml's markers)", pytrace=False)

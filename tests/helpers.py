@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import gzip
+import multiprocessing
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,10 +121,85 @@ def on_cpu(overrides) -> list[str]:
     return overrides if any(re.match(r"[+~]*device=", o) for o in overrides) else [*overrides, "device=cpu"]
 
 
+# `python -m MODULE ...` and `python SCRIPT ...` run by the suite start from a fork server (multiprocessing's
+# forkserver): a process that imported torch, transformers and the harness once, per test worker, and
+# forks a child per command. The child is a process of its own (its exit code, stdout and stderr, its
+# state gone with it), as `python` would start, without the 5-10 s of imports each start costs (on a
+# slow CPU, most of the suite's time). The server never computes: a child forked from a process whose
+# OpenMP threads had run would hang in its own. Where a process must start from nothing (import order,
+# signals, a fresh clone), tests call subprocess themselves.
+FORK_SERVER = multiprocessing.get_context("forkserver")
+FORK_SERVER.set_forkserver_preload(["torch", "transformers", "pandas", "hydra", "bench.runner", "bench.report",
+                                    "bench.leaderboard", "helpers"])
+started: list[str] = []  # what run_python ran, for conftest.py's slow-mark check
+# Variables the harness reads when it runs, not when a module is imported: a child may be given other
+# values of these than the server started with. Any other change (PYTHONPATH, HF_HUB_OFFLINE, ...)
+# takes a process started from nothing.
+CALL_TIME_ENV = re.compile(r"BENCH_(?!TEST_)|WANDB_|SLURM_|HYDRA_|HOME$")
+_server_env: dict | None = None  # os.environ as the fork server started with it
+
+
+def run_python(*argv: str | os.PathLike, cwd: Path | None = None, env: dict | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` or `python SCRIPT ARGS` (argv: "-m", MODULE, ... or SCRIPT, ...), as
+    subprocess.run(capture_output=True, text=True) gives it, from the fork server."""
+    global _server_env
+    argv, env = [os.fspath(a) for a in argv], env or dict(os.environ)
+    started.append(" ".join(argv[:2]))
+    _server_env = _server_env or dict(os.environ)
+    changed = {k for k in {*env, *_server_env} if env.get(k) != _server_env.get(k)}
+    if not all(CALL_TIME_ENV.match(k) for k in changed):
+        return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
+                              cwd=cwd or REPO, env=env)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        child = FORK_SERVER.Process(target=_python_main, args=(argv, str(cwd or REPO), env, str(out), str(err)))
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(["python", *argv], timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(["python", *argv], child.exitcode, out.read_text(), err.read_text())
+
+
+def _python_main(argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:
+    """In the forked child: what `python ARGV` does after its imports."""
+    import atexit
+    import runpy
+    import threading
+    import warnings
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    warnings.resetwarnings()  # the interpreter's defaults, not pytest's filters
+    for action, category in (("ignore", DeprecationWarning), ("ignore", PendingDeprecationWarning),
+                             ("ignore", ImportWarning), ("ignore", ResourceWarning)):
+        warnings.filterwarnings(action, category=category)
+    try:
+        if argv[0] == "-m":
+            sys.argv, sys.path[:0] = [argv[1], *argv[2:]], [cwd]
+            for name in (argv[1], f"{argv[1]}.__main__"):  # run as __main__, not the copy the server imported
+                sys.modules.pop(name, None)
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv, sys.path[:0] = list(argv), [str(Path(argv[0]).resolve().parent)]
+            runpy.run_path(argv[0], run_name="__main__")
+    finally:
+        # As the interpreter's exit does, before multiprocessing joins this child's children: e.g. joblib
+        # stops its idle workers here (a threading exit hook), which the join would wait for (300 s).
+        threading._shutdown()
+        atexit._run_exitfuncs()
+
+
 def run_cli(*overrides: str, timeout: int = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`python -m bench ...` in a subprocess, as a user runs it (on the CPU unless a device is given)."""
-    return subprocess.run([sys.executable, "-m", "bench", *on_cpu(overrides)], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or REPO, env=_cli_env())
+    """`python -m bench ...`, as a user runs it (on the CPU unless a device is given)."""
+    return run_python("-m", "bench", *on_cpu(overrides), cwd=cwd, env=_cli_env(), timeout=timeout)
 
 
 def start_cli(*overrides: str, output: bool = False) -> subprocess.Popen:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, run_cli
+from helpers import REPO, run_cli, run_python
 
 METHOD = '''"""Drafts one token: the last one, repeated."""
 from dataclasses import dataclass
@@ -72,10 +70,8 @@ def test_a_new_method_runs_lossless(method_dir):
 @pytest.mark.slow
 def test_the_greedy_equality_tests_find_and_pass_a_new_method(method_dir):
     env = dict(os.environ, BENCH_TEST_CONF_DIRS=str(method_dir / "conf"))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          f"--basetemp={method_dir / 'pt'}",
-                          "tests/test_greedy_equality.py", "tests/test_layout.py", "-k", "repeat_last"],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    out = run_python("-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={method_dir / 'pt'}",
+                     "tests/test_greedy_equality.py", "tests/test_layout.py", "-k", "repeat_last", env=env)
     assert out.returncode == 0, out.stdout[-3000:]
     passed = re.search(r"(\d+) passed", out.stdout)
     assert passed and int(passed[1]) >= 40, out.stdout[-500:]  # its tiny and EOS cases, and its config's layout test

@@ -14,7 +14,7 @@ import pytest
 from bench import report
 from bench.errors import BenchError
 from bench.records import invalid, iter_records, open_jsonl, read_records, records_path, run_dirs
-from helpers import REPO, run_cli, writable_copy
+from helpers import REPO, run_cli, run_python, writable_copy
 
 # One small run whose prompts are the cases: ids that collide as file names (a/b, a_b), an id over
 # 255 bytes, an empty prompt (raw rendering) and one too long to tokenize.
@@ -172,8 +172,7 @@ def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_co
     with open(run_copy / "records.jsonl", "ab") as f:
         f.write(b"[" * 100_000 + b"\n")
     assert len(read_records(run_copy / "records.jsonl")) == len(_records(run_dir))  # the reader skips it
-    out = subprocess.run([sys.executable, "-m", "bench.report", str(run_copy)], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+    out = run_python("-m", "bench.report", run_copy, timeout=300)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     out = run_cli(*TINY, *_dataset(run_dir.parent), f"hydra.run.dir={run_copy}", "resume=true")
     assert out.returncode == 0 and "1 damaged line(s)" in out.stderr and "nested too deeply" in out.stderr, \
@@ -196,8 +195,7 @@ def test_a_record_holding_a_lone_surrogate_is_a_damaged_line(run_dir, run_copy):
                         second: {**records[second], "text": records[second]["text"] + "\U0001F600"}})
     assert b"\\ud83d\\ude00" in (run_copy / "records.jsonl").read_bytes()
     assert [r["key"] for r in read_records(run_copy / "records.jsonl")] == list(records)[1:]
-    out = subprocess.run([sys.executable, "-m", "bench.report", str(run_copy)], capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
+    out = run_python("-m", "bench.report", run_copy, timeout=300)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "1 damaged line(s) (line 1: not text (a lone surrogate escape))" in out.stderr, out.stderr
 
@@ -510,8 +508,7 @@ def test_fast_path_auto_shows_progress_on_a_terminal(tmp_path, monkeypatch):
 # ---- 9, 10: scripts/compare_leaderboards.py ----
 
 def _compare(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "compare_leaderboards.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO)
+    return run_python(REPO / "scripts" / "compare_leaderboards.py", *map(str, args))
 
 
 @pytest.mark.slow
@@ -577,7 +574,7 @@ def test_a_fifo_for_records_or_prompts_is_one_line_not_a_hang(run_copy, tmp_path
         fifo.unlink()
         os.mkfifo(fifo)
         argv = ["-m", reader, str(run_copy), *(["--prompt", "0"] if reader == "bench.show" else [])]
-    out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run_python(*argv, timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and "not a regular file" in lines[-1], out.stderr[-2000:]
 

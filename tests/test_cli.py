@@ -2,13 +2,11 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
-from helpers import CACHE_DIR, REPO, run_cli, start_cli, wait_for_records
+from helpers import CACHE_DIR, run_cli, run_python, start_cli, wait_for_records
 
 TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=8"]
 
@@ -295,8 +293,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, message):
 @pytest.mark.slow
 def test_missing_data_names_where_it_looked(tmp_path):
     env = dict(os.environ, BENCH_DATA_DIR=str(tmp_path), BENCH_CACHE_DIR=CACHE_DIR, HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-m", "bench", *TINY, "dataset=mt_bench", f"hydra.run.dir={tmp_path / 'r'}"],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    out = run_python("-m", "bench", *TINY, "dataset=mt_bench", f"hydra.run.dir={tmp_path / 'r'}", env=env, timeout=300)
     assert out.returncode == 2
     line = out.stderr.strip()
     assert "\n" not in line and "no MT-Bench data" in line
@@ -342,8 +339,7 @@ def test_multirun_sweep_and_report(tmp_path):
     runs = sorted(p.parent.name for p in tmp_path.rglob("summary.csv"))
     assert runs == ["dataset.limit=2,decoder=autoregressive,device=cpu,gen.max_new_tokens=8,model=tiny-random",
                     "dataset.limit=2,decoder=hf_pld,device=cpu,gen.max_new_tokens=8,model=tiny-random"]
-    report = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path), "--out", str(tmp_path / "rep")],
-                            capture_output=True, text=True, cwd=REPO)
+    report = run_python("-m", "bench.report", tmp_path, "--out", tmp_path / "rep")
     assert report.returncode == 0, report.stderr
     table = pd.read_csv(tmp_path / "rep" / "report.csv")
     assert sorted(table["decoder"]) == ["autoregressive", "hf_pld"] and (table["records"] == 2).all()

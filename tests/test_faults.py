@@ -5,14 +5,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli, start_cli, wait_for_records
+from helpers import CACHE_DIR, DATA_DIR, REPO, run_cli, run_python, start_cli, wait_for_records
 
 pytestmark = pytest.mark.slow  # every test here starts a process
 
@@ -108,9 +106,8 @@ def test_unwritable_output_directory(tmp_path):
     sweep = run_cli("-m", *TINY, "decoder=autoregressive,hf_pld", f"hydra.sweep.dir={blocker / 'sweep'}")
     one_line_error(sweep, f"hydra.sweep.dir={blocker / 'sweep'}: cannot write under {blocker}")
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu",
-                            f"leaderboard.out_dir={blocker / 'board'}"], capture_output=True, text=True, cwd=REPO,
-                           env=env, timeout=300)
+    board = run_python("-m", "bench.leaderboard", "model=tiny-random", "device=cpu",
+                       f"leaderboard.out_dir={blocker / 'board'}", env=env, timeout=300)
     one_line_error(board, f"leaderboard.out_dir={blocker / 'board'}: cannot write under {blocker}")
 
 
@@ -129,9 +126,8 @@ def test_bad_logger_settings(tmp_path, overrides, message):
     home.mkdir()
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR, HOME=str(home), WANDB_SILENT="true")
     env.pop("WANDB_API_KEY", None)
-    out = subprocess.run([sys.executable, "-m", "bench", *TINY, "logger=wandb", *overrides,
-                          f"hydra.run.dir={tmp_path / 'r'}"], capture_output=True, text=True, cwd=REPO, env=env,
-                         timeout=300)
+    out = run_python("-m", "bench", *TINY, "logger=wandb", *overrides, f"hydra.run.dir={tmp_path / 'r'}", env=env,
+                     timeout=300)
     one_line_error(out, message)
 
 
@@ -182,14 +178,11 @@ def test_report_and_show_survive_failed_runs_duplicates_and_torn_lines(tmp_path)
     (failed / "records.jsonl").write_text("")
     lines = (good / "records.jsonl").read_text().splitlines(keepends=True)
     (good / "records.jsonl").write_text("".join(lines) + lines[0] + lines[1][:40])  # a duplicate, a torn line
-    report = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path / "sweep"),
-                             "--out", str(tmp_path / "rep")],
-                            capture_output=True, text=True, cwd=REPO)
+    report = run_python("-m", "bench.report", tmp_path / "sweep", "--out", tmp_path / "rep")
     assert report.returncode == 0, report.stderr[-2000:]
     assert "no finished records in" in report.stderr and "2 damaged line(s)" in report.stderr
     table = pd.read_csv(tmp_path / "rep" / "report.csv")
     assert len(table) == 1 and table.loc[0, "records"] == 2  # the duplicate is not counted twice
     prompt = json.loads(lines[0])["prompt_id"]
-    show = subprocess.run([sys.executable, "-m", "bench.show", str(good), "--prompt", prompt], capture_output=True,
-                          text=True, cwd=REPO, env=dict(os.environ, BENCH_CACHE_DIR=CACHE_DIR))
+    show = run_python("-m", "bench.show", good, "--prompt", prompt, env=dict(os.environ, BENCH_CACHE_DIR=CACHE_DIR))
     assert show.returncode == 0, show.stderr[-2000:]

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from bench import forecast as fc
-from helpers import REPO as ROOT
+from helpers import REPO as ROOT, run_python
 
 LEADERS = ROOT / "results/reference/leaders/fp32"
 CPU_PROFILE = ROOT / "results/reference/fast_path/float32"
@@ -348,10 +346,8 @@ def test_a_profile_of_two_contexts_prices_a_run(tmp_path, how):
     """scripts/profile_device.py --context 8,16 writes a block per context (a context column), as the
     fastest of --repeats or as medians of --interleave rounds; the forecast reads it, and python -m
     bench.forecast runs end to end."""
-    out = subprocess.run([sys.executable, "scripts/profile_device.py", "--max-tokens", "3", *how,
-                          "--context", "8,16", "--paths", "none", "--out", str(tmp_path / "prof"),
-                          "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = run_python("scripts/profile_device.py", "--max-tokens", "3", *how, "--context", "8,16", "--paths", "none",
+                     "--out", tmp_path / "prof", "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / "prof" / "profile.csv")))
     assert [(r["context"], r["tokens"]) for r in rows] == [(c, k) for c in ("8", "16") for k in ("1", "2", "3")]
@@ -362,8 +358,8 @@ def test_a_profile_of_two_contexts_prices_a_run(tmp_path, how):
     if "--interleave" in how:
         return  # the same table as the other case's: its end to end run is that case's
     board = leaderboard(tmp_path)
-    run = subprocess.run([sys.executable, "-m", "bench.forecast", str(board), "--profile", str(tmp_path / "prof"),
-                          "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = run_python("-m", "bench.forecast", board, "--profile", tmp_path / "prof", "--out", tmp_path / "out",
+                     cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     table = pd.read_csv(tmp_path / "out" / "forecast.csv").set_index("run")
     assert table.loc["autoregressive", "forecast_speedup"] == pytest.approx(1.0)

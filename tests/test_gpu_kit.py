@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -14,7 +13,7 @@ import pandas as pd
 import pytest
 
 from bench.registry import decoder_configs
-from helpers import REPO
+from helpers import REPO, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +52,7 @@ def test_check_runs_only_the_stages_named(tmp_path):
 
 
 def test_big_target_refuses_an_unknown_decoder(tmp_path):
-    out = subprocess.run([sys.executable, "scripts/gpu/big_target.py", "--out", str(tmp_path),
-                          "--decoders", "autoregresive"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run_python("scripts/gpu/big_target.py", "--out", tmp_path, "--decoders", "autoregresive", timeout=120)
     assert out.returncode == 2 and "unknown decoders autoregresive; allowed: " in out.stderr
 
 

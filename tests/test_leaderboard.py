@@ -7,14 +7,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
 from bench.registry import decoder_configs
-from helpers import CACHE_DIR, DATA_DIR, REPO, on_cpu
+from helpers import CACHE_DIR, DATA_DIR, on_cpu, REPO, run_python
 
 TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard.limit=2", "draft.layers=1",
         "draft.adapter=null",
@@ -36,8 +35,7 @@ COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_to
 def run_module(module: str, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
     args = on_cpu(args) if module == "bench.leaderboard" else args  # bench.report / bench.show load no model
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=env)
+    return run_python("-m", module, *args, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from bench import rundir
 from bench.errors import BenchError
 from bench.records import RecordLog, read_records, records_path
 from bench.targets import check_targets
-from helpers import REPO, _cli_env, run_cli
+from helpers import _cli_env, REPO, run_cli, run_python
 
 TINY = ["model=tiny-random", "gen.max_new_tokens=4", "dataset.limit=2", "progress=false", "device=cpu"]
 ALLOWED = "_target_ may name only a class in decoders.methods.*, bench.models.*"
@@ -485,8 +485,7 @@ def test_cli_leaderboard_refuses_a_foreign_out_dir_and_changes_nothing(tmp_path)
     foreign = tmp_path / "conf-copy"
     shutil.copytree(REPO / "conf", foreign)
     before = snapshot(foreign)
-    out = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu",
-                          f"leaderboard.out_dir={foreign}"], capture_output=True, text=True, timeout=600,
-                         cwd=REPO, env=_cli_env())
+    out = run_python("-m", "bench.leaderboard", "model=tiny-random", "device=cpu", f"leaderboard.out_dir={foreign}",
+                     env=_cli_env())
     refused(out, "is not a leaderboard's directory")
     assert snapshot(foreign) == before

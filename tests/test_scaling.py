@@ -2,8 +2,6 @@
 loading a sweep, scripts/scaling_law.py and notebooks/scaling_law.ipynb on a checked-in fixture."""
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -12,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 import bench.__main__ as entry
 from bench import scaling
-from helpers import REPO, run_cli
+from helpers import REPO, run_cli, run_python
 
 FIXTURE = REPO / "tests" / "fixtures" / "lookahead_sweep"
 GRID_W, GRID_N = [1, 3, 5, 7, 10, 15], [2, 3, 4, 5]
@@ -69,8 +67,7 @@ def test_a_sweep_over_datasets_gives_one_law_each_and_checks_outputs(tmp_path):
         assert a.points["same_as_autoregressive"].tolist() == [1.0] and a.baseline > 0
     with pytest.raises(ValueError, match="one scaling law per model and dataset"):
         scaling.analyse([tmp_path])
-    script = subprocess.run([sys.executable, "scripts/scaling_law.py", str(tmp_path), "--out", str(tmp_path / "law")],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    script = run_python("scripts/scaling_law.py", tmp_path, "--out", tmp_path / "law", timeout=120)
     assert script.returncode == 0, script.stderr
     assert (tmp_path / "law" / "tiny-random_gsm8k" / "scaling_fit.md").exists()
     assert "## tiny-random on humaneval" in script.stdout
@@ -111,8 +108,7 @@ def test_loading_refuses_what_is_not_one_lookahead_sweep(tmp_path):
 
 @pytest.mark.slow
 def test_script_writes_plots_and_reports_b(tmp_path):
-    out = subprocess.run([sys.executable, "scripts/scaling_law.py", str(FIXTURE), "--out", str(tmp_path)],
-                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    out = run_python("scripts/scaling_law.py", FIXTURE, "--out", tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     for name in ["steps_vs_flops.png", "residuals.png", "tokens_per_s_vs_window.png"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -123,12 +119,10 @@ def test_script_writes_plots_and_reports_b(tmp_path):
     assert len(pd.read_csv(tmp_path / "scaling_points.csv")) == 24
     assert "a - b ln(FLOPs per step)" in (tmp_path / "scaling_fit.md").read_text()
     # T scales the steps, so a and b double with it.
-    twice = subprocess.run([sys.executable, "scripts/scaling_law.py", str(FIXTURE), "--out", str(tmp_path / "t"),
-                            "--tokens", "128"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    twice = run_python("scripts/scaling_law.py", FIXTURE, "--out", tmp_path / "t", "--tokens", "128", timeout=120)
     assert twice.returncode == 0, twice.stderr
     assert pd.read_csv(tmp_path / "t" / "scaling_fit.csv").loc[0, "b"] == pytest.approx(2 * b)
-    missing = subprocess.run([sys.executable, "scripts/scaling_law.py", str(tmp_path / "nope")],
-                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    missing = run_python("scripts/scaling_law.py", tmp_path / "nope", timeout=120)
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: ") and "nope" in missing.stderr
 
 
@@ -232,8 +226,7 @@ def test_sweep_runs_in_parallel_resumes_and_loads(tmp_path):
     analysis = scaling.analyse([tmp_path])
     assert sorted(zip(analysis.points["W"], analysis.points["N"])) == [(1, 2), (1, 3), (3, 2), (3, 3)]
     assert analysis.tokens == 8 and (analysis.points["G"] == analysis.points["W"]).all()
-    report = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path), "--out", str(tmp_path / "report")],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    report = run_python("-m", "bench.report", tmp_path, "--out", tmp_path / "report", timeout=120)
     assert report.returncode == 0, report.stderr
     table = pd.read_csv(tmp_path / "report" / "report.csv")  # swept parameters as columns, rows in grid order
     assert list(zip(table["decoder.ngram"], table["decoder.window"])) == [(2, 1), (2, 3), (3, 1), (3, 3)]

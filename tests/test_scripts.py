@@ -8,13 +8,12 @@ import sys
 import pytest
 import torch
 
-from helpers import CACHE_DIR, DATA_DIR, REPO, writable_copy
+from helpers import CACHE_DIR, DATA_DIR, REPO, run_python, writable_copy
 
 
 def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=env)
+    return run_python(REPO / "scripts" / name, *args, timeout=timeout, env=env)
 
 
 @pytest.mark.slow
@@ -182,11 +181,10 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     import pandas as pd
 
     env = dict(os.environ, BENCH_DATA_DIR=str(DATA_DIR), BENCH_CACHE_DIR=CACHE_DIR)
-    board = subprocess.run([sys.executable, "-m", "bench.leaderboard", "model=tiny-random", "device=cpu",
-                            "gen.max_new_tokens=8", "leaderboard.limit=2", "leaderboard.datasets=[gsm8k]",
-                            "leaderboard.only=[autoregressive,jacobi]",
-                            "leaderboard.verification_tokens=[1,2]", f"leaderboard.out_dir={tmp_path}"],
-                           capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    board = run_python("-m", "bench.leaderboard", "model=tiny-random", "device=cpu", "gen.max_new_tokens=8",
+                       "leaderboard.limit=2", "leaderboard.datasets=[gsm8k]",
+                       "leaderboard.only=[autoregressive,jacobi]",
+                       "leaderboard.verification_tokens=[1,2]", f"leaderboard.out_dir={tmp_path}", env=env)
     assert board.returncode == 0, board.stderr[-2000:]
     path = tmp_path / "gsm8k" / "jacobi" / "records.jsonl"
     records = [json.loads(x) for x in path.read_text().splitlines()]
