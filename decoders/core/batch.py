@@ -15,7 +15,6 @@ own totals: forwards, wall time, and the padding its forwards computed.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -73,7 +72,6 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
     cache = lm.new_batch_cache(len(rows))
     active = rows  # rows still decoding, in cache order
     tracer = new_tracer(lm.sync, lm.timing_event)  # each step's times, shared by the rows in it
-    start = time.perf_counter()
     while active:
         proposals, feeds = [], []
         for row in active:
@@ -100,9 +98,12 @@ def speculative_decode_batch(lm: LM, proposers: Sequence[Proposer], prompts: Seq
             cache.keep_tail(slot0, [kept[i] for i in going])
         tracer.end_step(rows=list(zip(active, fields)))  # every row took part in the whole step
         active = [active[i] for i in going]
-    stats.wall_s = time.perf_counter() - start
+    timed = tracer.timed()
+    # The batch's wall time on the rows' own clock (the device's, on a GPU): a second clock read on
+    # the host began later and, on a GPU, could end before the device did.
+    stats.wall_s = timed[-1][1].at if timed else 0.0
     first_token: dict[int, float] = {}  # by id(row): when its first step ended
-    for step, t in tracer.timed():
+    for step, t in timed:
         stats.draft_s += t.draft
         for row, f in step["rows"]:
             row.steps.append(Step(target_time=t.target, draft_time=t.draft, overhead_time=t.overhead, **f))
