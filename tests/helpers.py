@@ -132,10 +132,12 @@ FORK_SERVER = multiprocessing.get_context("forkserver")
 FORK_SERVER.set_forkserver_preload(["torch", "transformers", "pandas", "hydra", "bench.runner", "bench.report",
                                     "bench.leaderboard", "helpers"])
 started: list[str] = []  # what run_python ran, for conftest.py's slow-mark check
-# Variables the harness reads when it runs, not when a module is imported: a child may be given other
-# values of these than the server started with. Any other change (PYTHONPATH, HF_HUB_OFFLINE, ...)
-# takes a process started from nothing.
-CALL_TIME_ENV = re.compile(r"BENCH_(?!TEST_)|WANDB_|SLURM_|HYDRA_|HOME$")
+# Variables the harness reads when it runs, not when a module is imported, pytest's own name of the
+# test running (a new value each test), and the hub's offline switch (read again in the child): a child
+# may be given other values of these than the server started with. Any other change (PYTHONPATH,
+# BENCH_TEST_CONF_DIRS, ...) takes a process started from nothing.
+CALL_TIME_ENV = re.compile(r"BENCH_(?!TEST_)|WANDB_|SLURM_|HYDRA_|HOME$|PYTEST_CURRENT_TEST$|"
+                           r"HF_HUB_OFFLINE$|TRANSFORMERS_OFFLINE$")
 _server_env: dict | None = None  # os.environ as the fork server started with it
 
 
@@ -146,11 +148,12 @@ def run_python(*argv: str | os.PathLike, cwd: Path | None = None, env: dict | No
     global _server_env
     argv, env = [os.fspath(a) for a in argv], env or dict(os.environ)
     started.append(" ".join(argv[:2]))
-    _server_env = _server_env or dict(os.environ)
-    changed = {k for k in {*env, *_server_env} if env.get(k) != _server_env.get(k)}
+    server_env = _server_env or dict(os.environ)  # not started yet: it will start with os.environ as it is now
+    changed = {k for k in {*env, *server_env} if env.get(k) != server_env.get(k)}
     if not all(CALL_TIME_ENV.match(k) for k in changed):
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
                               cwd=cwd or REPO, env=env)
+    _server_env = server_env
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         child = FORK_SERVER.Process(target=_python_main, args=(argv, str(cwd or REPO), env, str(out), str(err)))
@@ -173,14 +176,18 @@ def _python_main(argv: list[str], cwd: str, env: dict, out: str, err: str) -> No
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    # huggingface_hub read its offline switch when the server imported it (everything asks its constant)
+    import huggingface_hub.constants as hub
+
+    hub.HF_HUB_OFFLINE = (env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").upper() \
+        in hub.ENV_VARS_TRUE_VALUES
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(target, fd)
         os.close(target)
     warnings.resetwarnings()  # the interpreter's defaults, not pytest's filters
-    for action, category in (("ignore", DeprecationWarning), ("ignore", PendingDeprecationWarning),
-                             ("ignore", ImportWarning), ("ignore", ResourceWarning)):
-        warnings.filterwarnings(action, category=category)
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category)
     try:
         if argv[0] == "-m":
             sys.argv, sys.path[:0] = [argv[1], *argv[2:]], [cwd]
