@@ -186,6 +186,24 @@ def test_gguf_local_dir_and_cached_second_load(smollm, monkeypatch, capsys):
     torch.testing.assert_close(lm.forward(ids, lm.new_cache()), smollm.forward(ids, smollm.new_cache()))
 
 
+def test_a_fresh_cache_reads_the_tokenizer_without_dequantizing_the_weights(smollm, tmp_path, capsys):
+    """tiny-random borrows SmolLM2's tokenizer: in a cache without the dequantized copy it is read
+    from the GGUF's metadata alone (10 s on a Zen 3, where dequantizing the weights too took 45),
+    once, and it is the real model's tokenizer."""
+    spec = GGUFPackageModel(cache_dir=str(tmp_path))
+    tokenizer = spec.load_tokenizer()
+    assert "tokenizer once into" in capsys.readouterr().out
+    assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob(".tmp-*"))
+    assert tokenizer.get_vocab() == smollm.tokenizer.get_vocab()
+    for key in ("chat_template", "eos_token", "bos_token"):
+        assert getattr(tokenizer, key) == getattr(smollm.tokenizer, key), key
+    text = "def add(a, b):\n    return a + b  # ünïcode"
+    assert tokenizer(text)["input_ids"] == smollm.tokenizer(text)["input_ids"]
+    spec.load_tokenizer()
+    assert "once into" not in capsys.readouterr().out  # the second read is the cached copy
+    assert TinyRandomModel(tokenizer=spec).load_tokenizer().get_vocab() == smollm.tokenizer.get_vocab()
+
+
 def test_gguf_load_tokenizer_chat_template_override(smollm):
     tok = GGUFPackageModel(cache_dir=CACHE_DIR, chat_template="{{ messages[0]['content'] }}!").load_tokenizer()
     assert tok.apply_chat_template([{"role": "user", "content": "hey"}], tokenize=False) == "hey!"
