@@ -86,9 +86,19 @@ stage env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,cl
 stage probe "${limits[4]}" python3 scripts/gpu/step_probe.py --shape "$shape" --repeats "$((repeats * 4))" \
   --max-new-tokens "$new" --decoders "$probed" \
   "${tokenizer[@]}" device=$device
-# shellcheck disable=SC2046  # big_target.py prints the shape's overrides, one per line
-mapfile -t model < <(python3 scripts/gpu/big_target.py --shape "$shape" --print-model "${tokenizer[@]}")
-mapfile -t tiny < <(python3 scripts/gpu/big_target.py --shape tiny --print-model "${tokenizer[@]}")
+# big_target.py prints a shape's overrides, one per line: asked only for the stages that read them
+# (each ask is a Python start, seconds on a slow CPU)
+model=() tiny=()
+if [[ $stages =~ " "(profile|compiled)" " ]]; then
+  mapfile -t model < <(python3 scripts/gpu/big_target.py --shape "$shape" --print-model "${tokenizer[@]}")
+fi
+if [[ $stages == *" syncs "* ]]; then
+  if [ "$shape" = tiny ] && [ ${#model[@]} -gt 0 ]; then
+    tiny=("${model[@]}")
+  else
+    mapfile -t tiny < <(python3 scripts/gpu/big_target.py --shape tiny --print-model "${tokenizer[@]}")
+  fi
+fi
 stage profile "${limits[1]}" python3 scripts/profile_device.py --max-tokens "$tokens" --repeats "$repeats" \
   --paths none --out "$work/profile" "${model[@]}" device=$device
 stage big "${limits[2]}" python3 scripts/gpu/big_target.py --out "$work/big" --shape "$shape" --limit "$limit" \
