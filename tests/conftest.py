@@ -25,6 +25,7 @@ THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 if WORKERS > 1:  # one process (-n 0) keeps torch's default
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
     torch.set_num_threads(THREADS)
+helpers.BASE_ENV = dict(os.environ)  # what every test starts from: run_python's fork server starts in it
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers: they find the library built
 def pytest_sessionstart(session):

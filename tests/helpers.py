@@ -138,22 +138,22 @@ started: list[str] = []  # what run_python ran, for conftest.py's slow-mark chec
 # BENCH_TEST_CONF_DIRS, ...) takes a process started from nothing.
 CALL_TIME_ENV = re.compile(r"BENCH_(?!TEST_)|WANDB_|SLURM_|HYDRA_|HOME$|PYTEST_CURRENT_TEST$|"
                            r"HF_HUB_OFFLINE$|TRANSFORMERS_OFFLINE$")
-_server_env: dict | None = None  # os.environ as the fork server started with it
+# The worker's environment before any test changed it (conftest.py sets it after its own settings): the
+# server starts in it, not in whatever a test had monkeypatched when it first called run_python (that
+# server would send every later call elsewhere).
+BASE_ENV = dict(os.environ)
 
 
 def run_python(*argv: str | os.PathLike, cwd: Path | None = None, env: dict | None = None,
                timeout: float = 600) -> subprocess.CompletedProcess:
     """`python -m MODULE ARGS` or `python SCRIPT ARGS` (argv: "-m", MODULE, ... or SCRIPT, ...), as
     subprocess.run(capture_output=True, text=True) gives it, from the fork server."""
-    global _server_env
     argv, env = [os.fspath(a) for a in argv], env or dict(os.environ)
     started.append(" ".join(argv[:2]))
-    server_env = _server_env or dict(os.environ)  # not started yet: it will start with os.environ as it is now
-    changed = {k for k in {*env, *server_env} if env.get(k) != server_env.get(k)}
+    changed = {k for e in (env, os.environ) for k in {*e, *BASE_ENV} if e.get(k) != BASE_ENV.get(k)}
     if not all(CALL_TIME_ENV.match(k) for k in changed):
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
                               cwd=cwd or REPO, env=env)
-    _server_env = server_env
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         child = FORK_SERVER.Process(target=_python_main, args=(argv, str(cwd or REPO), env, str(out), str(err)))

@@ -40,3 +40,16 @@ def test_a_child_of_the_server_is_a_process_of_its_own(tmp_path, monkeypatch):
 def test_a_variable_read_at_import_takes_a_process_started_from_nothing(tmp_path):
     out = run_probe(tmp_path, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     assert out.returncode == 3 and out.stdout.split()[3] == "False", out.stdout
+
+
+def test_a_test_that_changed_the_environment_does_not_start_the_server_in_it(tmp_path, monkeypatch):
+    """A call made while os.environ holds a test's change starts from nothing, even when its own `env`
+    lacks the change: a server started then would hold the change, and send every later call elsewhere."""
+    monkeypatch.setenv("BENCH_TEST_CHANGED", "1")
+    clean = {k: v for k, v in os.environ.items() if k != "BENCH_TEST_CHANGED"}
+    script = tmp_path / "probe.py"
+    script.write_text(SCRIPT)
+    out = run_python(script, cwd=tmp_path, env=clean, timeout=120)
+    assert out.returncode == 3 and out.stdout.split()[3] == "False", out.stdout
+    monkeypatch.delenv("BENCH_TEST_CHANGED")
+    assert run_probe(tmp_path).stdout.split()[3] == "True"
