@@ -19,10 +19,11 @@ sys.exit(3)
 """
 
 
-def run_probe(tmp_path, **env):
+def run_probe(tmp_path, leave_out=("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"), **env):
+    """SCRIPT run with this process's environment less `leave_out`, plus `env`."""
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
-    environ = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    environ = {k: v for k, v in os.environ.items() if k not in leave_out}
     return run_python(script, "a", "b", cwd=tmp_path, env={**environ, **env}, timeout=120)
 
 
@@ -46,10 +47,7 @@ def test_a_test_that_changed_the_environment_does_not_start_the_server_in_it(tmp
     """A call made while os.environ holds a test's change starts from nothing, even when its own `env`
     lacks the change: a server started then would hold the change, and send every later call elsewhere."""
     monkeypatch.setenv("BENCH_TEST_CHANGED", "1")
-    clean = {k: v for k, v in os.environ.items() if k != "BENCH_TEST_CHANGED"}
-    script = tmp_path / "probe.py"
-    script.write_text(SCRIPT)
-    out = run_python(script, cwd=tmp_path, env=clean, timeout=120)
+    out = run_probe(tmp_path, leave_out=("BENCH_TEST_CHANGED",))
     assert out.returncode == 3 and out.stdout.split()[3] == "False", out.stdout
     monkeypatch.delenv("BENCH_TEST_CHANGED")
     assert run_probe(tmp_path).stdout.split()[3] == "True"
