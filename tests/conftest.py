@@ -127,6 +127,26 @@ def pytest_runtest_call(item):
     return (yield from _slow_work(item))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test (or a library it ran in this process) that leaves a variable in os.environ fails, saying
+    which: run_python compares a call's environment with the one every test starts from, so every
+    later call on this worker would start a process from nothing (minutes over the suite)."""
+    result = yield
+    base = helpers.BASE_ENV
+    left = sorted(k for k in {*os.environ, *base} if os.environ.get(k) != base.get(k)
+                  and not helpers.CALL_TIME_ENV.match(k))
+    for name in left:  # put back, so that the tests after it start from the same environment
+        if name in base:
+            os.environ[name] = base[name]
+        else:
+            del os.environ[name]
+    if left:
+        pytest.fail(f"{item.nodeid} left {', '.join(left)} changed in os.environ: restore it (monkeypatch), or "
+                    "add it to helpers.CALL_TIME_ENV if the harness reads it only when it runs", pytrace=False)
+    return result
+
+
 @pytest.fixture(scope="session")
 def data_dir():
     if not (DATA_DIR / "mt_bench" / "question.jsonl").is_file() or not (DATA_DIR / "gsm8k" / "test.jsonl").is_file():

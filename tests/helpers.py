@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import re
 import shutil
@@ -133,14 +134,16 @@ FORK_SERVER.set_forkserver_preload(["torch", "transformers", "pandas", "hydra", 
                                     "bench.leaderboard", "helpers"])
 started: list[str] = []  # what run_python ran, for conftest.py's slow-mark check
 # Variables the harness reads when it runs, not when a module is imported, pytest's own name of the
-# test running (a new value each test), and the hub's offline switch (read again in the child): a child
-# may be given other values of these than the server started with. Any other change (PYTHONPATH,
-# BENCH_TEST_CONF_DIRS, ...) takes a process started from nothing.
+# test running (a new value each test), the hub's offline switch (read again in the child), and the
+# address inductor leaves in os.environ for the compiled library it loads (in every process that loads
+# one: after test_compile.py, in the worker's): a child may be given other values of these than the
+# server started with. Any other change (PYTHONPATH, BENCH_TEST_CONF_DIRS, ...) takes a process started
+# from nothing.
 CALL_TIME_ENV = re.compile(r"BENCH_(?!TEST_)|WANDB_|SLURM_|HYDRA_|HOME$|PYTEST_CURRENT_TEST$|"
-                           r"HF_HUB_OFFLINE$|TRANSFORMERS_OFFLINE$")
+                           r"HF_HUB_OFFLINE$|TRANSFORMERS_OFFLINE$|_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR$")
 # The worker's environment before any test changed it (conftest.py sets it after its own settings): the
-# server starts in it, not in whatever a test had monkeypatched when it first called run_python (that
-# server would send every later call elsewhere).
+# server starts in it, whatever os.environ holds at the first call (a test's monkeypatch, or a variable a
+# library set in the worker), and a child's `env` is compared with it.
 BASE_ENV = dict(os.environ)
 
 
@@ -150,10 +153,10 @@ def run_python(*argv: str | os.PathLike, cwd: Path | None = None, env: dict | No
     subprocess.run(capture_output=True, text=True) gives it, from the fork server."""
     argv, env = [os.fspath(a) for a in argv], env or dict(os.environ)
     started.append(" ".join(argv[:2]))
-    changed = {k for e in (env, os.environ) for k in {*e, *BASE_ENV} if e.get(k) != BASE_ENV.get(k)}
-    if not all(CALL_TIME_ENV.match(k) for k in changed):
+    if not all(CALL_TIME_ENV.match(k) for k in {*env, *BASE_ENV} if env.get(k) != BASE_ENV.get(k)):
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
                               cwd=cwd or REPO, env=env)
+    _start_server_in(BASE_ENV)
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         child = FORK_SERVER.Process(target=_python_main, args=(argv, str(cwd or REPO), env, str(out), str(err)))
@@ -164,6 +167,21 @@ def run_python(*argv: str | os.PathLike, cwd: Path | None = None, env: dict | No
             child.join()
             raise subprocess.TimeoutExpired(["python", *argv], timeout, out.read_text(), err.read_text())
         return subprocess.CompletedProcess(["python", *argv], child.exitcode, out.read_text(), err.read_text())
+
+
+def _start_server_in(environ: dict) -> None:
+    """The fork server running (started now if it is not), started in `environ`: it is started with
+    this process's environment, which the server's imports read."""
+    if os.environ == environ:
+        return multiprocessing.forkserver.ensure_running()
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _python_main(argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:
