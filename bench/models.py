@@ -224,7 +224,7 @@ class PretrainedModel:
     chat_template: str | None = None  # overrides the tokenizer's (for checkpoints that ship none)
     system_message: str | None = None  # a system turn before every chat conversation (a reference's rendering)
     max_context: int | None = None  # default: config.max_position_embeddings
-    fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked, kernel (ours, AVX-512)
+    fast_path: str = "auto"  # linear kernels: auto (measured, CPU only), none, prepacked, kernel (ours, AVX-512/AVX2)
     compile: str = "none"  # decode-step forward: none (eager), inductor, auto (measured, cached; 7B+ confs)
     cache_dir: str | None = None  # where auto's measured choice is cached
     drafts: dict | None = None  # the published drafts to pair it with (the decoders read model.drafts.<kind>)

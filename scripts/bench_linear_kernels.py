@@ -42,7 +42,7 @@ def variant(flags: str, where: Path) -> kernels.Library:
     """The kernel's source built with extra -D flags (g++, the same flags as the extension)."""
     name = hashlib.sha1(flags.encode()).hexdigest()[:8]
     library = where / f"variant_{name}.so"
-    subprocess.run(["g++", *kernels.CFLAGS, "-shared", "-fPIC", *flags.split(), "-o", str(library),
+    subprocess.run(["g++", *kernels.CFLAGS[kernels.isa()], "-shared", "-fPIC", *flags.split(), "-o", str(library),
                     str(kernels.SOURCE)], check=True)
     return kernels.Library(library)
 

@@ -294,26 +294,38 @@ def test_a_run_says_in_one_line_which_path_it_takes_instead(monkeypatch, capsys)
     and says so in one line on stderr; a path that runs says nothing."""
     from bench.models import put_on_fast_path
     _fresh_build_state(monkeypatch)
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"sse4_2"})
     lm = put_on_fast_path(tiny_lm(seed=1, fast_path="none"), "kernel", None)
     err = capsys.readouterr().err
     assert lm.fast_path == "none" and err.count("\n") == 1
-    assert err.startswith("warning: model.fast_path=kernel runs none here: kernel unavailable: this CPU lacks avx512f")
+    assert err.startswith("warning: model.fast_path=kernel runs none here: kernel unavailable: this CPU lacks "
+                          "avx2, fma")
     put_on_fast_path(tiny_lm(seed=1, fast_path="none"), "none", None)
     assert capsys.readouterr().err == ""
 
 
 @needs_kernel
 def test_missing_instructions_fall_back_in_one_line(monkeypatch):
+    """This CPU's instructions less some (never more: a library built for more would not run here)."""
+    real = kernels.cpu_flags()
+    if kernels.isa() == "avx512":
+        _fresh_build_state(monkeypatch)
+        monkeypatch.setattr(kernels, "cpu_flags", lambda: real - {"avx512_bf16"})
+        bf16 = tiny_lm(seed=1, fast_path="kernel", dtype="bfloat16")
+        assert bf16.fast_path == "none"
+        assert bf16.fast_path_note == "kernel unavailable: this CPU lacks avx512_bf16 (the bfloat16 kernel needs it)"
+        assert tiny_lm(seed=1, fast_path="kernel").fast_path == "kernel"  # float32 runs without it
     _fresh_build_state(monkeypatch)
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"})
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {f for f in real if not f.startswith("avx512")})  # AVX2's
+    assert tiny_lm(seed=1, fast_path="kernel").fast_path == "kernel"  # float32, in the AVX2 build
     bf16 = tiny_lm(seed=1, fast_path="kernel", dtype="bfloat16")
-    assert bf16.fast_path == "none"
-    assert bf16.fast_path_note == "kernel unavailable: this CPU lacks avx512_bf16 (the bfloat16 kernel needs it)"
-    assert tiny_lm(seed=1, fast_path="kernel").fast_path == "kernel"  # float32 runs without it
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "fma"})
+    assert bf16.fast_path == "none" and bf16.fast_path_note == (
+        "kernel unavailable: this CPU lacks avx512f, avx512bw, avx512dq, avx512vl, avx512_bf16 (the bfloat16 "
+        "kernel needs it)")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"sse4_2"})  # neither AVX-512 nor AVX2
     lm = tiny_lm(seed=1, fast_path="kernel")
-    assert lm.fast_path == "none" and lm.fast_path_note.startswith("kernel unavailable: this CPU lacks avx512f")
+    assert lm.fast_path == "none" and lm.fast_path_note == ("kernel unavailable: this CPU lacks avx2, fma (the kernel "
+                                                            "path needs AVX-512, or AVX2 with FMA)")
     fp16 = tiny_lm(seed=1, fast_path="kernel", dtype="float16")
     assert fp16.fast_path_note == "kernel unavailable: the kernel path supports float32 and bfloat16, not float16"
     meta = _tied_model().to("meta")

@@ -1,9 +1,10 @@
 // model.fast_path=kernel: y = x W^T (+ bias) for inputs of a few rows (a decode step, a tree's
-// verification), CPU, AVX-512. Built by decoders/core/kernels.py (torch.utils.cpp_extension.load) and
+// verification), CPU, AVX-512 or else AVX2 with FMA (float32 only: built with -mavx2 -mfma, where the
+// vector layer below is 8 lanes wide, panels 16 columns and register blocks 6 rows). Built by decoders/core/kernels.py (torch.utils.cpp_extension.load) and
 // called through ctypes: a plain C interface on raw pointers, no torch headers, so that it builds in
 // seconds; kernels.py allocates and checks every tensor.
 //
-// Weights are repacked once into column panels of PANEL = 32 output columns: float32 (P, K, 32),
+// Weights are repacked once into column panels of PANEL = 32 output columns (AVX2: 16): float32 (P, K, 32),
 // bfloat16 (P, ceil(K / 2), 32, 2) (pairs of k, as vdpbf16ps reads them), N zero-padded to a multiple
 // of 32. Each panel is streamed from memory once per call whatever the number of rows: a register
 // block of up to ROWS = 12 rows x 32 columns (two zmm accumulators a row, x broadcast, FMA) walks the
@@ -24,32 +25,83 @@
 
 namespace {
 
+// ---- the vector layer: AVX-512 (16 float lanes, 32 registers) or AVX2 + FMA (8 lanes, 16 registers) ----
+#if defined(__AVX512F__)
+constexpr int LANES = 16, REGISTERS = 32;
+using vfloat = __m512;
+using lanes = __mmask16;  // which lanes a tail load or store touches
+
+inline __mmask16 tail_mask(int64_t valid) {  // the first `valid` of 16 lanes (valid may be <= 0 or >= 16)
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
+                     : valid <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << valid) - 1);
+}
+inline vfloat vzero() { return _mm512_setzero_ps(); }
+inline vfloat vset1(float v) { return _mm512_set1_ps(v); }
+inline vfloat vload(const float* p) { return _mm512_load_ps(p); }  // aligned
+inline vfloat vload_tail(lanes m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline void vstore_tail(float* p, lanes m, vfloat v) { _mm512_mask_storeu_ps(p, m, v); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
+// Rounded on their own, never fused into an FMA (the explicit-rounding forms the compiler cannot fuse).
+constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+inline vfloat vadd_rounded(vfloat a, vfloat b) { return _mm512_add_round_ps(a, b, NEAREST); }
+inline vfloat vmul_rounded(vfloat a, vfloat b) { return _mm512_mul_round_ps(a, b, NEAREST); }
+inline float vsum(vfloat v) { return _mm512_reduce_add_ps(v); }
+inline vfloat negate(vfloat v) {  // the sign bit flipped, as torch's neg (-0 for +0, unlike 0 - v)
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+}
+#else
+constexpr int LANES = 8, REGISTERS = 16;
+using vfloat = __m256;
+using lanes = __m256i;
+
+inline __m256i tail_mask(int64_t valid) {  // all ones in the first `valid` of 8 lanes
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(valid, 0, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline vfloat vzero() { return _mm256_setzero_ps(); }
+inline vfloat vset1(float v) { return _mm256_set1_ps(v); }
+inline vfloat vload(const float* p) { return _mm256_load_ps(p); }  // aligned
+inline vfloat vload_tail(lanes m, const float* p) { return _mm256_maskload_ps(p, m); }  // masked lanes read 0
+inline void vstore_tail(float* p, lanes m, vfloat v) { _mm256_maskstore_ps(p, m, v); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
+// Not fused: this build has -ffp-contract=off (kernels.py), so a product and a sum stay two roundings.
+inline vfloat vadd_rounded(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
+inline vfloat vmul_rounded(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
+inline float vsum(vfloat v) {  // the lanes in a fixed order
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+}
+inline vfloat negate(vfloat v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }  // the sign bit flipped
+#endif
+
 // The tuning knobs (macros so that scripts/bench_linear_kernels.py --variants can build others beside).
 #ifndef DB_PANEL
-#define DB_PANEL 32
+#define DB_PANEL (2 * LANES)
 #endif
 #ifndef DB_ROWS
-#define DB_ROWS 12
+#define DB_ROWS (LANES == 16 ? 12 : 6)
 #endif
 #ifndef DB_PREFETCH
 #define DB_PREFETCH 0
 #endif
 // Chosen on a Zen 4 EPYC, one thread (results/reference/kernels/README.md): 12 rows beat 8 and 6 by a
 // few percent at 16-32 rows, a 64-column panel was no better, and software prefetch (4-16 k steps
-// ahead) no better than the hardware's on a sequential panel.
-constexpr int64_t PANEL = DB_PANEL;  // output columns per panel: PANEL / 16 zmm of float32 accumulators a row
-constexpr int VECS = DB_PANEL / 16;
+// ahead) no better than the hardware's on a sequential panel. AVX2's 6 rows x 16 columns fill 12 of its 16
+// registers with accumulators, the most that leave room for the panel's two vectors and a broadcast.
+constexpr int64_t PANEL = DB_PANEL;  // output columns per panel: PANEL / LANES vectors of accumulators a row
+constexpr int VECS = DB_PANEL / LANES;
 constexpr int ROWS = DB_ROWS;  // rows per register block: ROWS * VECS accumulators of the 32 zmm registers
 constexpr int64_t PREFETCH = DB_PREFETCH;  // k steps ahead the weight stream is prefetched (0: none)
 constexpr int64_t GRAIN_BYTES = 1 << 17;  // the least weight bytes worth a thread of their own (a wake-up)
-static_assert(DB_PANEL % 16 == 0 && ROWS >= 1 && ROWS <= 12 && ROWS * VECS + VECS + 1 <= 32, "registers");
+static_assert(DB_PANEL % LANES == 0 && ROWS >= 1 && ROWS <= 12 && ROWS * VECS + VECS + 1 <= REGISTERS,
+              "registers");
 
 inline int64_t panels(int64_t n) { return (n + PANEL - 1) / PANEL; }
-
-inline __mmask16 tail_mask(int64_t valid) {  // the first `valid` of 16 lanes (valid may be <= 0 or >= 16)
-  return valid >= 16 ? static_cast<__mmask16>(0xFFFF)
-                     : valid <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << valid) - 1);
-}
 
 // Panels [0, p) split over the threads in contiguous chunks of at least `grain`, as at::parallel_for
 // does (a team of the calling thread's omp_get_max_threads(), which torch.set_num_threads sets).
@@ -72,14 +124,14 @@ void for_panels(int64_t p, int64_t grain, const F& body) {
 
 // ---- float32 -------------------------------------------------------------------------------
 template <int R>
-inline void finish_f32(__m512 (&acc)[R][VECS], const float* bias, float* y, int64_t ldy, int64_t valid) {
+inline void finish_f32(vfloat (&acc)[R][VECS], const float* bias, float* y, int64_t ldy, int64_t valid) {
 #pragma GCC unroll 4
   for (int c = 0; c < VECS; ++c) {
-    const __mmask16 mask = tail_mask(valid - 16 * c);
-    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
+    const lanes mask = tail_mask(valid - LANES * c);
+    const vfloat b = bias != nullptr ? vload_tail(mask, bias + LANES * c) : vzero();
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      _mm512_mask_storeu_ps(y + r * ldy + 16 * c, mask, bias != nullptr ? _mm512_add_ps(acc[r][c], b) : acc[r][c]);
+      vstore_tail(y + r * ldy + LANES * c, mask, bias != nullptr ? vadd(acc[r][c], b) : acc[r][c]);
     }
   }
 }
@@ -87,26 +139,26 @@ inline void finish_f32(__m512 (&acc)[R][VECS], const float* bias, float* y, int6
 template <int R>
 inline void block_f32(const float* x, int64_t ldx, const float* wp, int64_t k, const float* bias,
                       float* y, int64_t ldy, int64_t valid) {
-  __m512 acc[R][VECS];
+  vfloat acc[R][VECS];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < VECS; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < VECS; ++c) acc[r][c] = vzero();
   for (int64_t i = 0; i < k; ++i) {
     const float* w = wp + i * PANEL;
     if (PREFETCH > 0) {
 #pragma GCC unroll 4
       for (int c = 0; c < VECS; ++c)
-        _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL + 16 * c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL + LANES * c), _MM_HINT_T0);
     }
-    __m512 wv[VECS];
+    vfloat wv[VECS];
 #pragma GCC unroll 4
-    for (int c = 0; c < VECS; ++c) wv[c] = _mm512_load_ps(w + 16 * c);
+    for (int c = 0; c < VECS; ++c) wv[c] = vload(w + LANES * c);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * ldx + i]);
+      const vfloat xb = vset1(x[r * ldx + i]);
 #pragma GCC unroll 4
-      for (int c = 0; c < VECS; ++c) acc[r][c] = _mm512_fmadd_ps(xb, wv[c], acc[r][c]);
+      for (int c = 0; c < VECS; ++c) acc[r][c] = vfma(xb, wv[c], acc[r][c]);
     }
   }
   finish_f32<R>(acc, bias, y, ldy, valid);
@@ -119,7 +171,8 @@ constexpr std::array<BlockF32, ROWS + 1> f32_blocks(std::integer_sequence<int, I
 }
 constexpr auto BLOCKS_F32 = f32_blocks(std::make_integer_sequence<int, ROWS>{});  // by rows in the block
 
-// ---- bfloat16 (avx512_bf16: vdpbf16ps; fp32 accumulation) ---------------------------------------
+// ---- bfloat16 (avx512_bf16: vdpbf16ps; fp32 accumulation; the AVX-512 build only) -----------------
+#if defined(__AVX512F__)
 __attribute__((target("avx512f,avx512bw"))) inline __m512 bf16_to_f32(__mmask16 mask, const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
 }
@@ -177,6 +230,7 @@ constexpr std::array<BlockBF16, ROWS + 1> bf16_blocks(std::integer_sequence<int,
   return {nullptr, block_bf16<I + 1>...};
 }
 constexpr auto BLOCKS_BF16 = bf16_blocks(std::make_integer_sequence<int, ROWS>{});
+#endif
 
 template <typename T, typename Blocks>
 void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_elems, const T* bias, int64_t n,
@@ -200,14 +254,15 @@ void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_ele
 // depend on the other rows. transformers' 7 operations per norm cost about 15 us a call on a 2-core Zen 4,
 // 61 norms a SmolLM2 step (results/reference/kernels/split_zen4/).
 inline float mean_square(const float* x, int64_t dim) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < dim; i += 16) {
-    const __m512 v = _mm512_maskz_loadu_ps(tail_mask(dim - i), x + i);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+  vfloat acc = vzero();
+  for (int64_t i = 0; i < dim; i += LANES) {
+    const vfloat v = vload_tail(tail_mask(dim - i), x + i);
+    acc = vadd(acc, vmul(v, v));
   }
-  return _mm512_reduce_add_ps(acc) / static_cast<float>(dim);
+  return vsum(acc) / static_cast<float>(dim);
 }
 
+#if defined(__AVX512F__)
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 inline __m512 round_bf16(__m512 v) {  // to bfloat16, nearest even (as torch rounds), and back
   return _mm512_castsi512_ps(
@@ -223,30 +278,25 @@ inline float mean_square_bf16(const uint16_t* x, int64_t dim) {
   }
   return _mm512_reduce_add_ps(acc) / static_cast<float>(dim);
 }
+#endif
 
 // ---- rotary embeddings (Llama's): out = x * cos + rotate_half(x) * sin ------------------------------
 // As transformers computes it, each product and the sum rounded on their own (the explicit-rounding
 // intrinsics cannot be fused into an FMA by the compiler): the result is bitwise transformers'.
-constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-
-inline __m512 negate(__m512 v) {  // the sign bit flipped, as torch's neg (-0 for +0, unlike 0 - v)
-  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
-}
 
 // One row of D = 2 * half values: out = x * cos + rotate_half(x) * sin, cos and sin the row's own.
 void rotary_row_f32(const float* xr, const float* c, const float* s, int64_t half, float* yr) {
-  for (int64_t i = 0; i < half; i += 16) {
-    const __mmask16 m = tail_mask(half - i);
-    const __m512 lo = _mm512_maskz_loadu_ps(m, xr + i), hi = _mm512_maskz_loadu_ps(m, xr + half + i);
-    _mm512_mask_storeu_ps(yr + i, m, _mm512_add_round_ps(
-        _mm512_mul_round_ps(lo, _mm512_maskz_loadu_ps(m, c + i), NEAREST),
-        _mm512_mul_round_ps(negate(hi), _mm512_maskz_loadu_ps(m, s + i), NEAREST), NEAREST));
-    _mm512_mask_storeu_ps(yr + half + i, m, _mm512_add_round_ps(
-        _mm512_mul_round_ps(hi, _mm512_maskz_loadu_ps(m, c + half + i), NEAREST),
-        _mm512_mul_round_ps(lo, _mm512_maskz_loadu_ps(m, s + half + i), NEAREST), NEAREST));
+  for (int64_t i = 0; i < half; i += LANES) {
+    const lanes m = tail_mask(half - i);
+    const vfloat lo = vload_tail(m, xr + i), hi = vload_tail(m, xr + half + i);
+    vstore_tail(yr + i, m, vadd_rounded(vmul_rounded(lo, vload_tail(m, c + i)),
+                                        vmul_rounded(negate(hi), vload_tail(m, s + i))));
+    vstore_tail(yr + half + i, m, vadd_rounded(vmul_rounded(hi, vload_tail(m, c + half + i)),
+                                               vmul_rounded(lo, vload_tail(m, s + half + i))));
   }
 }
 
+#if defined(__AVX512F__)
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 inline void store_bf16(uint16_t* p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
@@ -264,6 +314,7 @@ void rotary_row_bf16(const uint16_t* xr, const uint16_t* c, const uint16_t* s, i
                                                round_bf16(_mm512_mul_ps(lo, bf16_to_f32(m, s + half + i)))));
   }
 }
+#endif
 
 // x, out: (B, H, T, D) at strides (sb, sh, st, 1); cos, sin: (B, T, D) contiguous; `row` rotates one row.
 template <typename E>
@@ -288,26 +339,29 @@ void db_rotary_f32(const float* q, const float* k, int64_t B, int64_t H, int64_t
   rotary<float>(rotary_row_f32, k, B, KV, T, D, strides + 6, cos, sin, k_out, strides + 9);
 }
 
+#if defined(__AVX512F__)
 void db_rotary_bf16(const uint16_t* q, const uint16_t* k, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t D,
                     const int64_t* strides, const uint16_t* cos, const uint16_t* sin, uint16_t* q_out,
                     uint16_t* k_out) {
   rotary<uint16_t>(rotary_row_bf16, q, B, H, T, D, strides, cos, sin, q_out, strides + 3);
   rotary<uint16_t>(rotary_row_bf16, k, B, KV, T, D, strides + 6, cos, sin, k_out, strides + 9);
 }
+#endif
 
 // x, y (rows, dim) float32, w (dim): transformers' LlamaRMSNorm in float32.
 void db_rmsnorm_f32(const float* x, int64_t rows, int64_t dim, const float* w, float eps, float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
-    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(mean_square(xr, dim) + eps));
-    for (int64_t i = 0; i < dim; i += 16) {
-      const __mmask16 mask = tail_mask(dim - i);
-      const __m512 h = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, xr + i), scale);
-      _mm512_mask_storeu_ps(y + r * dim + i, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, w + i), h));
+    const vfloat scale = vset1(1.0f / std::sqrt(mean_square(xr, dim) + eps));
+    for (int64_t i = 0; i < dim; i += LANES) {
+      const lanes mask = tail_mask(dim - i);
+      const vfloat h = vmul(vload_tail(mask, xr + i), scale);
+      vstore_tail(y + r * dim + i, mask, vmul(vload_tail(mask, w + i), h));
     }
   }
 }
 
+#if defined(__AVX512F__)
 // The same in bfloat16 (bits as uint16), as transformers computes it: the norm in float32, rounded to
 // bfloat16, then times the bfloat16 weight, rounded again.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -324,10 +378,12 @@ void db_rmsnorm_bf16(const uint16_t* x, int64_t rows, int64_t dim, const uint16_
   }
 }
 
+#endif
+
 int64_t db_kernel_panel() { return PANEL; }
 int64_t db_kernel_rows() { return ROWS; }
 
-// weight (n, k) row-major -> out (ceil(n/32), k, 32), zeroed by the caller.
+// weight (n, k) row-major -> out (ceil(n/PANEL), k, PANEL), zeroed by the caller.
 void db_pack_f32(const float* w, int64_t n, int64_t k, float* out) {
   for_panels(panels(n), 1, [&](int64_t begin, int64_t end) {
     for (int64_t q = begin; q < end; ++q)
@@ -336,6 +392,7 @@ void db_pack_f32(const float* w, int64_t n, int64_t k, float* out) {
   });
 }
 
+#if defined(__AVX512F__)
 // weight (n, k) bfloat16 bits -> out (ceil(n/32), ceil(k/2), 32, 2), zeroed by the caller.
 void db_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
   const int64_t pairs = (k + 1) / 2;
@@ -345,6 +402,7 @@ void db_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
         for (int64_t i = 0; i < k; ++i) out[((q * pairs + i / 2) * PANEL + j) * 2 + i % 2] = w[(q * PANEL + j) * k + i];
   });
 }
+#endif
 
 // y (m, n) = x (m, k) W^T + bias (n, or null); x and y row-major and contiguous, W packed by db_pack_f32.
 void db_linear_f32(const float* x, int64_t m, int64_t k, const float* packed, const float* bias, int64_t n,
@@ -352,10 +410,12 @@ void db_linear_f32(const float* x, int64_t m, int64_t k, const float* packed, co
   linear(x, m, k, packed, k * PANEL, bias, n, y, BLOCKS_F32);
 }
 
+#if defined(__AVX512F__)
 // The same in bfloat16 (bits as uint16), W packed by db_pack_bf16; accumulated in float32, rounded once.
 void db_linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, const uint16_t* bias,
                     int64_t n, uint16_t* y) {
   linear(x, m, k, packed, (k + 1) / 2 * 2 * PANEL, bias, n, y, BLOCKS_BF16);
 }
+#endif
 
 }  // extern "C"

@@ -1,4 +1,5 @@
-"""model.fast_path=kernel: our own small-M linear kernel (kernels.cpp beside this file), CPU, AVX-512.
+"""model.fast_path=kernel: our own small-M linear kernel (kernels.cpp beside this file), CPU: AVX-512
+(float32 and bfloat16), or else AVX2 with FMA (float32).
 
 Every nn.Linear's class is swapped for KernelLinear (the same module: parameters, tying, hooks and
 sharing stay as they are), which keeps its weight repacked into column panels and computes inputs of
@@ -12,13 +13,14 @@ in the library, bitwise transformers' result (scripts/bench_fused_ops.py: both s
 forward on a 2-core Zen 4, results/reference/kernels/split_zen4/).
 
 The extension (plain C on raw pointers, called through ctypes: no torch headers, so it builds in
-seconds) is built at first use by torch.utils.cpp_extension.load (g++ -O3 with AVX-512 flags;
-bfloat16's kernel needs avx512_bf16) into torch's extension cache, TORCH_EXTENSIONS_DIR or
+seconds) is built at first use by torch.utils.cpp_extension.load (g++ -O3 with the flags of the widest
+instructions the CPU has, AVX-512 or AVX2; bfloat16's kernel needs avx512_bf16) into torch's extension
+cache, TORCH_EXTENSIONS_DIR or
 ~/.cache/torch_extensions/<python>_<accelerator>/decoding_bench_kernels_<hash of source and flags>/,
 once per machine: later processes load the built library from there without a compiler. The build's
 seconds are kept apart (build_seconds), never inside a timed run. kernel_supported says in one line
-why a machine cannot take the path (no AVX-512, no avx512_bf16 for bfloat16, no compiler, a build
-error); the caller then keeps the native path.
+why a machine cannot take the path (neither AVX-512 nor AVX2 with FMA, no avx512_bf16 for bfloat16, no
+compiler, a build error); the caller then keeps the native path.
 """
 from __future__ import annotations
 
@@ -37,24 +39,28 @@ import torch.nn.functional as F
 from torch import nn
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
-# AVX-512 for every kernel; the bfloat16 one adds avx512_bf16 by a target attribute in the source,
-# so the float32 kernels still run on an AVX-512 CPU without it.
-CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mprefer-vector-width=512",
-          "-fopenmp"]
+# The library is built for the widest instructions the CPU has (ISAS, in order of preference). AVX-512:
+# every kernel; the bfloat16 one adds avx512_bf16 by a target attribute in the source, so the float32
+# kernels still run on an AVX-512 CPU without it. AVX2 with FMA (a Zen 3, older Xeons): float32 alone, and
+# no contraction of a product and a sum into an FMA (the rotary stays bitwise transformers').
+ISAS = {"avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma"), "avx2": ("avx2", "fma")}
+CFLAGS = {"avx512": ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma",
+                     "-mprefer-vector-width=512", "-fopenmp"],
+          "avx2": ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]}
 LDFLAGS = ["-fopenmp"]  # OpenMP: the same libgomp torch has loaded (torch.set_num_threads holds)
 MAX_ROWS = 64  # wider inputs run the native kernel (oneDNN/MKL block over k; a prompt's prefill)
-PANEL = 32  # output columns per packed panel (kernels.cpp)
-NEEDED_FLAGS = {torch.float32: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma"),
-                torch.bfloat16: ("avx512f", "avx512bw", "avx512dq", "avx512vl", "fma", "avx512_bf16")}
+PANEL = {"avx512": 32, "avx2": 16}  # output columns per packed panel (kernels.cpp: two vectors)
+NEEDED_FLAGS = {torch.float32: ISAS["avx2"], torch.bfloat16: (*ISAS["avx512"], "avx512_bf16")}  # the least
 
 _lib: Library | None = None  # the loaded extension
 _why_not: str | None = None  # why it cannot load here, once found (not tried again in this process)
 build_seconds = 0.0  # seconds this process spent building it (0 when it was loaded from the cache)
 
 
-def extension_name() -> str:
+def extension_name(built_for: str) -> str:
     """The extension's name in torch's cache: a new source, new flags or another torch build a new one."""
-    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode())
+    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(CFLAGS[built_for] + LDFLAGS).encode()
+                          + torch.__version__.encode())
     return f"decoding_bench_kernels_{digest.hexdigest()[:12]}"
 
 
@@ -78,36 +84,44 @@ def cpu_flags() -> set[str] | None:
     return None
 
 
+def isa() -> str | None:
+    """The instructions the library is built for on this CPU (a key of ISAS), or None where it has neither."""
+    flags = cpu_flags() or set()
+    return next((name for name, needed in ISAS.items() if set(needed) <= flags), None)
+
+
 def missing_instructions(dtype: torch.dtype) -> str | None:
     """Why this CPU cannot run the kernel for `dtype`, or None."""
     if dtype not in NEEDED_FLAGS:
         return f"the kernel path supports float32 and bfloat16, not {str(dtype).replace('torch.', '')}"
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"the kernel path needs an x86-64 CPU with AVX-512, not {platform.machine()}"
+        return f"the kernel path needs an x86-64 CPU with AVX-512 or AVX2, not {platform.machine()}"
     flags = cpu_flags()
     if flags is None:
         return "cannot read this CPU's instruction sets (/proc/cpuinfo)"
     missing = [f for f in NEEDED_FLAGS[dtype] if f not in flags]
+    if missing and dtype == torch.bfloat16:
+        return f"this CPU lacks {', '.join(missing)} (the bfloat16 kernel needs it)"
     if missing:
-        what = "bfloat16 kernel" if missing == ["avx512_bf16"] else "kernel path"
-        return f"this CPU lacks {', '.join(missing)} (the {what} needs it)"
+        return f"this CPU lacks {', '.join(missing)} (the kernel path needs AVX-512, or AVX2 with FMA)"
     return None
 
 
 def _build() -> Path:
     """The extension's library in torch's cache, built there first if it is not (a compiler and ninja needed)."""
     global build_seconds
-    name = extension_name()
+    built_for = isa()
+    name = extension_name(built_for)
     where = build_directory(name)
     library = where / f"{name}.so"
     if library.is_file() and not (where / "lock").exists():  # built before, by any process: no compiler needed
         return library
     from torch.utils import cpp_extension
-    print(f"model.fast_path=kernel: building the AVX-512 kernels once for this machine into {where}",
+    print(f"model.fast_path=kernel: building the {built_for} kernels once for this machine into {where}",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
-    built = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
-                               is_python_module=False, verbose=False)
+    built = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS[built_for],
+                               extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
     build_seconds += time.perf_counter() - start
     return Path(built)
 
@@ -120,23 +134,21 @@ class Library:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         for name in ("db_kernel_panel", "db_kernel_rows"):
             getattr(lib, name).restype = i64
-        for name in ("db_pack_f32", "db_pack_bf16"):
-            getattr(lib, name).argtypes = [ptr, i64, i64, ptr]
-            getattr(lib, name).restype = None
-        for name in ("db_linear_f32", "db_linear_bf16"):
-            getattr(lib, name).argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
-            getattr(lib, name).restype = None
-        for name in ("db_rmsnorm_f32", "db_rmsnorm_bf16"):
-            getattr(lib, name).argtypes = [ptr, i64, i64, ptr, ctypes.c_float, ptr]
-            getattr(lib, name).restype = None
-        for name in ("db_rotary_f32", "db_rotary_bf16"):
-            getattr(lib, name).argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
-            getattr(lib, name).restype = None
+        # The bfloat16 kernels are in an AVX-512 build only.
+        suffixes = ("f32", "bf16") if hasattr(lib, "db_linear_bf16") else ("f32",)
+        kinds = {"pack": [ptr, i64, i64, ptr], "linear": [ptr, i64, i64, ptr, ptr, i64, ptr],
+                 "rmsnorm": [ptr, i64, i64, ptr, ctypes.c_float, ptr],
+                 "rotary": [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]}
+        for kind, argtypes in kinds.items():
+            for suffix in suffixes:
+                getattr(lib, f"db_{kind}_{suffix}").argtypes = argtypes
+                getattr(lib, f"db_{kind}_{suffix}").restype = None
         self.path, self.lib = Path(path), lib
-        self.rmsnorm = {torch.float32: lib.db_rmsnorm_f32, torch.bfloat16: lib.db_rmsnorm_bf16}
-        self.rotary = {torch.float32: lib.db_rotary_f32, torch.bfloat16: lib.db_rotary_bf16}
+        dtypes = {"f32": torch.float32, "bf16": torch.bfloat16}
+        self.rmsnorm = {dtypes[x]: getattr(lib, f"db_rmsnorm_{x}") for x in suffixes}
+        self.rotary = {dtypes[x]: getattr(lib, f"db_rotary_{x}") for x in suffixes}
         self.panel, self.rows = lib.db_kernel_panel(), lib.db_kernel_rows()  # output columns a panel, rows a block
-        self._f32, self._bf16 = lib.db_linear_f32, lib.db_linear_bf16
+        self._f32, self._bf16 = lib.db_linear_f32, getattr(lib, "db_linear_bf16", None)
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """A (n, k) CPU weight in column panels: float32 (ceil(n/panel), k, panel), bfloat16
@@ -147,11 +159,12 @@ class Library:
         if w.dtype == torch.float32:
             out = torch.zeros(p, k, self.panel, dtype=w.dtype)
             self.lib.db_pack_f32(w.data_ptr(), n, k, out.data_ptr())
-        elif w.dtype == torch.bfloat16:
+        elif w.dtype == torch.bfloat16 and self._bf16 is not None:
             out = torch.zeros(p, -(-k // 2), self.panel, 2, dtype=w.dtype)
             self.lib.db_pack_bf16(w.data_ptr(), n, k, out.data_ptr())
         else:
-            raise TypeError(f"the kernel packs float32 and bfloat16 weights, not {w.dtype}")
+            raise TypeError(f"this build of the kernel packs {' and '.join(map(str, self.rmsnorm))} weights, "
+                            f"not {w.dtype}")
         return out
 
     def linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -181,8 +194,8 @@ def extension() -> Library:
     if _lib is None and _why_not is None:
         try:
             lib = Library(_build())
-            if lib.panel != PANEL:
-                raise RuntimeError(f"the library's panel is {lib.panel} columns, not {PANEL}")
+            if lib.panel != PANEL[isa()]:
+                raise RuntimeError(f"the library's panel is {lib.panel} columns, not {PANEL[isa()]}")
             _lib = lib
         except Exception as e:  # noqa: BLE001 -- a compiler's error, missing ninja, a bad cache: one line
             text = str(e).strip().splitlines()

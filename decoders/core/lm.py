@@ -147,7 +147,7 @@ class LM:
         """Switch the kernel path of every linear layer: "none" (transformers' own),
         "prepacked" (oneDNN-packed weights for inputs of `min_rows` rows or more, CPU; default
         PACKED_MIN_ROWS for the dtype) or "kernel" (ours, decoders/core/kernels.py: inputs of 1 to
-        kernels.MAX_ROWS rows, CPU with AVX-512; built at first use, kernel_build_seconds). A path
+        kernels.MAX_ROWS rows, CPU with AVX-512 or AVX2; built at first use, kernel_build_seconds). A path
         this machine cannot run falls back to "none", with the reason in fast_path_note. Returns the
         path in use."""
         if path not in FAST_PATHS:
