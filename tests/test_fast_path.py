@@ -14,7 +14,7 @@ from bench.models import TinyRandomModel
 from bench.provenance import collect
 from decoders.methods.draft_model import SelfDraft
 from decoders.core.fast_path import FAST_PATHS, PrepackedLinear
-from decoders.core.kernels import kernel_supported
+from decoders.core.kernels import build_id, kernel_supported
 from decoders.core.lm import LM
 from decoders.tuning.profile import choose_fast_path, profile_key
 from helpers import tiny_lm
@@ -131,6 +131,11 @@ def test_auto_measures_once_caches_and_records(tmp_path):
                                   "candidates": [c for c in choice["candidates"] if c != "kernel"]}))
     assert choose_fast_path(lm, tmp_path)["candidates"] == choice["candidates"]
     assert json.loads(cached.read_text())["candidates"] == choice["candidates"]
+    # measured with another build of our kernel (another source, or another CPU's flags): measured again
+    stale = "decoding_bench_kernels_000000000000"
+    cached.write_text(json.dumps({**choice, "chosen": "none", "min_rows": None, "kernel_build": stale}))
+    choose_fast_path(lm, tmp_path)
+    assert json.loads(cached.read_text())["kernel_build"] == build_id() != stale
     cached.write_text("{not json")  # damaged: measured again
     assert choose_fast_path(lm, tmp_path)["chosen"] in FAST_PATHS
     assert profile_key(lm) != profile_key(lm, fast_path=False)  # latency profiles are kept per path

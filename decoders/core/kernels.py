@@ -64,6 +64,12 @@ def extension_name(built_for: str) -> str:
     return f"decoding_bench_kernels_{digest.hexdigest()[:12]}"
 
 
+def build_id() -> str | None:
+    """The library this CPU takes (its name: source, flags and torch), or None where it has no build."""
+    built_for = isa()
+    return extension_name(built_for) if built_for else None
+
+
 def build_directory(name: str) -> Path:
     from torch.utils import cpp_extension
     try:

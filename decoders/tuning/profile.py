@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core import kernels
 from ..core.compiled import COMPILE_MODES
 from ..core.fast_path import FAST_PATHS
 from ..core.kv_cache import KVCache
@@ -199,9 +200,11 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
     if path is not None and path.exists() and not refresh:
         try:
             choice = json.loads(path.read_text())
-            # An entry measured over other candidates (made before the kernel path existed, say) is
-            # measured again: a stale cache must not keep a new path out of the choice.
+            # An entry measured over other candidates (made before the kernel path existed, say) or
+            # another build of our kernel (a new source, or one this CPU could not take then) is measured
+            # again: a stale cache must not keep a new path out of the choice.
             if (choice.get("chosen") in FAST_PATHS and choice.get("candidates") == candidate_labels()
+                    and choice.get("kernel_build") == kernels.build_id()
                     and lm.set_fast_path(choice["chosen"], choice["min_rows"]) == choice["chosen"]):
                 return choice
         except (OSError, ValueError, TypeError):
@@ -223,7 +226,8 @@ def choose_fast_path(lm: LM, cache_dir: str | os.PathLike | None = None, refresh
     lm.set_fast_path(best["path"], best["min_rows"])
     choice = {"chosen": best["path"], "min_rows": best["min_rows"], "device": device_name(lm.device),
               "torch_threads": torch.get_num_threads(), "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""),
-              "candidates": candidate_labels(), "measured": measured, "unavailable": notes,
+              "candidates": candidate_labels(), "kernel_build": kernels.build_id(), "measured": measured,
+              "unavailable": notes,
               "why": "lowest 1-token step + mean of k = " + ", ".join(map(str, CHOICE_SIZES))}
     if path is not None:
         _save_json(path, choice)
