@@ -31,10 +31,12 @@ helpers.BASE_ENV = dict(os.environ)  # what every test starts from: run_python's
 def pytest_sessionstart(session):
     """model.fast_path=kernel's extension (decoders/core/kernels.py) is built, once per machine (a few
     seconds of g++), before any test: a test that built it would start a compiler, which the slow-mark
-    check below counts. Where it cannot build, test_kernels.py skips saying why and the path falls back."""
+    check below counts. Where it cannot build, test_kernels.py skips saying why and the path falls back.
+    On an AVX-512 CPU the AVX2 build too: test_kernels.py runs it there with the CPU's flags less AVX-512's."""
     from decoders.core import kernels
 
-    kernels.dtype_supported(torch.float32)
+    if kernels.dtype_supported(torch.float32) is None and kernels.isa() == "avx512":
+        kernels._build("avx2")
 
 
 # Test files run whole on one xdist worker: SLURM's single-node cluster (one per machine: ports,

@@ -113,10 +113,11 @@ def missing_instructions(dtype: torch.dtype) -> str | None:
     return None
 
 
-def _build() -> Path:
-    """The extension's library in torch's cache, built there first if it is not (a compiler and ninja needed)."""
+def _build(built_for: str | None = None) -> Path:
+    """The extension's library for `built_for` (default: this CPU's, isa()) in torch's cache, built there
+    first if it is not (a compiler and ninja needed)."""
     global build_seconds
-    built_for = isa()
+    built_for = built_for or isa()
     name = extension_name(built_for)
     where = build_directory(name)
     library = where / f"{name}.so"
