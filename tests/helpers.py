@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -172,16 +173,8 @@ def run_python(*argv: str | os.PathLike, cwd: Path | None = None, env: dict | No
 def _start_server_in(environ: dict) -> None:
     """The fork server running (started now if it is not), started in `environ`: it is started with
     this process's environment, which the server's imports read."""
-    if os.environ == environ:
-        return multiprocessing.forkserver.ensure_running()
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(environ)
-    try:
+    with mock.patch.dict(os.environ, environ, clear=True):
         multiprocessing.forkserver.ensure_running()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _python_main(argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:

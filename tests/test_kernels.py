@@ -275,7 +275,7 @@ def _fresh_build_state(monkeypatch):
 def test_a_failed_build_falls_back_in_one_line(monkeypatch):
     _fresh_build_state(monkeypatch)
 
-    def no_compiler():
+    def no_compiler(built_for):
         raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)\nmore lines")
 
     monkeypatch.setattr(kernels, "_build", no_compiler)

@@ -1,11 +1,12 @@
 // model.fast_path=kernel: y = x W^T (+ bias) for inputs of a few rows (a decode step, a tree's
 // verification), CPU, AVX-512 or else AVX2 with FMA (float32 only: built with -mavx2 -mfma, where the
-// vector layer below is 8 lanes wide, panels 16 columns and register blocks 6 rows). Built by decoders/core/kernels.py (torch.utils.cpp_extension.load) and
-// called through ctypes: a plain C interface on raw pointers, no torch headers, so that it builds in
-// seconds; kernels.py allocates and checks every tensor.
+// vector layer below is 8 lanes wide, panels 16 columns and register blocks 6 rows). Built by
+// decoders/core/kernels.py (torch.utils.cpp_extension.load) and called through ctypes: a plain C
+// interface on raw pointers, no torch headers, so that it builds in seconds; kernels.py allocates and
+// checks every tensor.
 //
-// Weights are repacked once into column panels of PANEL = 32 output columns (AVX2: 16): float32 (P, K, 32),
-// bfloat16 (P, ceil(K / 2), 32, 2) (pairs of k, as vdpbf16ps reads them), N zero-padded to a multiple
+// Weights are repacked once into column panels of PANEL = 32 output columns (AVX2: 16): float32
+// (P, K, 32), bfloat16 (P, ceil(K / 2), 32, 2) (pairs of k, as vdpbf16ps reads them), N zero-padded to a multiple
 // of 32. Each panel is streamed from memory once per call whatever the number of rows: a register
 // block of up to ROWS = 12 rows x 32 columns (two zmm accumulators a row, x broadcast, FMA) walks the
 // panel, and the further row blocks reuse it from cache (a panel is 72-196 KB for SmolLM2's shapes).
@@ -95,7 +96,7 @@ inline vfloat negate(vfloat v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f));
 // registers with accumulators, the most that leave room for the panel's two vectors and a broadcast.
 constexpr int64_t PANEL = DB_PANEL;  // output columns per panel: PANEL / LANES vectors of accumulators a row
 constexpr int VECS = DB_PANEL / LANES;
-constexpr int ROWS = DB_ROWS;  // rows per register block: ROWS * VECS accumulators of the 32 zmm registers
+constexpr int ROWS = DB_ROWS;  // rows per register block: ROWS * VECS accumulators of the REGISTERS
 constexpr int64_t PREFETCH = DB_PREFETCH;  // k steps ahead the weight stream is prefetched (0: none)
 constexpr int64_t GRAIN_BYTES = 1 << 17;  // the least weight bytes worth a thread of their own (a wake-up)
 static_assert(DB_PANEL % LANES == 0 && ROWS >= 1 && ROWS <= 12 && ROWS * VECS + VECS + 1 <= REGISTERS,

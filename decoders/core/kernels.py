@@ -113,11 +113,10 @@ def missing_instructions(dtype: torch.dtype) -> str | None:
     return None
 
 
-def _build(built_for: str | None = None) -> Path:
-    """The extension's library for `built_for` (default: this CPU's, isa()) in torch's cache, built there
-    first if it is not (a compiler and ninja needed)."""
+def _build(built_for: str) -> Path:
+    """The extension's library for `built_for` (a key of ISAS) in torch's cache, built there first if it
+    is not (a compiler and ninja needed)."""
     global build_seconds
-    built_for = built_for or isa()
     name = extension_name(built_for)
     where = build_directory(name)
     library = where / f"{name}.so"
@@ -151,9 +150,10 @@ class Library:
                 getattr(lib, f"db_{kind}_{suffix}").argtypes = argtypes
                 getattr(lib, f"db_{kind}_{suffix}").restype = None
         self.path, self.lib = Path(path), lib
-        dtypes = {"f32": torch.float32, "bf16": torch.bfloat16}
-        self.rmsnorm = {dtypes[x]: getattr(lib, f"db_rmsnorm_{x}") for x in suffixes}
-        self.rotary = {dtypes[x]: getattr(lib, f"db_rotary_{x}") for x in suffixes}
+        by_suffix = {"f32": torch.float32, "bf16": torch.bfloat16}
+        self.dtypes = [by_suffix[x] for x in suffixes]  # what this build computes
+        self.rmsnorm = {by_suffix[x]: getattr(lib, f"db_rmsnorm_{x}") for x in suffixes}
+        self.rotary = {by_suffix[x]: getattr(lib, f"db_rotary_{x}") for x in suffixes}
         self.panel, self.rows = lib.db_kernel_panel(), lib.db_kernel_rows()  # output columns a panel, rows a block
         self._f32, self._bf16 = lib.db_linear_f32, getattr(lib, "db_linear_bf16", None)
 
@@ -166,11 +166,11 @@ class Library:
         if w.dtype == torch.float32:
             out = torch.zeros(p, k, self.panel, dtype=w.dtype)
             self.lib.db_pack_f32(w.data_ptr(), n, k, out.data_ptr())
-        elif w.dtype == torch.bfloat16 and self._bf16 is not None:
+        elif w.dtype == torch.bfloat16 and w.dtype in self.dtypes:
             out = torch.zeros(p, -(-k // 2), self.panel, 2, dtype=w.dtype)
             self.lib.db_pack_bf16(w.data_ptr(), n, k, out.data_ptr())
         else:
-            raise TypeError(f"this build of the kernel packs {' and '.join(map(str, self.rmsnorm))} weights, "
+            raise TypeError(f"this build of the kernel packs {' and '.join(map(str, self.dtypes))} weights, "
                             f"not {w.dtype}")
         return out
 
@@ -200,9 +200,10 @@ def extension() -> Library:
     global _lib, _why_not
     if _lib is None and _why_not is None:
         try:
-            lib = Library(_build())
-            if lib.panel != PANEL[isa()]:
-                raise RuntimeError(f"the library's panel is {lib.panel} columns, not {PANEL[isa()]}")
+            built_for = isa()
+            lib = Library(_build(built_for))
+            if lib.panel != PANEL[built_for]:
+                raise RuntimeError(f"the library's panel is {lib.panel} columns, not {PANEL[built_for]}")
             _lib = lib
         except Exception as e:  # noqa: BLE001 -- a compiler's error, missing ninja, a bad cache: one line
             text = str(e).strip().splitlines()
