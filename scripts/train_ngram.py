@@ -1,6 +1,7 @@
 """Train the n-gram LM over token ids that decoder=bpd rescore=ngram uses.
 
-    python scripts/train_ngram.py [--order 4] [--min-count 2] [--out adapters/<model>-ngram4.json.gz] [model=...]
+    python scripts/train_ngram.py [--order 4] [--min-count 2] [--max-train-tokens N]
+        [--out adapters/<model>-ngram4.json.gz] [model=...]
 
 Same corpus as the heads (scripts/training_corpus.py: stdlib source, GSM8K's train split, the
 model's own answers; nothing from the benchmark test sets). Reports the held-out top-1 next-token
@@ -24,12 +25,25 @@ from decoders.methods.ngram_lm import NgramLM  # noqa: E402
 from training_corpus import corpus, split_answers  # noqa: E402
 
 
+def first_tokens(seqs: list[list[int]], n: int) -> list[list[int]]:
+    """The sequences' first n tokens in all, the last one cut short."""
+    kept = []
+    for seq in seqs:
+        if n <= 0:
+            break
+        kept.append(seq[:n])
+        n -= len(kept[-1])
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--order", type=int, default=4)
     parser.add_argument("--min-count", type=int, default=2, help="drop rarer n-grams of order >= 3")
     parser.add_argument("--gsm8k-questions", type=int, default=48)
     parser.add_argument("--answer-tokens", type=int, default=192)
+    parser.add_argument("--max-train-tokens", type=int, default=None,
+                        help="count n-grams over the corpus's first N tokens only (a quick run; default: all)")
     parser.add_argument("--out", default=None)
     args, overrides = parser.parse_known_args()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -41,6 +55,8 @@ def main() -> None:
                   answer_tokens=args.answer_tokens)
     answers, heldout = split_answers(data)
     train = data["stdlib"] + data["gsm8k"] + answers
+    if args.max_train_tokens is not None:
+        train = first_tokens(train, args.max_train_tokens)
     ngram = NgramLM.train(train, args.order, lm.vocab_size, args.min_count)
     hits = total = 0
     for seq in heldout:  # next token of the model's own text, ranked by the n-gram LM among its seen continuations
