@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from bench import forecast as fc
-from helpers import REPO as ROOT, run_python
+from helpers import REPO as ROOT, SESSION_TOKENIZER, run_python
 
 LEADERS = ROOT / "results/reference/leaders/fp32"
 CPU_PROFILE = ROOT / "results/reference/fast_path/float32"
@@ -347,7 +347,8 @@ def test_a_profile_of_two_contexts_prices_a_run(tmp_path, how):
     fastest of --repeats or as medians of --interleave rounds; the forecast reads it, and python -m
     bench.forecast runs end to end."""
     out = run_python("scripts/profile_device.py", "--max-tokens", "3", *how, "--context", "8,16", "--paths", "none",
-                     "--out", tmp_path / "prof", "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu", cwd=ROOT)
+                     "--out", tmp_path / "prof", "model=tiny-random", f"cache_dir={tmp_path}", *SESSION_TOKENIZER,
+                     "device=cpu", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / "prof" / "profile.csv")))
     assert [(r["context"], r["tokens"]) for r in rows] == [(c, k) for c in ("8", "16") for k in ("1", "2", "3")]

@@ -12,15 +12,23 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.models import GGUFPackageModel
 from bench.registry import decoder_configs
-from helpers import REPO, run_python
+from helpers import CACHE_DIR, REPO, run_python
 
 pytestmark = pytest.mark.slow
 
 
+def check_env(out: Path, **extra: str) -> dict:
+    """check.sh's environment: its output folder, and tiny-random's tokenizer saved in the session's
+    cache (as prepare.sh saves one for the GPU machine), not read again from the GGUF by a stage."""
+    tokenizer = GGUFPackageModel(cache_dir=CACHE_DIR).tokenizer_dir()
+    return {**os.environ, "OUT": str(out), "BENCH_TINY_TOKENIZER": str(tokenizer), **extra}
+
+
 def test_check_runs_every_stage_in_cpu_mode(tmp_path):
     out = subprocess.run(["bash", "scripts/gpu/check.sh", "--cpu"], cwd=REPO, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "OUT": str(tmp_path)})
+                         timeout=600, env=check_env(tmp_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
     for stage in ("env", "pytest", "profile", "big", "syncs"):
@@ -39,7 +47,7 @@ def test_check_runs_every_stage_in_cpu_mode(tmp_path):
 def test_check_runs_only_the_stages_named(tmp_path):
     """STAGES picks stages (the probe runs only when named): a lent GPU's minutes go where asked."""
     out = subprocess.run(["bash", "scripts/gpu/check.sh", "--cpu"], cwd=REPO, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "OUT": str(tmp_path), "STAGES": "env probe"})
+                         timeout=600, env=check_env(tmp_path, STAGES="env probe"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
     assert "## env: exit 0 " in summary and "## probe: exit 0 " in summary, summary

@@ -10,7 +10,7 @@ from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.lookahead import Lookahead
 from decoders.tuning.profile import forward_latency, profile_key, step_cost
 from decoders.core.sampling import Sampling
-from helpers import run_cli, tiny_lm
+from helpers import SESSION_TOKENIZER, run_cli, tiny_lm
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 1, 2, 9, 1]]
 
@@ -110,7 +110,7 @@ def test_auto_through_the_runner_records_choice_and_prediction(tmp_path):
     out = run_cli("model=tiny-random", "gen.max_new_tokens=12", "dataset.limit=3", "decoder=lookahead",
                   "decoder.window=auto", "decoder.ngram=auto", "decoder.auto_windows=[1,3]",
                   "decoder.auto_ngrams=[2,3]",
-                  "decoder.auto_tokens=8", "check_lossless=true", f"cache_dir={tmp_path / 'cache'}",
+                  "decoder.auto_tokens=8", "check_lossless=true", f"cache_dir={tmp_path / 'cache'}", *SESSION_TOKENIZER,
                   f"hydra.run.dir={run}")
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]

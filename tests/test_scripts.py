@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from helpers import CACHE_DIR, DATA_DIR, REPO, run_python, writable_copy
+from helpers import CACHE_DIR, DATA_DIR, REPO, SESSION_TOKENIZER, run_python, writable_copy
 
 
 def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -67,8 +67,10 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
                      timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "head 1 (token t+3)" in out.stdout and (tmp_path / "heads.png").is_file()
-    out = run_script("train_ngram.py", "--order", "3", "--out", str(tmp_path / "ngram.json.gz"), *common, timeout=900)
+    out = run_script("train_ngram.py", "--order", "3", "--max-train-tokens", "20000", "--out",
+                     str(tmp_path / "ngram.json.gz"), *common, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert "\n20000 tokens, " in "\n" + out.stdout, out.stdout
     out = run_script("draft_vocab.py", "--size", "300", "--out", str(tmp_path / "vocab.json"), *common, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     vocab = json.loads((tmp_path / "vocab.json").read_text())
@@ -83,7 +85,8 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     lm = tiny_lm(seed=0, vocab=49152, name="tiny-random")  # the files record the model they were trained for
     heads = load_heads(lm, tmp_path / "heads.safetensors")
     assert heads.k == 2 and len(heads.info["accuracy"]) == 2 and heads.info["steps"] == 2
-    assert NgramLM.load(tmp_path / "ngram.json.gz").info["order"] == 3
+    info = NgramLM.load(tmp_path / "ngram.json.gz").info
+    assert info["order"] == 3 and info["train_tokens"] == 20000
     reference = autoregressive_decode(lm, [5, 6, 7], 6, Sampling(), set()).tokens
     for readout in ("full", str(tmp_path / "vocab.json")):
         dec = BPD(heads=str(tmp_path / "heads.safetensors"), rescore="ngram", ngram=str(tmp_path / "ngram.json.gz"),
@@ -116,7 +119,7 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     import json
 
     out = run_script("profile_device.py", "--max-tokens", "4", "--repeats", "1", "--out", str(tmp_path / "out"),
-                     "--split", "2", "model=tiny-random", f"cache_dir={tmp_path}", "device=cpu")
+                     "--split", "2", "model=tiny-random", f"cache_dir={tmp_path}", *SESSION_TOKENIZER, "device=cpu")
     assert out.returncode == 0, out.stderr[-2000:]
     from decoders.core.kernels import dtype_supported
 
@@ -138,7 +141,7 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     assert "where each forward's time goes" in out.stdout and all(r["held_back_by"] for r in split)
     compiled = run_script("profile_device.py", "--paths", "prepacked>=4,prepacked>=4+inductor", "--max-tokens", "4",
                           "--repeats", "1", "--out", str(tmp_path / "c"), "model=tiny-random", f"cache_dir={tmp_path}",
-                          "device=cpu")
+                          *SESSION_TOKENIZER, "device=cpu")
     assert compiled.returncode == 0, compiled.stderr[-2000:]
     assert "prepacked>=4+inductor: compiled in" in compiled.stdout
     info = json.loads((tmp_path / "c" / "provenance.json").read_text())
@@ -252,7 +255,7 @@ def test_train_eagle_on_tiny_random(tmp_path):
     common = ["--chunks", "6", "--epochs", "2", "--generated-repeats", "1", "--unroll", "2", "--seq-len", "32",
               "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2", "--answer-tokens", "8",
               "--function-requests", "3", "--general-requests", "3", "--device", "cpu", "--dtype", "float16",
-              "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}"]
+              "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}", *SESSION_TOKENIZER]
     whole = run_script("train_eagle.py", *common, "--out", str(tmp_path / "whole.safetensors"), timeout=900)
     assert whole.returncode == 0, whole.stderr[-2000:]
     assert "depth 3: top-1" in whole.stdout and (tmp_path / "whole.png").is_file()
@@ -298,7 +301,8 @@ def test_train_eagle3_on_tiny_random(tmp_path):
     common = ["--layout", "eagle3", "--chunks", "6", "--epochs", "2", "--generated-repeats", "1", "--unroll", "2",
               "--seq-len", "32", "--batch", "2", "--draft-vocab", "40", "--depth", "3", "--gsm8k-questions", "2",
               "--answer-tokens", "8", "--function-requests", "3", "--general-requests", "3", "--device", "cpu",
-              "model=tiny-random", "model.num_layers=8", "device=cpu", f"cache_dir={tmp_path}"]
+              "model=tiny-random", "model.num_layers=8", "device=cpu", f"cache_dir={tmp_path}",
+              *SESSION_TOKENIZER]
     whole = run_script("train_eagle.py", *common, "--out", str(tmp_path / "whole"), timeout=900)
     assert whole.returncode == 0, whole.stderr[-2000:]
     assert "depth 3: top-1" in whole.stdout and (tmp_path / "whole.png").is_file()

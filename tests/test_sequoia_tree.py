@@ -21,7 +21,7 @@ from decoders.tuning.sequoia_acceptance import (
 from decoders.tuning.sequoia_tree import (TreeShape, _tables, choose_tree, expected_tokens, optimal_tree,
                                           predicted_time_per_token)
 from decoders.core.tree import TokenTree
-from helpers import chi2_pvalue, tiny_lm
+from helpers import SESSION_TOKENIZER, chi2_pvalue, tiny_lm
 from test_scripts import run_script
 
 
@@ -374,7 +374,7 @@ def test_measure_script_on_tiny_random(tmp_path):
     out_file = tmp_path / "acc.json"
     out = run_script("measure_acceptance.py", "--prompts", "2", "--max-new-tokens", "6", "--K", "3", "--out",
                      str(out_file), "model=tiny-random", "device=cpu", "draft.layers=1", "draft.adapter=null",
-                     "threads=1", "gen.temperature=0.8", f"cache_dir={tmp_path}")
+                     "threads=1", "gen.temperature=0.8", f"cache_dir={tmp_path}", *SESSION_TOKENIZER)
     assert out.returncode == 0, out.stderr[-2000:]
     p = load_acceptance(out_file)
     info = json.loads(out_file.read_text())["info"]

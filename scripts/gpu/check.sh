@@ -48,11 +48,11 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
 export BENCH_CACHE_DIR=$work/cache BENCH_COMPILE=none
 [ -d .gpu/data ] && export BENCH_DATA_DIR=$repo/.gpu/data
+# tiny-random borrows a saved tokenizer: prepare.sh's, or one the caller names (CI: its session's, read
+# once; a stage reading it from the embedded GGUF pays seconds each)
+[ -d .gpu/tokenizer ] && export BENCH_TINY_TOKENIZER=$repo/.gpu/tokenizer
 tokenizer=()
-if [ -d .gpu/tokenizer ]; then
-  export BENCH_TINY_TOKENIZER=$repo/.gpu/tokenizer
-  tokenizer=(--tokenizer "$BENCH_TINY_TOKENIZER")
-fi
+[ -n "${BENCH_TINY_TOKENIZER:-}" ] && tokenizer=(--tokenizer "$BENCH_TINY_TOKENIZER")
 if [ -d .gpu/wheels ] && [ "$mode" = gpu ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .gpu/wheels/*.whl || { echo "check.sh: installing .gpu/wheels failed"; exit 1; }
