@@ -133,6 +133,14 @@ def _keys(lines: list[bytes]) -> list[str]:
     return [json.loads(line)["key"] for line in lines]
 
 
+def test_the_node_offers_every_cpu_of_the_machine(cluster):
+    """The node's CPUs are the machine's, whatever OMP_NUM_THREADS the starting shell holds (nproc
+    honours it: on two cores the suite's workers hold 1, and a 1-CPU node ran this file's jobs one
+    after another)."""
+    node = cluster.slurm("scontrol", "show", "node")
+    assert re.search(r"\bCPUTot=(\d+)", node).group(1) == str(len(os.sched_getaffinity(0))), node
+
+
 def test_sweep_runs_as_a_job_array_and_reports(cluster, tmp_path):
     sweep, name = tmp_path / "sweep", f"bench-sweep-{uuid.uuid4().hex[:6]}"
     swept = ["decoder.window=1,2", "dataset.limit=2", "gen.max_new_tokens=8"]
@@ -189,7 +197,7 @@ def test_stopped_task_ends_in_seconds_and_resume_completes_it(cluster, tmp_path,
     """What SLURM sends: SIGUSR2 signal_delay_s before the time limit (the run goes on), SIGTERM on
     scancel or at the limit (the run stops at once, not KillWait later), and a resumed run ends
     with every record exactly once."""
-    n = 40
+    n = 16  # far more than run before the scancel (about one prompt a second), few to resume
     sweep, name = tmp_path / "sweep", f"bench-stop-{uuid.uuid4().hex[:6]}"
     swept = ["decoder.window=2", f"dataset.limit={n}", "gen.max_new_tokens=64"]
     log = tmp_path / "submit.log"

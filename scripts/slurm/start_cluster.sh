@@ -130,7 +130,8 @@ GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
 SQL
 
 HOST=$(hostname -s)
-CPUS=$(nproc)
+# nproc alone honours OMP_NUM_THREADS (the test suite sets 1): the node gets the CPUs this process may run on
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 MEM_MB=$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)  # leave 10% to the OS
 
 # slurmdbd reads slurmdbd.conf from the directory of $SLURM_CONF; it must be 0600 (a password).
