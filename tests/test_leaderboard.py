@@ -300,6 +300,31 @@ def test_presets_write_to_their_own_directory_not_the_reference():
     assert chain.depth == tree.num_drafts * tree.depth == seq.budget == 8
 
 
+def test_entries_take_each_datasets_node_as_composing_on_it_would_give():
+    """compose_entries composes an entry on the first dataset and swaps in each other dataset's node;
+    that gives every config a compose on that dataset gives, with a dataset key set for all
+    (dataset.data_dir) and one entry's own (composed on each). The control: another dataset's."""
+    from hydra import compose, initialize_config_dir
+
+    from bench.leaderboard import CONF_DIR, compose_all
+
+    overrides = ["model=tiny-random", "leaderboard.limit=3", "dataset.data_dir=/elsewhere",
+                 'leaderboard.decoders.lookahead=["decoder=lookahead","dataset.limit=1"]']
+    base, _, runs = compose_all(overrides)
+    entries = base.leaderboard.decoders
+    as_composed = lambda cfg: OmegaConf.to_container(cfg, resolve=True)  # noqa: E731
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for ds in ("humaneval", "gsm8k"):  # not the first: mt_bench's configs are composed
+            for label in ("autoregressive", "eagle-static", "lookahead", "sequoia-auto"):
+                expected = compose("leaderboard", overrides=[*overrides, f"dataset={ds}", "dataset.limit=3",
+                                                             *entries[label]])
+                expected.leaderboard.decoders = entries
+                assert as_composed(runs[ds, label]) == as_composed(expected), (ds, label)
+    assert runs["gsm8k", "lookahead"].dataset.limit == 1 and runs["gsm8k", "eagle"].dataset.limit == 3
+    assert runs["gsm8k", "eagle"].dataset.data_dir == "/elsewhere"
+    assert as_composed(runs["gsm8k", "eagle-static"]) != as_composed(runs["humaneval", "eagle-static"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_tables_its_entries_with_provenance(name, tmp_path):
