@@ -396,6 +396,11 @@ def test_ngram_lm_stupid_backoff_and_file(tmp_path):
     ng.save(tmp_path / "n.json.gz", {"note": 1})
     back = NgramLM.load(tmp_path / "n.json.gz")
     assert back.score([1, 2], 4) == ng.score([1, 2], 4) and back.info == {"note": 1}
+    # shared: one load per process while the file stays the same; a rewritten file is read again
+    assert NgramLM.shared(tmp_path / "n.json.gz") is NgramLM.shared(tmp_path / "n.json.gz")
+    first = NgramLM.shared(tmp_path / "n.json.gz")
+    ng.save(tmp_path / "n.json.gz", {"note": 2, "longer": True})
+    assert NgramLM.shared(tmp_path / "n.json.gz").info == {"note": 2, "longer": True} and first.info == {"note": 1}
     with pytest.raises(FileNotFoundError, match="train_ngram.py"):
         NgramLM.load(tmp_path / "none.json.gz")
     with pytest.raises(ValueError, match="rescore=ngram needs decoder.ngram"):

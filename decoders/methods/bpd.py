@@ -142,7 +142,7 @@ class BPD:
         if self.block is not None and self.block > heads.k:
             raise ValueError(f"decoder.block={self.block} needs as many heads; these heads have {heads.k}")
         if self.rescore == "ngram" and self._ngram is None:
-            self._ngram = NgramLM.load(addon_path(self.ngram))
+            self._ngram = NgramLM.shared(addon_path(self.ngram))
         if self.rescore == "neural":
             self._drafts.get(lm, lambda: build_draft(self.draft, lm))
         return heads

@@ -7,6 +7,7 @@ orders >= 3 that occur once are dropped (`min_count`) to keep the file small.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -93,3 +94,16 @@ class NgramLM:
                 lm._add(tuple(row[:-1]), row[-1])
         lm.info = payload.get("info", {})
         return lm
+
+    @classmethod
+    def shared(cls, path: str | Path) -> "NgramLM":
+        """The LM in `path`, loaded once per process while the file stays the same, for read-only
+        users: a leaderboard's entries and datasets share it (a load takes seconds)."""
+        path = Path(path).resolve()
+        stat = path.stat() if path.is_file() else None
+        return _shared(path, stat and (stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _shared(path: Path, stamp: tuple | None) -> NgramLM:  # stamp: a changed file is loaded again
+    return NgramLM.load(path)
