@@ -41,11 +41,19 @@ def humaneval_completion(problem: dict, text: str, rendering: str) -> str:
 
 def run_humaneval(problem: dict, completion: str, timeout: float = 3.0) -> dict:
     program = f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})"
+    result = _verdict(program, timeout)
+    return {"score": float(result["passed"]), **result}
+
+
+@functools.lru_cache(maxsize=1024)
+def _verdict(program: str, timeout: float) -> dict:
+    """One sandbox run per distinct program in a process: a leaderboard's lossless entries write the
+    same completions, and each run starts a sandbox (a fifth of a second). A program judged once keeps
+    its verdict, so equal outputs never score differently."""
     try:
-        result = sandbox.run(program, timeout)
+        return sandbox.run(program, timeout)
     except sandbox.SandboxUnavailable as e:
         raise BenchError(_refusal(str(e))) from None
-    return {"score": float(result["passed"]), **result}
 
 
 @functools.cache

@@ -7,6 +7,7 @@ import gzip
 import json
 import time
 import types
+import uuid
 
 import pytest
 
@@ -447,6 +448,19 @@ def test_run_humaneval_wrong_body_fails(problems):
     result = quality.run_humaneval(problems[0], "    return None\n", timeout=1.0)
     assert result["passed"] is False and result["score"] == 0.0
     assert result["result"].startswith("failed")
+
+
+@pytest.mark.slow
+def test_run_humaneval_starts_one_sandbox_per_program(problems, monkeypatch):
+    """Equal completions (a leaderboard's lossless entries write them) are judged once; another
+    program gets a sandbox of its own."""
+    real, programs = quality.sandbox.run, []
+    monkeypatch.setattr(quality.sandbox, "run", lambda program, t: programs.append(program) or real(program, t))
+    same, other = (problems[0]["canonical_solution"] + f"\n# {uuid.uuid4().hex}\n" for _ in range(2))
+    first = quality.run_humaneval(problems[0], same)
+    assert first["passed"] is True and quality.run_humaneval(problems[0], same) == first
+    assert len(programs) == 1
+    assert quality.run_humaneval(problems[0], other)["passed"] is True and len(programs) == 2
 
 
 @pytest.mark.slow
