@@ -499,7 +499,7 @@ def test_fast_path_auto_shows_progress_on_a_terminal(tmp_path, monkeypatch):
     from helpers import tiny_lm
 
     bars = []
-    monkeypatch.setattr(profile, "measure_forward_latency", lambda lm, max_tokens, repeats: ([1e-3] * max_tokens, 1e-3))
+    monkeypatch.setattr(profile, "forward_samples", lambda lm, top, repeats, sizes: {k: [1e-3] for k in (0, *sizes)})
     monkeypatch.setattr(profile, "tqdm", lambda items, **kw: bars.append(kw) or items)
     profile.choose_fast_path(tiny_lm(), tmp_path)
     assert "measuring kernels" in bars[0]["desc"] and bars[0]["disable"] is None  # None: shown on a TTY only

@@ -144,6 +144,19 @@ def test_auto_measures_once_caches_and_records(tmp_path):
     assert len(set(keys.values())) == 3 + len(kernel)  # ... and per threshold
 
 
+def test_auto_times_only_the_sizes_it_weighs(monkeypatch):
+    """Each candidate's cost times the 1-token step and forwards of CHOICE_SIZES tokens, no other
+    width (a third of the whole curve's forwards), and its figures never fall with k."""
+    from decoders.tuning import profile
+
+    timed, real = [], profile.timed_forward
+    monkeypatch.setattr(profile, "timed_forward", lambda lm, ids, cache, context, k: timed.append(k) or
+                        {0: 3e-3, 2: 5e-3, 4: 4e-3}.get(k, 6e-3) + 0 * real(lm, ids, cache, context, k))
+    costs = profile.step_costs(tiny_lm(seed=5))
+    assert set(timed) == {0, 1, *profile.CHOICE_SIZES} and timed.count(1) == 1  # 1: a warm-up only
+    assert costs == {"autoregressive_s": 3e-3, "k2_s": 5e-3, "k4_s": 5e-3, "k8_s": 6e-3, "k16_s": 6e-3}
+
+
 @pytest.mark.parametrize("min_rows", [1, 2, 4, 8])
 def test_packed_kernel_runs_from_min_rows_up(monkeypatch, min_rows):
     lm = tiny_lm(seed=7, fast_path="prepacked")
