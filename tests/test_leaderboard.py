@@ -23,7 +23,10 @@ TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard
         'leaderboard.decoders.eagle=["decoder=eagle","decoder.draft_weights=null"]',
         'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.draft_weights=null","decoder.tree=static"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
-        'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]']
+        'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]',
+        # a 2 x 2 grid over 16 tokens: its default (4 x 4 over 3 prompts of 48) first decodes 144 times
+        'leaderboard.decoders.lookahead-auto=["decoder=lookahead","decoder.window=auto","decoder.ngram=auto",'
+        '"decoder.guess_set_size=auto","decoder.auto_windows=[1,3]","decoder.auto_ngrams=[3,5]","decoder.auto_tokens=16"]']
 LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "suffix", "eagle", "eagle-static",
           "hf_assisted", "jacobi", "lookahead",
           "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
