@@ -139,13 +139,15 @@ def test_profile_device_prints_both_paths_side_by_side(tmp_path):
     split = list(csv.DictReader(open(tmp_path / "out" / "split.csv")))  # --split: each path's step and 2 tokens
     assert [(r["path"], r["tokens"]) for r in split] == [(p, t) for p in labels for t in ("1 (step)", "2")]
     assert "where each forward's time goes" in out.stdout and all(r["held_back_by"] for r in split)
-    compiled = run_script("profile_device.py", "--paths", "prepacked>=4,prepacked>=4+inductor", "--max-tokens", "4",
-                          "--repeats", "1", "--out", str(tmp_path / "c"), "model=tiny-random", f"cache_dir={tmp_path}",
-                          *SESSION_TOKENIZER, "device=cpu")
+    # the native path compiled, beside a packed one: inductor takes 33 s over it on a Zen 3, 73 over the packed
+    # path (test_compile.py compiles the suite's own path)
+    compiled = run_script("profile_device.py", "--paths", "prepacked>=4,none+inductor", "--max-tokens", "4",
+                          "--repeats", "1", "--out", str(tmp_path / "c"), "model=tiny-random", "model.num_layers=1",
+                          f"cache_dir={tmp_path}", *SESSION_TOKENIZER, "device=cpu")
     assert compiled.returncode == 0, compiled.stderr[-2000:]
-    assert "prepacked>=4+inductor: compiled in" in compiled.stdout
+    assert "none+inductor: compiled in" in compiled.stdout
     info = json.loads((tmp_path / "c" / "provenance.json").read_text())
-    assert info["compile_seconds"]["prepacked>=4+inductor"] > 0
+    assert info["compile_seconds"]["none+inductor"] > 0
     assert len(set(info["profiles"].values())) == 2  # the compiled curve is cached apart
     bad = run_script("profile_device.py", "--paths", "prepacked>=0", "model=tiny-random", "device=cpu",
                      f"cache_dir={tmp_path}")

@@ -258,8 +258,7 @@ def test_sequoia_expected_tokens_per_step_match_the_measured_mean(smollm, data_d
     dec._shape = optimal_tree(acceptance, budget=8, max_depth=4)
     tokens = steps = 0
     for ids in prompts:
-        out = dec.generate(smollm, ids, 48, GREEDY, smollm.stop_ids)
-        assert out.tokens == autoregressive_decode(smollm, ids, 48, GREEDY, smollm.stop_ids).tokens
+        out = dec.generate(smollm, ids, 48, GREEDY, smollm.stop_ids)  # lossless: test_greedy_equality_smollm2
         tokens += len(out.tokens) - out.steps[0].committed
         steps += len(out.steps) - 1
     measured = tokens / steps
