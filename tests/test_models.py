@@ -374,3 +374,27 @@ def test_pretrained_device_map_goes_to_accelerate(local_checkpoint, monkeypatch)
     seen.clear()
     PretrainedModel(name="local", path=str(path), device="cpu", dtype="float32").load()
     assert "device_map" not in seen  # without one, the model is moved to `device` instead
+
+
+def test_gguf_is_parsed_once_while_dequantizing_and_gguf_is_restored(monkeypatch):
+    """transformers parses a GGUF three times to dequantize it (tokenizer, config, weights): inside
+    gguf_parsed_once each file is read once, another file has its own reader, and gguf's names are
+    as they were after. (Its files were checked bitwise against an unmemoized dequantization.)"""
+    import gguf
+
+    from bench.models import gguf_parsed_once
+
+    read = []
+
+    class Reader:
+        def __init__(self, path):
+            read.append(path)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    name_map = gguf.get_tensor_name_map
+    with gguf_parsed_once():
+        first, again, other = gguf.GGUFReader("a.gguf"), gguf.GGUFReader("a.gguf"), gguf.GGUFReader("b.gguf")
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    assert first is again and other is not first and read == ["a.gguf", "b.gguf"]
+    assert gguf.GGUFReader is Reader and gguf.get_tensor_name_map is name_map
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
