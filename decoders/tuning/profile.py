@@ -101,15 +101,18 @@ def forward_samples(lm: LM, max_tokens: int = 48, context: int = 256, repeats: i
     return samples
 
 
+def fastest_curve(samples: dict[int, list[float]], sizes: Sequence[int]) -> list[float]:
+    """Per size (ascending) its fastest round (other load only ever adds time, so the minimum is the
+    least noisy estimate), made non-decreasing in k (more tokens never cost less on the same kernels)."""
+    return list(itertools.accumulate((min(samples[k]) for k in sizes), max))
+
+
 def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256,
                             repeats: int = 5) -> tuple[list[float], float]:
-    """Seconds of one target forward of k = 1..max_tokens new tokens and of one autoregressive
-    step (forward_samples): each size keeps its fastest round (other load only ever adds time, so
-    the minimum is the least noisy estimate), and the curve is made non-decreasing in k (more
-    tokens never cost less on the same kernels)."""
+    """Seconds of one target forward of k = 1..max_tokens new tokens (fastest_curve) and of one
+    autoregressive step (its fastest round), from forward_samples."""
     samples = forward_samples(lm, max_tokens, context, repeats)
-    fastest = [min(samples[k]) for k in range(1, max_tokens + 1)]
-    return list(itertools.accumulate(fastest, max)), min(samples[0])
+    return fastest_curve(samples, range(1, max_tokens + 1)), min(samples[0])
 
 
 def forward_latency(lm: LM, cache_dir: str | os.PathLike | None = None, max_tokens: int = 48, context: int = 256,
@@ -166,11 +169,10 @@ def cost(m: dict) -> float:
 
 def step_costs(lm: LM) -> dict:
     """The seconds cost() weighs, measured: the 1-token step and forwards of CHOICE_SIZES tokens, no
-    others (a third of the forwards of the whole curve), each size's fastest of 3 rounds, made
-    non-decreasing in k as measure_forward_latency makes its curve."""
+    others (a third of the forwards of the whole curve), 3 rounds each (fastest_curve)."""
     samples = forward_samples(lm, max(CHOICE_SIZES), repeats=3, sizes=CHOICE_SIZES)
-    fastest = itertools.accumulate((min(samples[k]) for k in CHOICE_SIZES), max)
-    return {"autoregressive_s": min(samples[0]), **{f"k{k}_s": s for k, s in zip(CHOICE_SIZES, fastest)}}
+    curve = fastest_curve(samples, CHOICE_SIZES)
+    return {"autoregressive_s": min(samples[0]), **{f"k{k}_s": s for k, s in zip(CHOICE_SIZES, curve)}}
 
 
 def candidate_labels() -> list[str]:
