@@ -161,7 +161,7 @@ def compose_entries(overrides: list[str], board, entries: dict[str, list[str]], 
     runs = {}
     for label in labels:
         own = composed(f"leaderboard entry {label} on {first}", [f"dataset={first}", *entries[label]])
-        for ds in [first, *others]:
+        for ds in board.datasets:
             if ds == first:
                 cfg = own
             elif names_dataset(entries[label]):
