@@ -8,15 +8,21 @@ The shapes are SmolLM2-135M's (q, k, v, o, gate, up, down of 30 layers). Kernels
 F.linear; oneDNN prepacked for any k (what model.fast_path=prepacked uses); MKL packed for one
 fixed k (what torch.compile's CPU freezing emits for static shapes), in float32 only; ours
 (model.fast_path=kernel, decoders/core/kernels.py) where this CPU runs it, and --variants of it
-(the same source built with other -D knobs: DB_ROWS, DB_PANEL, DB_PREFETCH) for tuning. Every
+(the same source built with other -D knobs: DB_ROWS, DB_PANEL, DB_PREFETCH, DB_KCHUNK) for tuning. Every
 repeat passes over every kernel in a rotating order (side by side on a busy machine); each
 kernel's median pass is reported (kernels.csv), and its fastest (kernels_fastest.csv).
+
+--forward also times SmolLM2-135M's whole float32 forward on the kernel path (`model.fast_path=kernel`:
+its linears, norms and rotary) with each build of ours in turn (kernels.using), in one process,
+interleaved: the autoregressive step (tokens 0) and k new tokens after 256 cached, as a tree's
+verification feeds them (profile.timed_forward). Median and fastest per build (forward.csv).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -88,6 +94,37 @@ def kernel_table(dtype, layers: int, libraries: dict[str, kernels.Library]) -> d
     return table
 
 
+def smollm2_on_kernels():
+    """SmolLM2-135M in float32 on model.fast_path=kernel, as the default config loads it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["dtype=float32", "device=cpu"])
+    return instantiate(cfg.model, fast_path="kernel", compile="none").load()
+
+
+def forward_table(lm, libraries: dict[str, kernels.Library], rows: list[int], repeats: int,
+                  context: int = 256) -> pd.DataFrame:
+    """lm's forward of 0 (the step) and each of `rows` new tokens after `context` cached, per build, interleaved."""
+    from decoders.tuning.profile import primed_cache, timed_forward
+    sizes = [0, *rows]
+    ids, cache = primed_cache(lm, context, max(rows), random.Random(0))
+    seconds: dict[tuple[str, int], list[float]] = {}
+    labels = list(libraries)
+    for r in range(repeats + 1):  # the first round warms up
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            with kernels.using(libraries[label]):
+                for k in random.Random(r).sample(sizes, len(sizes)):
+                    elapsed = timed_forward(lm, ids, cache, context, k)
+                    if r:
+                        seconds.setdefault((label, k), []).append(elapsed)
+    step = {label: statistics.median(seconds[(label, 0)]) for label in labels}
+    return pd.DataFrame([{"kernel": label, "tokens": k, "ms": statistics.median(s) * 1e3,
+                          "fastest_ms": min(s) * 1e3, "vs_own_step": statistics.median(s) / step[label]}
+                         for (label, k), s in sorted(seconds.items(), key=lambda item: (labels.index(item[0][0]),
+                                                                                        item[0][1]))])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=30)
@@ -95,11 +132,12 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--variants", default="", help="';'-separated -D flag sets of kernels.cpp to build beside")
+    parser.add_argument("--forward", action="store_true", help="also time SmolLM2's whole forward with each build")
     parser.add_argument("--out", help="write kernels.csv and kernels_provenance.json here")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     torch.manual_seed(0)
-    results = []
+    results, forward = [], None
     with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
@@ -124,6 +162,8 @@ def main() -> None:
                         passes[label]()
                         seconds.setdefault((label, k), []).append(time.perf_counter() - start)
                 del passes
+            if args.forward and dtype == torch.float32 and libraries:
+                forward = forward_table(smollm2_on_kernels(), libraries, rows, args.repeats)
             unit = statistics.median(seconds[("native", rows[0])])
             megabytes = sum(o * i for o, i in SHAPES) * args.layers * dtype.itemsize / 1e6
             print(f"{name}: native {rows[0]}-row pass over {megabytes:.0f} MB of weights: {unit * 1e3:.1f} ms "
@@ -138,6 +178,10 @@ def main() -> None:
     fastest = frame.pivot_table(index=["dtype", "kernel"], columns="rows", values="fastest_vs_native_1_row", sort=False)
     print("fastest pass of each, relative to native's fastest 1-row pass (less sensitive to other load):")
     print(fastest.to_string(float_format=lambda v: f"{v:.2f}"))
+    if forward is not None:
+        print("SmolLM2's float32 forward, each build of ours (tokens 0: the step; ms median and fastest, vs own step):")
+        print(forward.pivot_table(index="kernel", columns="tokens", values=["ms", "vs_own_step"], sort=False)
+              .to_string(float_format=lambda v: f"{v:.2f}"))
     if args.out:
         from bench.provenance import git_output
         from decoders.tuning.profile import device_name
@@ -145,6 +189,8 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "kernels.csv")
         fastest.to_csv(out / "kernels_fastest.csv")
+        if forward is not None:
+            forward.to_csv(out / "forward.csv", index=False)
         import importlib.metadata
         (out / "kernels_provenance.json").write_text(json.dumps({
             "git_commit": git_output("rev-parse", "HEAD"),

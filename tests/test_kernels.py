@@ -97,6 +97,37 @@ def test_forward_matches_the_native_path(dtype):
         assert torch.allclose(a.float(), b.float(), atol=tol, rtol=tol), (start, end)
 
 
+@pytest.mark.slow
+@needs_kernel
+def test_using_sends_the_calls_to_another_build_and_gives_the_process_its_own_back(tmp_path):
+    """kernels.using, the A/B of scripts/bench_linear_kernels.py --forward: inside it the model runs on the
+    other build (here the one without chunks of K: the same bits, every output summed in one order); after
+    it, even after an error, on the process's own; a build of other panels is refused."""
+    import sys
+    from types import SimpleNamespace
+
+    from helpers import REPO
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench_linear_kernels import forward_table, variant
+
+    own, other = kernels.extension(), variant("-DDB_KCHUNK=0", tmp_path)
+    lm = tiny_lm(seed=3, fast_path="kernel")  # hidden 64: two chunks of 32 where the rows take several blocks
+    ids = [(7 * i + 3) % 64 for i in range(30)]
+    with kernels.using(other):
+        assert kernels._lib is other
+        theirs = lm.forward(ids, lm.new_cache())
+    assert kernels._lib is own
+    assert torch.equal(lm.forward(ids, lm.new_cache()), theirs)
+    with pytest.raises(KeyError), kernels.using(other):
+        raise KeyError("inside")
+    assert kernels._lib is own
+    with pytest.raises(ValueError, match="panels"), kernels.using(SimpleNamespace(panel=own.panel * 2, path=tmp_path)):
+        pass
+    table = forward_table(lm, {"own": own, "other": other}, [2, 8], repeats=1, context=8)
+    assert sorted(zip(table.kernel, table.tokens)) == sorted((k, t) for k in ("own", "other") for t in (0, 2, 8))
+    assert kernels._lib is own
+
+
 @needs_kernel
 def test_the_swap_keeps_tied_weights_and_repacks_a_changed_weight():
     lm = LM(_tied_model(), fast_path="kernel")

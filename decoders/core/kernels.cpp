@@ -9,7 +9,8 @@
 // (P, K, 32), bfloat16 (P, ceil(K / 2), 32, 2) (pairs of k, as vdpbf16ps reads them), N zero-padded to a multiple
 // of 32. Each panel is streamed from memory once per call whatever the number of rows: a register
 // block of up to ROWS = 12 rows x 32 columns (two zmm accumulators a row, x broadcast, FMA) walks the
-// panel, and the further row blocks reuse it from cache (a panel is 72-196 KB for SmolLM2's shapes).
+// panel, and the further row blocks reuse it from cache (a panel is 72-196 KB for SmolLM2's shapes; the
+// AVX2 build walks it in chunks of K so that they find it in L1, see linear).
 // OpenMP threads (the libgomp torch has loaded: torch.set_num_threads holds) split the panels.
 //
 // Every output element is accumulated over k = 0, 1, ..., K - 1 in that order, from zero, then the
@@ -40,6 +41,7 @@ inline vfloat vzero() { return _mm512_setzero_ps(); }
 inline vfloat vset1(float v) { return _mm512_set1_ps(v); }
 inline vfloat vload(const float* p) { return _mm512_load_ps(p); }  // aligned
 inline vfloat vload_tail(lanes m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline void vstore(float* p, vfloat v) { _mm512_store_ps(p, v); }  // aligned
 inline void vstore_tail(float* p, lanes m, vfloat v) { _mm512_mask_storeu_ps(p, m, v); }
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
 inline vfloat vadd(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
@@ -65,6 +67,7 @@ inline vfloat vzero() { return _mm256_setzero_ps(); }
 inline vfloat vset1(float v) { return _mm256_set1_ps(v); }
 inline vfloat vload(const float* p) { return _mm256_load_ps(p); }  // aligned
 inline vfloat vload_tail(lanes m, const float* p) { return _mm256_maskload_ps(p, m); }  // masked lanes read 0
+inline void vstore(float* p, vfloat v) { _mm256_store_ps(p, v); }  // aligned
 inline void vstore_tail(float* p, lanes m, vfloat v) { _mm256_maskstore_ps(p, m, v); }
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
 inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
@@ -90,14 +93,22 @@ inline vfloat negate(vfloat v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f));
 #ifndef DB_PREFETCH
 #define DB_PREFETCH 0
 #endif
+#ifndef DB_KCHUNK
+#define DB_KCHUNK (LANES == 16 ? 0 : 32)
+#endif
 // Chosen on a Zen 4 EPYC, one thread (results/reference/kernels/README.md): 12 rows beat 8 and 6 by a
 // few percent at 16-32 rows, a 64-column panel was no better, and software prefetch (4-16 k steps
 // ahead) no better than the hardware's on a sequential panel. AVX2's 6 rows x 16 columns fill 12 of its 16
 // registers with accumulators, the most that leave room for the panel's two vectors and a broadcast.
+// AVX2's chunks of 32 k steps for 7-24 rows, each block prefetching the next chunk, were chosen on a Zen 3,
+// 2 threads (results/reference/kernels/avx2_zen3/chunks/). The AVX-512 build keeps K in one pass: not
+// measured there.
 constexpr int64_t PANEL = DB_PANEL;  // output columns per panel: PANEL / LANES vectors of accumulators a row
 constexpr int VECS = DB_PANEL / LANES;
 constexpr int ROWS = DB_ROWS;  // rows per register block: ROWS * VECS accumulators of the REGISTERS
 constexpr int64_t PREFETCH = DB_PREFETCH;  // k steps ahead the weight stream is prefetched (0: none)
+constexpr int64_t K_CHUNK = DB_KCHUNK;  // float32, more rows than a block: k steps a chunk (0: K in one pass)
+constexpr int64_t CARRY_ROWS = 24;  // the most rows walked in chunks; more: K in one pass (32-48 lost 5-10%)
 constexpr int64_t GRAIN_BYTES = 1 << 17;  // the least weight bytes worth a thread of their own (a wake-up)
 static_assert(DB_PANEL % LANES == 0 && ROWS >= 1 && ROWS <= 12 && ROWS * VECS + VECS + 1 <= REGISTERS,
               "registers");
@@ -137,20 +148,24 @@ inline void finish_f32(vfloat (&acc)[R][VECS], const float* bias, float* y, int6
   }
 }
 
+// Rows [0, R) over k steps [0, k) of a panel: all of K, or one chunk of it (see linear). The accumulators
+// start at zero (first) or from `carry` (R x PANEL: the previous chunk's, stored and reloaded exactly), and
+// end in y (last) or in carry. `ahead` > 0: the panel's line that many k steps on is prefetched at each step.
 template <int R>
 inline void block_f32(const float* x, int64_t ldx, const float* wp, int64_t k, const float* bias,
-                      float* y, int64_t ldy, int64_t valid) {
+                      float* y, int64_t ldy, int64_t valid, float* carry, bool first, bool last, int64_t ahead) {
   vfloat acc[R][VECS];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < VECS; ++c) acc[r][c] = vzero();
+    for (int c = 0; c < VECS; ++c) acc[r][c] = first ? vzero() : vload(carry + r * PANEL + LANES * c);
+  const int64_t distance = PREFETCH > 0 ? PREFETCH : ahead;
   for (int64_t i = 0; i < k; ++i) {
     const float* w = wp + i * PANEL;
-    if (PREFETCH > 0) {
+    if (distance > 0) {
 #pragma GCC unroll 4
       for (int c = 0; c < VECS; ++c)
-        _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL + LANES * c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + distance * PANEL + LANES * c), _MM_HINT_T0);
     }
     vfloat wv[VECS];
 #pragma GCC unroll 4
@@ -162,10 +177,18 @@ inline void block_f32(const float* x, int64_t ldx, const float* wp, int64_t k, c
       for (int c = 0; c < VECS; ++c) acc[r][c] = vfma(xb, wv[c], acc[r][c]);
     }
   }
-  finish_f32<R>(acc, bias, y, ldy, valid);
+  if (last) {
+    finish_f32<R>(acc, bias, y, ldy, valid);
+    return;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < VECS; ++c) vstore(carry + r * PANEL + LANES * c, acc[r][c]);
 }
 
-using BlockF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
+using BlockF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, float*,
+                          bool, bool, int64_t);
 template <int... I>
 constexpr std::array<BlockF32, ROWS + 1> f32_blocks(std::integer_sequence<int, I...>) {
   return {nullptr, block_f32<I + 1>...};
@@ -181,7 +204,8 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 bf16_to_f32(__mmask16 
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 inline void block_bf16(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, const uint16_t* bias,
-                       uint16_t* y, int64_t ldy, int64_t valid) {
+                       uint16_t* y, int64_t ldy, int64_t valid, float*, bool, bool, int64_t) {
+  // Always all of K (linear is given no chunk for bfloat16): the chunk's arguments are unused.
   __m512 acc[R][VECS];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -225,7 +249,7 @@ inline void block_bf16(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64
 }
 
 using BlockBF16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const uint16_t*, uint16_t*, int64_t,
-                           int64_t);
+                           int64_t, float*, bool, bool, int64_t);
 template <int... I>
 constexpr std::array<BlockBF16, ROWS + 1> bf16_blocks(std::integer_sequence<int, I...>) {
   return {nullptr, block_bf16<I + 1>...};
@@ -233,19 +257,32 @@ constexpr std::array<BlockBF16, ROWS + 1> bf16_blocks(std::integer_sequence<int,
 constexpr auto BLOCKS_BF16 = bf16_blocks(std::make_integer_sequence<int, ROWS>{});
 #endif
 
+// Panels split over the threads; in each panel, the rows in register blocks of ROWS. With more than one
+// block and a `chunk` (k steps; 0: none), K is walked a chunk at a time, every block taking the chunk before
+// the next: the later blocks find it in L1, and each block prefetches the next chunk as it goes, so the
+// memory stream runs under the arithmetic instead of waiting for the next panel. Between chunks a block's
+// accumulators wait in `carry`, so every output is still summed over k = 0..K-1 in order.
 template <typename T, typename Blocks>
 void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_elems, const T* bias, int64_t n,
-            T* y, const Blocks& blocks) {
+            T* y, const Blocks& blocks, int64_t chunk) {
   const int64_t p = panels(n);
   const int64_t grain = std::max<int64_t>(1, GRAIN_BYTES / (panel_elems * static_cast<int64_t>(sizeof(T))));
+  const bool chunked = chunk > 0 && chunk < k && m > ROWS && m <= CARRY_ROWS;
+  const int64_t step = chunked ? chunk : k, ahead = chunked ? chunk : 0;
   for_panels(p, grain, [&](int64_t begin, int64_t end) {
+    alignas(64) float carry[CARRY_ROWS * PANEL];
     for (int64_t q = begin; q < end; ++q) {
       const int64_t col = q * PANEL, valid = std::min<int64_t>(PANEL, n - col);
-      for (int64_t r = 0; r < m; r += ROWS) {
-        const int64_t rows = std::min<int64_t>(ROWS, m - r);
-        blocks[rows](x + r * k, k, packed + q * panel_elems, k, bias ? bias + col : nullptr, y + r * n + col, n,
-                     valid);
-      }
+      int64_t i = 0;
+      do {  // at least once: K = 0 still writes the bias
+        const int64_t kc = std::min(step, k - i);
+        for (int64_t r = 0; r < m; r += ROWS) {
+          const int64_t rows = std::min<int64_t>(ROWS, m - r);
+          blocks[rows](x + r * k + i, k, packed + q * panel_elems + i * PANEL, kc, bias ? bias + col : nullptr,
+                       y + r * n + col, n, valid, carry + r * PANEL, i == 0, i + kc >= k, ahead);
+        }
+        i += kc;
+      } while (i < k);
     }
   });
 }
@@ -408,14 +445,14 @@ void db_pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* out) {
 // y (m, n) = x (m, k) W^T + bias (n, or null); x and y row-major and contiguous, W packed by db_pack_f32.
 void db_linear_f32(const float* x, int64_t m, int64_t k, const float* packed, const float* bias, int64_t n,
                    float* y) {
-  linear(x, m, k, packed, k * PANEL, bias, n, y, BLOCKS_F32);
+  linear(x, m, k, packed, k * PANEL, bias, n, y, BLOCKS_F32, K_CHUNK);
 }
 
 #if defined(__AVX512F__)
 // The same in bfloat16 (bits as uint16), W packed by db_pack_bf16; accumulated in float32, rounded once.
 void db_linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, const uint16_t* bias,
                     int64_t n, uint16_t* y) {
-  linear(x, m, k, packed, (k + 1) / 2 * 2 * PANEL, bias, n, y, BLOCKS_BF16);
+  linear(x, m, k, packed, (k + 1) / 2 * 2 * PANEL, bias, n, y, BLOCKS_BF16, 0);
 }
 #endif
 

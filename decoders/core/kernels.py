@@ -24,6 +24,7 @@ compiler, a build error); the caller then keeps the native path.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -212,6 +213,22 @@ def extension() -> Library:
     if _lib is None:
         raise RuntimeError(_why_not)
     return _lib
+
+
+@contextlib.contextmanager
+def using(library: Library):
+    """Every kernel call in this process goes to `library` (another build of kernels.cpp with the same panel:
+    scripts/bench_linear_kernels.py's variants) until the block ends, for an A/B of whole forwards in one
+    process. Weights stay packed as they are, so the panel must match."""
+    global _lib
+    previous = extension()
+    if library.panel != previous.panel:
+        raise ValueError(f"{library.path.name} packs {library.panel}-column panels; this process's {previous.panel}")
+    _lib = library
+    try:
+        yield library
+    finally:
+        _lib = previous
 
 
 def dtype_supported(dtype: torch.dtype) -> str | None:
