@@ -118,11 +118,14 @@ def forward_table(lm, libraries: dict[str, kernels.Library], rows: list[int], re
                     elapsed = timed_forward(lm, ids, cache, context, k)
                     if r:
                         seconds.setdefault((label, k), []).append(elapsed)
-    step = {label: statistics.median(seconds[(label, 0)]) for label in labels}
-    return pd.DataFrame([{"kernel": label, "tokens": k, "ms": statistics.median(s) * 1e3,
-                          "fastest_ms": min(s) * 1e3, "vs_own_step": statistics.median(s) / step[label]}
-                         for (label, k), s in sorted(seconds.items(), key=lambda item: (labels.index(item[0][0]),
-                                                                                        item[0][1]))])
+    rows_out = []
+    for label in labels:
+        step = statistics.median(seconds[(label, 0)])
+        for k in sizes:
+            s = seconds[(label, k)]
+            rows_out.append({"kernel": label, "tokens": k, "ms": statistics.median(s) * 1e3,
+                             "fastest_ms": min(s) * 1e3, "vs_own_step": statistics.median(s) / step})
+    return pd.DataFrame(rows_out)
 
 
 def main() -> None:
