@@ -94,11 +94,18 @@ def kernel_table(dtype, layers: int, libraries: dict[str, kernels.Library]) -> d
     return table
 
 
+def rotated(labels: list[str], r: int) -> list[str]:
+    """Round r's order: each label leads in turn, so no kernel always runs first (side by side on a busy machine)."""
+    return labels[r % len(labels):] + labels[:r % len(labels)]
+
+
 def smollm2_on_kernels():
     """SmolLM2-135M in float32 on model.fast_path=kernel, as the default config loads it."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
+
+    from bench.registry import CONF_DIR
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["dtype=float32", "device=cpu"])
     return instantiate(cfg.model, fast_path="kernel", compile="none").load()
 
@@ -112,7 +119,7 @@ def forward_table(lm, libraries: dict[str, kernels.Library], rows: list[int], re
     seconds: dict[tuple[str, int], list[float]] = {}
     labels = list(libraries)
     for r in range(repeats + 1):  # the first round warms up
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+        for label in rotated(labels, r):
             with kernels.using(libraries[label]):
                 for k in random.Random(r).sample(sizes, len(sizes)):
                     elapsed = timed_forward(lm, ids, cache, context, k)
@@ -160,7 +167,7 @@ def main() -> None:
                     run()  # warm-up
                 labels = list(passes)
                 for r in range(args.repeats):
-                    for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                    for label in rotated(labels, r):
                         start = time.perf_counter()
                         passes[label]()
                         seconds.setdefault((label, k), []).append(time.perf_counter() - start)

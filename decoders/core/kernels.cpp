@@ -150,7 +150,8 @@ inline void finish_f32(vfloat (&acc)[R][VECS], const float* bias, float* y, int6
 
 // Rows [0, R) over k steps [0, k) of a panel: all of K, or one chunk of it (see linear). The accumulators
 // start at zero (first) or from `carry` (R x PANEL: the previous chunk's, stored and reloaded exactly), and
-// end in y (last) or in carry. `ahead` > 0: the panel's line that many k steps on is prefetched at each step.
+// end in y (last) or in carry. `ahead` > 0: the panel's line that many k steps on is prefetched at each step
+// (in the last chunk, past the panel's end: the next panel's start, or nothing; a prefetch never faults).
 template <int R>
 inline void block_f32(const float* x, int64_t ldx, const float* wp, int64_t k, const float* bias,
                       float* y, int64_t ldy, int64_t valid, float* carry, bool first, bool last, int64_t ahead) {
