@@ -101,8 +101,9 @@ inline vfloat negate(vfloat v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f));
 // ahead) no better than the hardware's on a sequential panel. AVX2's 6 rows x 16 columns fill 12 of its 16
 // registers with accumulators, the most that leave room for the panel's two vectors and a broadcast.
 // AVX2's chunks of 32 k steps for 7-24 rows, each block prefetching the next chunk, were chosen on a Zen 3,
-// 2 threads (results/reference/kernels/avx2_zen3/chunks/). The AVX-512 build keeps K in one pass: not
-// measured there.
+// 2 threads (results/reference/kernels/avx2_zen3/chunks/). The AVX-512 build keeps K in one pass: on a Zen 4
+// (2 threads) chunks of 32 or 64 made 16-24 rows 1-7% slower, the rows being compute-bound there
+// (results/reference/kernels/avx512_zen4/chunks/).
 constexpr int64_t PANEL = DB_PANEL;  // output columns per panel: PANEL / LANES vectors of accumulators a row
 constexpr int VECS = DB_PANEL / LANES;
 constexpr int ROWS = DB_ROWS;  // rows per register block: ROWS * VECS accumulators of the REGISTERS
