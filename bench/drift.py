@@ -2,7 +2,14 @@
 method's and autoregressive's), which a machine that slowed down or sped up between them (another
 job on the cores, a throttled clock) distorts. So a run times the target's one-token step before
 its first timed prompt and after its last, keeps both (provenance.json, `reference_step`), and
-warns when they differ by more than DRIFT_BOUND."""
+warns when they differ by more than DRIFT_BOUND.
+
+Two probes can both land in fast stretches of a machine whose speed moves prompt by prompt (a host
+whose memory bandwidth other tenants share: the one-token step is memory-bound, a wide verification
+compute-bound, so every speedup rises while the bandwidth is low; results/reference/forecast/
+cpu_cross_dtype/, eager_zen4). So the check also keeps, as `during`, the autoregressive reference's
+own decoding step on each timed prompt (`decode_step_ms`) and warns when the slowest is more than
+DRIFT_BOUND above the fastest."""
 from __future__ import annotations
 
 import statistics
@@ -38,16 +45,50 @@ def compare(start_ms: float, end_ms: float, bound: float = DRIFT_BOUND) -> dict:
     return {"start_ms": start_ms, "end_ms": end_ms, "change": change, "bound": bound, "drifted": abs(change) > bound}
 
 
+def decode_step_ms(run: dict) -> float | None:
+    """An autoregressive run's mean decoding step in ms (a record, or a record's `reference`: latency_s,
+    ttft_s, steps): its time after the prefill over the steps after it; None for a run of one step."""
+    if run.get("steps", 0) < 2 or run.get("latency_s") is None or run.get("ttft_s") is None:
+        return None
+    return 1e3 * (run["latency_s"] - run["ttft_s"]) / (run["steps"] - 1)
+
+
+def spread(step_ms: list[float | None], bound: float = DRIFT_BOUND) -> dict | None:
+    """What provenance keeps of the reference's steps prompt by prompt (`during`): each prompt's, the
+    fastest and slowest, how much slower the slowest is and whether that passes the bound; None for
+    fewer than two prompts."""
+    steps = [s for s in step_ms if s is not None]
+    if len(steps) < 2:
+        return None
+    fastest, slowest = min(steps), max(steps)
+    change = slowest / fastest - 1.0
+    return {"prompt_step_ms": steps, "fastest_ms": fastest, "slowest_ms": slowest, "change": change, "bound": bound,
+            "drifted": change > bound}
+
+
 def warn(result: dict, what: str) -> None:
-    """Say on stderr when `what` (a run, a dataset's entries) drifted."""
-    if result["drifted"]:
-        print(warning(result, what), file=sys.stderr, flush=True)
+    """Say on stderr when `what` (a run, a dataset's entries) drifted, between the probes or between prompts."""
+    for line in (warning(result, what), warning_during(result.get("during"), what)):
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
+
+CONSEQUENCE = "so its speedups are less certain than their intervals say"
 
 
 def warning(result: dict, what: str) -> str | None:
-    """The line warn() prints when `what` drifted, else None."""
+    """The line warn() prints when `what` drifted between the probes, else None."""
     if not result["drifted"]:
         return None
     return (f"[bench] warning: the target's one-token step took {result['start_ms']:.1f} ms before {what} and "
             f"{result['end_ms']:.1f} ms after ({100 * result['change']:+.0f}%, beyond +-{100 * result['bound']:.0f}%): "
-            "the machine's speed changed during the run, so its speedups are less certain than their intervals say")
+            f"the machine's speed changed during the run, {CONSEQUENCE}")
+
+
+def warning_during(during: dict | None, what: str) -> str | None:
+    """The line warn() prints when the reference's step moved between `what`'s prompts, else None."""
+    if not during or not during["drifted"]:
+        return None
+    return (f"[bench] warning: the autoregressive reference's decoding step ranged from {during['fastest_ms']:.1f} to "
+            f"{during['slowest_ms']:.1f} ms over {what} (+{100 * during['change']:.0f}%, beyond "
+            f"{100 * during['bound']:.0f}%): the machine's speed changed between prompts, {CONSEQUENCE}")

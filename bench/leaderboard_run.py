@@ -89,7 +89,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     record (that of its first run) is written after its last, with every run's latency in
     repeat_latency_s. turns="all": every turn of a conversation, each after that label's own
     answers to the turns before it (as in a plain run). lm_cache["lm"]: the target, loaded if absent.
-    speed[ds]: how the target's one-token step before the timed prompts compares with the one after."""
+    speed[ds]: how the target's one-token step before the timed prompts compares with the one after, and
+    how the reference's own step moved between them (bench/drift.py)."""
     cfgs = {label: runs[ds, label] for label in labels}
     decoders = {label: check_config(cfg)[1] for label, cfg in cfgs.items()}
     dataset = build(cfgs[REFERENCE].dataset, "dataset")
@@ -109,11 +110,14 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
             bar = tqdm(total=total, initial=total - todo * repeats, unit="run", desc=f"leaderboard | {ds}",
                        dynamic_ncols=True, disable=not cfgs[REFERENCE].progress)
             entries = Entries(ctxs, logs, calibration, repeats, bar, {label: Pace() for label in labels})
+            timed = [key for key in keys if key not in logs[REFERENCE]]  # the reference's prompts timed now
             with torch.inference_mode():
                 start_ms = drift.step_ms(lm_cache["lm"])
                 for i, (prompt, turn) in enumerate(units):
                     record_prompt(entries, f"{prompt.id}#{turn}", *time_prompt(entries, prompt, turn, order=i))
                 checked = drift.compare(start_ms, drift.step_ms(lm_cache["lm"]))
+            ran = [logs[REFERENCE].get(key) for key in timed]
+            checked["during"] = drift.spread([drift.decode_step_ms(r) for r in ran if r and r["status"] == "ok"])
     finally:
         if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
             bar.close()

@@ -402,7 +402,8 @@ def keep_reference_step(run_dir: Path, reference_step: dict) -> None:
 
 def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> dict:
     """Every unit not yet in the log, generated and appended; returns how the target's one-token
-    step before the timed prompts compares with the one after them (bench/drift.py)."""
+    step before the timed prompts compares with the one after them, and how the autoregressive
+    reference's own step moved between them (bench/drift.py)."""
     cfg = ctx.cfg
     with torch.inference_mode():
         scored = [p for p, turn in units if turn == 0]
@@ -416,6 +417,7 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> dict:
             if cfg.warmup:
                 warmup(ctx, units)
             start_ms = drift.step_ms(ctx.lm)  # the machine's speed before the timed prompts, and after
+            reference_ms = []  # and the autoregressive reference's own step on each (check_lossless)
             for group in _groups(units, log, cfg.gen.batch_size):
                 slurm.raise_if_stopped()  # a SIGTERM whose own raise was lost stops the run here
                 ready, records = [], []
@@ -434,12 +436,15 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> dict:
                     if calibration is not None:
                         record["calibration"] = calibration
                     log.append(record)
+                    if record.get("reference"):
+                        reference_ms.append(drift.decode_step_ms(record["reference"]))
                     if logger is not None:
                         logger.log_record(record)
                     if record["status"] == "ok":
                         bar.set_postfix(**pace.add(record), refresh=False)
                     bar.update(1)
             reference_step = drift.compare(start_ms, drift.step_ms(ctx.lm))
+            reference_step["during"] = drift.spread(reference_ms)
     finally:
         bar.close()
     return reference_step

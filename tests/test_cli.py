@@ -6,6 +6,7 @@ import signal
 import pandas as pd
 import pytest
 
+from bench import drift
 from helpers import CACHE_DIR, run_cli, run_python, start_cli, wait_for_records
 
 TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=8"]
@@ -64,6 +65,10 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
     recs = records(tmp_path)
     assert all(r["lossless"] is True and r["first_divergence"] is None for r in recs)
     assert all(r["reference"]["decoder"] == "autoregressive" and r["reference"]["latency_s"] > 0 for r in recs)
+    # the drift check keeps the reference's own step on each prompt (bench/drift.py: during)
+    during = json.loads((tmp_path / "provenance.json").read_text())["reference_step"]["during"]
+    # (records keep times to the microsecond, so each step to about 1e-3 ms)
+    assert during["prompt_step_ms"] == pytest.approx([drift.decode_step_ms(r["reference"]) for r in recs], abs=1e-3)
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary.loc[0, "lossless"] == summary.loc[0, "lossless_up_to_ties"] == 1.0
     assert summary.loc[0, "real_divergences"] == 0

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from bench import drift
 from bench.registry import decoder_configs
 from helpers import CACHE_DIR, DATA_DIR, on_cpu, REPO, run_python
 
@@ -76,6 +77,20 @@ def test_table_has_every_decoder_dataset_and_column(board):
     assert ((parts - df["step_ms"]).abs() < 1e-9 * df["step_ms"]).all()
     assert "| greedy |" in md and "same_as_autoregressive" in md and "lossless_up_to_ties" in md
     assert "leaderboard | gsm8k" in result.stderr  # the progress bar
+
+
+@pytest.mark.slow
+def test_the_drift_check_keeps_the_references_own_step_on_each_prompt(board):
+    """bench/drift.py's `during`: per dataset, the autoregressive entry's decoding step on each prompt
+    timed, read off its records, and whether the slowest passes the bound over the fastest."""
+    out, _ = board
+    info = json.loads((out / "provenance.json").read_text())
+    for ds in ("mt_bench", "humaneval", "gsm8k"):
+        lines = (out / ds / "autoregressive" / "records.jsonl").read_text().splitlines()
+        during = info["reference_step"][ds]["during"]
+        steps = [drift.decode_step_ms(json.loads(line)) for line in lines]  # records: times to the microsecond
+        assert during["prompt_step_ms"] == pytest.approx(steps, abs=1e-3)
+        assert len(during["prompt_step_ms"]) == 2 and during["drifted"] == (during["change"] > during["bound"])
 
 
 @pytest.mark.slow
@@ -350,6 +365,7 @@ def test_preset_tables_its_entries_with_provenance(name, tmp_path):
     assert f"+preset={name}" in info["leaderboard"]["overrides"] and info["leaderboard"]["labels"] == labels
     assert info["leaderboard"]["repeats"] == repeats
     assert set(info["reference_step"]) == {"gsm8k"} and info["reference_step"]["gsm8k"]["start_ms"] > 0
+    assert info["reference_step"]["gsm8k"]["during"] is None  # one prompt: no spread between prompts
     assert (df["speedup_ci_low"] <= df["speedup"]).all() and (df["speedup"] <= df["speedup_ci_high"]).all()
     assert OmegaConf.load(tmp_path / "leaderboard.yaml").leaderboard.only == labels
     md = (tmp_path / "leaderboard.md").read_text()
