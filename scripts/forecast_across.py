@@ -9,8 +9,11 @@ RUNS_DIR and MEASURED_DIR are leaderboard out_dirs over the same prompts (<datas
 PROFILE is what bench.forecast takes (a scripts/profile_device.py --out directory of the measured
 setting); its path is the one the measured leaderboard ran (its provenance.json), else --path. Per
 (dataset, entry): the forecast speedup, the measured one (MEASURED_DIR/leaderboard.csv), their
-relative error and whether it is within the tolerance. Writes forecast_across.csv and .md to --out;
-bad input ends in one line and exit code 2.
+relative error and whether it is within the tolerance; and same_output, the share of the priced run's
+prompts whose output the measured run's equals token for token (where MEASURED_DIR keeps records), since
+where the two settings decoded different text (half-precision ties, a tuner choosing by the device's
+timings) the run priced is not the run measured. Writes forecast_across.csv and .md to --out; bad input
+ends in one line and exit code 2.
 """
 import argparse
 import json
@@ -24,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import rundir  # noqa: E402
 from bench.errors import BenchError, fail  # noqa: E402
 from bench.forecast import Profile, find_runs, forecast, load_profile, pick_path  # noqa: E402
+from bench.records import read_records, records_path  # noqa: E402
 
 
 def measured_speedups(directory: Path) -> pd.DataFrame:
@@ -49,11 +53,32 @@ def measured_path(measured: Path, profile: Profile) -> str | None:
     return pick_path(profile.curves, info, None, profile.source)
 
 
+def outputs(run_dir: Path) -> dict[str, list[int]]:
+    """A run's output tokens by prompt key (finished records); none where it keeps no records."""
+    path = records_path(run_dir)
+    return {r["key"]: r["tokens"] for r in read_records(path) if r["status"] == "ok"} if path.is_file() else {}
+
+
+def same_output(priced: Path, measured: Path) -> float:
+    """The share of the priced run's prompts whose output the measured run's equals; NaN where the
+    measured side has none of them."""
+    mine, theirs = outputs(priced), outputs(measured)
+    shared = [key for key in mine if key in theirs]
+    return sum(mine[k] == theirs[k] for k in shared) / len(shared) if shared else float("nan")
+
+
 def across(runs_dir: Path, profile: Path, measured: Path, path: str | None, tolerance: float) -> pd.DataFrame:
     loaded = load_profile(profile)
-    predicted = forecast(find_runs(runs_dir), loaded, path or measured_path(measured, loaded))
+    runs = find_runs(runs_dir)
+    predicted = forecast(runs, loaded, path or measured_path(measured, loaded))
+    # each priced run beside the measured side's run at the same place (<dataset>/<entry>)
+    pairs = {(run.records[0].get("dataset"), run.label): (run.directory, measured / run.directory.relative_to(runs_dir))
+             for run in runs}
+    predicted["same_output"] = [same_output(*pairs[key]) if key in pairs else float("nan")
+                                for key in zip(predicted["dataset"], predicted["run"])]
     predicted = predicted.drop(columns="decoder").rename(columns={"run": "decoder"})[  # the entry label
-        ["dataset", "decoder", "forecast_speedup", "mean_accepted_tokens", "target_source", "draft_source"]]
+        ["dataset", "decoder", "forecast_speedup", "mean_accepted_tokens", "same_output", "target_source",
+         "draft_source"]]
     table = predicted.merge(measured_speedups(measured), on=["dataset", "decoder"], how="inner",
                             suffixes=("", "_measured"))
     if table.empty:
@@ -63,7 +88,7 @@ def across(runs_dir: Path, profile: Path, measured: Path, path: str | None, tole
     table["error"] = table["forecast_speedup"] / table["measured_speedup"] - 1
     table["within"] = table["error"].abs() <= tolerance
     order = ["dataset", "decoder", "forecast_speedup", "measured_speedup", "error", "within", "mean_accepted_tokens",
-             "mean_accepted_tokens_measured", "target_source", "draft_source"]
+             "mean_accepted_tokens_measured", "same_output", "target_source", "draft_source"]
     return table[order].sort_values(["dataset", "decoder"]).reset_index(drop=True)
 
 

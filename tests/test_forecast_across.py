@@ -38,6 +38,26 @@ def test_forecast_against_the_other_settings_measured_speedup(tmp_path):
     assert not table.set_index("decoder").loc["tree", "within"]
 
 
+def test_same_output_says_where_the_measured_side_decoded_other_text(tmp_path):
+    """same_output: the share of a priced run's prompts whose tokens the measured run's equal; NaN
+    where the measured side keeps no records (a leaderboard.csv alone)."""
+    import json
+    import shutil
+
+    profile, board = write_profile(tmp_path / "p", PRICES, step_ms=10.0), leaderboard(tmp_path)
+    alone = fa.across(board, profile, measured_board(tmp_path, TREE), None, 0.10).set_index("decoder")
+    assert alone["same_output"].isna().all()
+    measured = tmp_path / "with_records"
+    shutil.copytree(board, measured)
+    shutil.copy(tmp_path / "measured" / "leaderboard.csv", measured / "leaderboard.csv")
+    path = measured / "ds" / "tree" / "records.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[1]["tokens"] = [7, 7]  # prompt B's text departs (as at a half-precision tie); A's holds
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    same = fa.across(board, profile, measured, None, 0.10).set_index("decoder")["same_output"]
+    assert same.to_dict() == {"autoregressive": 1.0, "tree": 0.5}
+
+
 def test_the_path_is_the_measured_settings_and_hf_peers_take_it_uncompiled(tmp_path):
     """The priced run ran eager; the measured one compiled (its provenance.json): the tree is priced at
     the compiled curve, an hf_* peer (transformers' generate, never compiled) at its eager twin."""
