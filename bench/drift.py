@@ -8,7 +8,7 @@ Two probes can both land in fast stretches of a machine whose speed moves prompt
 whose memory bandwidth other tenants share: the one-token step is memory-bound, a wide verification
 compute-bound, so every speedup rises while the bandwidth is low; results/reference/forecast/
 cpu_cross_dtype/, eager_zen4). So the check also keeps, as `during`, the autoregressive reference's
-own decoding step on each timed prompt (`decode_step_ms`) and warns when the slowest is more than
+own decoding step on each timed prompt (`prompt_step_ms`) and warns when the slowest is more than
 DRIFT_BOUND above the fastest."""
 from __future__ import annotations
 
@@ -45,9 +45,11 @@ def compare(start_ms: float, end_ms: float, bound: float = DRIFT_BOUND) -> dict:
     return {"start_ms": start_ms, "end_ms": end_ms, "change": change, "bound": bound, "drifted": abs(change) > bound}
 
 
-def decode_step_ms(run: dict) -> float | None:
-    """An autoregressive run's mean decoding step in ms (a record, or a record's `reference`: latency_s,
-    ttft_s, steps): its time after the prefill over the steps after it; None for a run of one step."""
+def prompt_step_ms(run: dict) -> float | None:
+    """An autoregressive run's mean decoding step on its prompt in ms (a record, or a record's
+    `reference`: latency_s, ttft_s, steps): its time after the prefill over the steps after it; None
+    for a run of one step. (metrics.decode_step_ms pools steps over records' traces; check_lossless's
+    reference keeps no trace, so this reads the run's own totals.)"""
     if run.get("steps", 0) < 2 or run.get("latency_s") is None or run.get("ttft_s") is None:
         return None
     return 1e3 * (run["latency_s"] - run["ttft_s"]) / (run["steps"] - 1)

@@ -117,7 +117,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
                     record_prompt(entries, f"{prompt.id}#{turn}", *time_prompt(entries, prompt, turn, order=i))
                 checked = drift.compare(start_ms, drift.step_ms(lm_cache["lm"]))
             ran = [logs[REFERENCE].get(key) for key in timed]
-            checked["during"] = drift.spread([drift.decode_step_ms(r) for r in ran if r and r["status"] == "ok"])
+            checked["during"] = drift.spread([drift.prompt_step_ms(r) for r in ran if r and r["status"] == "ok"])
     finally:
         if bar is not None:  # before any message after it (Ctrl-C's hint comes last)
             bar.close()

@@ -437,7 +437,7 @@ def _generate_all(ctx: RunContext, units, log: RecordLog, logger) -> dict:
                         record["calibration"] = calibration
                     log.append(record)
                     if record.get("reference"):
-                        reference_ms.append(drift.decode_step_ms(record["reference"]))
+                        reference_ms.append(drift.prompt_step_ms(record["reference"]))
                     if logger is not None:
                         logger.log_record(record)
                     if record["status"] == "ok":

@@ -68,7 +68,7 @@ def test_check_lossless_records_identity_and_same_process_speedup(tmp_path):
     # the drift check keeps the reference's own step on each prompt (bench/drift.py: during)
     during = json.loads((tmp_path / "provenance.json").read_text())["reference_step"]["during"]
     # (records keep times to the microsecond, so each step to about 1e-3 ms)
-    assert during["prompt_step_ms"] == pytest.approx([drift.decode_step_ms(r["reference"]) for r in recs], abs=1e-3)
+    assert during["prompt_step_ms"] == pytest.approx([drift.prompt_step_ms(r["reference"]) for r in recs], abs=1e-3)
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary.loc[0, "lossless"] == summary.loc[0, "lossless_up_to_ties"] == 1.0
     assert summary.loc[0, "real_divergences"] == 0

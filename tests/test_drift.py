@@ -49,10 +49,10 @@ def test_a_run_keeps_the_check_in_provenance_and_says_when_it_drifted(tmp_path, 
     assert "10.0 ms before the run's timed prompts and 13.0 ms after (+30%" in capsys.readouterr().err
 
 
-def test_decode_step_ms_is_an_autoregressive_runs_time_after_the_prefill_per_step():
-    assert drift.decode_step_ms({"latency_s": 1.0, "ttft_s": 0.1, "steps": 10}) == pytest.approx(100.0)
-    assert drift.decode_step_ms({"latency_s": 1.0, "ttft_s": 1.0, "steps": 1}) is None  # the prefill alone
-    assert drift.decode_step_ms({"latency_s": 1.0, "steps": 10}) is None
+def test_prompt_step_ms_is_an_autoregressive_runs_time_after_the_prefill_per_step():
+    assert drift.prompt_step_ms({"latency_s": 1.0, "ttft_s": 0.1, "steps": 10}) == pytest.approx(100.0)
+    assert drift.prompt_step_ms({"latency_s": 1.0, "ttft_s": 1.0, "steps": 1}) is None  # the prefill alone
+    assert drift.prompt_step_ms({"latency_s": 1.0, "steps": 10}) is None
 
 
 def test_spread_flags_a_reference_that_moved_between_prompts():

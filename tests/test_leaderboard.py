@@ -88,7 +88,7 @@ def test_the_drift_check_keeps_the_references_own_step_on_each_prompt(board):
     for ds in ("mt_bench", "humaneval", "gsm8k"):
         lines = (out / ds / "autoregressive" / "records.jsonl").read_text().splitlines()
         during = info["reference_step"][ds]["during"]
-        steps = [drift.decode_step_ms(json.loads(line)) for line in lines]  # records: times to the microsecond
+        steps = [drift.prompt_step_ms(json.loads(line)) for line in lines]  # records: times to the microsecond
         assert during["prompt_step_ms"] == pytest.approx(steps, abs=1e-3)
         assert len(during["prompt_step_ms"]) == 2 and during["drifted"] == (during["change"] > during["bound"])
 
