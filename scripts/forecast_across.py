@@ -73,7 +73,7 @@ def across(runs_dir: Path, profile: Path, measured: Path, path: str | None, tole
     predicted = forecast(runs, loaded, path or measured_path(measured, loaded))
     # each priced run beside the measured side's run at the same place (<dataset>/<entry>)
     pairs = {(run.records[0].get("dataset"), run.label): (run.directory, measured / run.directory.relative_to(runs_dir))
-             for run in runs}
+             for run in runs if run.directory.is_relative_to(runs_dir)}
     predicted["same_output"] = [same_output(*pairs[key]) if key in pairs else float("nan")
                                 for key in zip(predicted["dataset"], predicted["run"])]
     predicted = predicted.drop(columns="decoder").rename(columns={"run": "decoder"})[  # the entry label
