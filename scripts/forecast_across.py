@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import rundir  # noqa: E402
 from bench.errors import BenchError, fail  # noqa: E402
-from bench.forecast import Profile, find_runs, forecast, load_profile, pick_path  # noqa: E402
+from bench.forecast import Profile, Run, find_runs, forecast, load_profile, pick_path  # noqa: E402
 from bench.records import read_records, records_path  # noqa: E402
 
 
@@ -53,18 +53,13 @@ def measured_path(measured: Path, profile: Profile) -> str | None:
     return pick_path(profile.curves, info, None, profile.source)
 
 
-def outputs(run_dir: Path) -> dict[str, list[int]]:
-    """A run's output tokens by prompt key (finished records); none where it keeps no records."""
-    path = records_path(run_dir)
-    return {r["key"]: r["tokens"] for r in read_records(path) if r["status"] == "ok"} if path.is_file() else {}
-
-
-def same_output(priced: Path, measured: Path) -> float:
-    """The share of the priced run's prompts whose output the measured run's equals; NaN where the
-    measured side has none of them."""
-    mine, theirs = outputs(priced), outputs(measured)
-    shared = [key for key in mine if key in theirs]
-    return sum(mine[k] == theirs[k] for k in shared) / len(shared) if shared else float("nan")
+def same_output(priced: Run, measured: Path) -> float:
+    """The share of the priced run's prompts whose output the measured run's (its records under
+    `measured`, finished ones) equals; NaN where the measured side has none of them."""
+    path = records_path(measured)
+    theirs = {r["key"]: r["tokens"] for r in read_records(path) if r["status"] == "ok"} if path.is_file() else {}
+    shared = [r for r in priced.records if r["key"] in theirs]
+    return sum(r["tokens"] == theirs[r["key"]] for r in shared) / len(shared) if shared else float("nan")
 
 
 def across(runs_dir: Path, profile: Path, measured: Path, path: str | None, tolerance: float) -> pd.DataFrame:
@@ -72,7 +67,7 @@ def across(runs_dir: Path, profile: Path, measured: Path, path: str | None, tole
     runs = find_runs(runs_dir)
     predicted = forecast(runs, loaded, path or measured_path(measured, loaded))
     # each priced run beside the measured side's run at the same place (<dataset>/<entry>)
-    pairs = {(run.records[0].get("dataset"), run.label): (run.directory, measured / run.directory.relative_to(runs_dir))
+    pairs = {(run.records[0].get("dataset"), run.label): (run, measured / run.directory.relative_to(runs_dir))
              for run in runs if run.directory.is_relative_to(runs_dir)}
     predicted["same_output"] = [same_output(*pairs[key]) if key in pairs else float("nan")
                                 for key in zip(predicted["dataset"], predicted["run"])]
