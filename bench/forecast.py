@@ -22,7 +22,9 @@ PROFILE is one of:
   model_flops_spec (its provenance.json) by decoders.core.lm.forward_flops; KV-cache reads left out.
 
 The draft, per step (the draft_source column): the profile's curve for the run's draft where it has
-one (PROFILE/draft-<run label>/, a profile_device output of the draft model), else a roofline of the
+one (PROFILE/draft-<run label>/profile.csv, scripts/profile_draft.py's: a step's first depth, which
+follows the target's forward; its profile_later.csv, where there, prices every later depth, which
+follows another depth and finds the draft in the caches), else a roofline of the
 draft's size (with a roofline profile: its parameters are read off the recorded draft FLOPs, 2 per
 parameter and token, the smallest over the run's steps), else the run's measured draft_time scaled
 by the target's forecast / measured time over the run's decoding steps. A step runs one draft
@@ -33,8 +35,9 @@ Overhead: the profile's step_overhead_ms where it gives one, else the run's over
 Speedup: the same forecast of the leaderboard's autoregressive entry (the sibling directory
 autoregressive/) on the same prompts, else of one-token steps of the same new tokens after the prompt
 (overhead only where the profile gives one), aggregated by bench.metrics.speedups (Spec-Bench's ratio
-of mean per-prompt tokens/s). measured_speedup and measured_tokens_per_s are the run's own, shown only
-where the run was timed on the profile's device (its name, and dtype and threads where the profile
+of mean per-prompt tokens/s). measured_speedup, measured_tokens_per_s and measured_draft_ms (the
+draft's time per decoding step, beside the forecast's draft_ms) are the run's own, shown only where
+the run was timed on the profile's device (its name, and dtype and threads where the profile
 says them). Batched runs (gen.batch_size > 1) are left out: a profile prices one row. Bad input ends
 in one line and exit code 2, with nothing written.
 """
@@ -107,6 +110,7 @@ class Profile:
     roofline: Roofline | None = None
     step_overhead_ms: float | None = None
     drafts: dict[str, dict[str, Curve]] = field(default_factory=dict)  # run label -> fast path -> the draft's curve
+    drafts_later: dict[str, dict[str, Curve]] = field(default_factory=dict)  # the same for a step's later depths
 
 
 def _ratio(num: float, den: float) -> float:
@@ -221,10 +225,12 @@ def load_profile(path: Path) -> Profile:
                          "scripts/profile_device.py --out, or a roofline file")
     info = _provenance(path, PROVENANCE_FILES)
     overhead = info.get("step_overhead_ms")
-    drafts = {d.name.removeprefix("draft-"): read_curves(d / "profile.csv")
-              for d in sorted(path.glob("draft-*")) if (d / "profile.csv").is_file()}
+    drafts, later = ({d.name.removeprefix("draft-"): read_curves(d / name)
+                      for d in sorted(path.glob("draft-*")) if (d / name).is_file()}
+                     for name in ("profile.csv", "profile_later.csv"))
     return Profile(path, info.get("device_name", "unknown device"), info, read_curves(path / "profile.csv"),
-                   step_overhead_ms=float(overhead) if overhead is not None else None, drafts=drafts)
+                   step_overhead_ms=float(overhead) if overhead is not None else None, drafts=drafts,
+                   drafts_later=later)
 
 
 def pick_path(curves: dict[str, Curve], info: dict, chosen: str | None, where: Path, compiled: bool = True) -> str:
@@ -333,12 +339,15 @@ def add_draft_prices(prices: Prices, run: Run, profile: Profile, fast_path: str 
         curves = profile.drafts[run.label]
         # the draft is never compiled (scripts/profile_draft.py): a compiled path's uncompiled twin
         label = pick_path(curves, run.info, fast_path, profile.source / f"draft-{run.label}", compiled=False)
-        curve = curves[label]
+        first = curves[label]
+        later = profile.drafts_later.get(run.label, {}).get(label, first)
 
-        def from_curve(t, i):
+        def from_curve(t, i):  # n depths of draft_forward_tokens / n rows each: the first, then n - 1 later ones
             n = draft_forwards(t, i)
-            return n * curve.forward_ms(t["draft_forward_tokens"][i] / n, t["context_tokens"][i])
-        prices.draft_ms, prices.draft_source = from_curve, f"profile draft-{run.label}"
+            rows, context = t["draft_forward_tokens"][i] / n, t["context_tokens"][i]
+            return first.forward_ms(rows, context) + (n - 1) * later.forward_ms(rows, context)
+        prices.draft_ms = from_curve
+        prices.draft_source = f"profile draft-{run.label}" + (" (first, later depths)" if later is not first else "")
     elif profile.roofline is not None:
         per_token = [t["draft_flops"][i] / t["draft_forward_tokens"][i] for t, i in steps if t["draft_flops"][i]]
         params = min(per_token, default=0.0) / 2  # 2 FLOPs per parameter and token (metrics' FLOP count)
@@ -427,6 +436,8 @@ def forecast_run(run: Run, reference: Run | None, profile: Profile, fast_path: s
             for r in run.records) if timed_here else math.nan),
         "mean_accepted_tokens": metrics.mean_accepted_tokens(run.records),
         **per_step,
+        "measured_draft_ms": (_ratio(sum(1e3 * sum(r["trace"]["draft_time"][1:]) for r in run.records), steps)
+                              if timed_here else math.nan),
         "step_ms": sum(per_step.values()),
         "ar_step_ms": _ratio(sum(a["target_ms"] + a["draft_ms"] + a["overhead_ms"] for _, a in pairs), ar_steps),
         "target_source": prices.target_source,

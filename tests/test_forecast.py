@@ -128,9 +128,10 @@ def test_measured_speedup_only_on_the_profiles_device(tmp_path):
     # measured: A 4 / (0.02 + 0.002 + 0.002) and 4 / 0.044, B 2 / 0.022 and 2 / 0.022 (10 ms forwards, 1 ms overhead)
     assert tree["measured_speedup"] == pytest.approx(((4 / 24 + 2 / 22) / 2) / ((4 / 44 + 2 / 22) / 2))
     assert tree["measured_tokens_per_s"] == pytest.approx(6 / 0.046)
+    assert tree["measured_draft_ms"] == pytest.approx(2 / 2)  # A's 2 ms of draft over the two decoding steps
     other_threads = {**here, "torch_threads": 4}
     tree = run_forecast(board, write_profile(tmp_path / "q", PRICES, step_ms=10.0, info=other_threads)).loc["tree"]
-    assert pd.isna(tree["measured_speedup"])
+    assert pd.isna(tree["measured_speedup"]) and pd.isna(tree["measured_draft_ms"])
 
 
 def test_the_profile_is_interpolated_in_tokens_and_context(tmp_path):
@@ -187,8 +188,10 @@ def test_roofline_arithmetic(tmp_path):
 
 def test_draft_cost_from_the_profiles_draft_curve_else_measured_and_scaled(tmp_path):
     """PROFILE/draft-<label>/ prices each of the step's draft forwards (3 levels, 6 tokens fed: 3 x
-    the 2-token cost, 2 ms). Without it, the measured 5 ms scaled by the target's forecast over
-    measured decoding time (14 ms forecast for the 2-token step, 28 ms measured: x 0.5)."""
+    the 2-token cost, 2 ms); with its profile_later.csv too, the first depth at profile.csv's 2-token
+    cost and the two later ones at profile_later.csv's (2/3 + 2 x 0.4 ms). Without either, the
+    measured 5 ms scaled by the target's forecast over measured decoding time (14 ms forecast for the
+    2-token step, 28 ms measured: x 0.5)."""
     board = tmp_path / "board"
     write_run(board / "ds" / "drafted", [record("A", "drafted", [
         step(2, 0, 1), step(2, 2, 2, target_s=0.028, draft_s=0.005, draft_fed=6, draft_flops=1e6, depth=3)], 2)])
@@ -202,6 +205,11 @@ def test_draft_cost_from_the_profiles_draft_curve_else_measured_and_scaled(tmp_p
     write_profile(profile_dir, PRICES, step_ms=10.0, path="none+inductor")
     compiled = run_forecast(board, profile_dir, fast_path="none+inductor").loc["drafted"]
     assert compiled["draft_source"] == "profile draft-drafted" and compiled["draft_ms"] == pytest.approx(2.0)
+    later = write_profile(tmp_path / "later", {1: 0.3, 2: 0.4, 3: 0.5}) / "profile.csv"
+    later.rename(profile_dir / "draft-drafted" / "profile_later.csv")
+    split = run_forecast(board, profile_dir).loc["drafted"]
+    assert split["draft_source"] == "profile draft-drafted (first, later depths)"
+    assert split["draft_ms"] == pytest.approx(2 / 3 + 2 * 0.4)
 
 
 def test_negative_control_slower_verification_hurts_the_tree_not_autoregressive(tmp_path):

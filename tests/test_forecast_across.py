@@ -105,8 +105,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
 
 def test_a_draft_profile_prices_the_draft(tmp_path):
     """scripts/profile_draft.py times one drafting depth of a (random) EAGLE draft on tiny-random and
-    writes PROFILE/draft-<label>/profile.csv; bench.forecast then prices that entry's draft from it
-    (n depths of draft_forward_tokens / n rows each) instead of scaling the measured time."""
+    writes PROFILE/draft-<label>/profile.csv (a step's first depth) and profile_later.csv (a depth
+    after a depth); bench.forecast then prices that entry's draft from them (n depths of
+    draft_forward_tokens / n rows each: the first, then n - 1 later ones) instead of scaling the
+    measured time."""
     import json
 
     import profile_draft
@@ -117,12 +119,14 @@ def test_a_draft_profile_prices_the_draft(tmp_path):
     profile_draft.main([str(profile), "--labels", "eagle", "--max-tokens", "4", "--context", "4,8", "--repeats", "2",
                         "model=tiny-random", "device=cpu", "decoder.draft_weights=null", "decoder.draft_seed=1"])
     curve = pd.read_csv(profile / "draft-eagle" / "profile.csv")
-    assert list(curve.columns[:2]) == ["context", "tokens"] and len(curve) == 8 and (curve.iloc[:, 2] > 0).all()
+    later = pd.read_csv(profile / "draft-eagle" / "profile_later.csv")
+    for table in (curve, later):
+        assert list(table.columns[:2]) == ["context", "tokens"] and len(table) == 8 and (table.iloc[:, 2] > 0).all()
     board = tmp_path / "board"
     write_run(board / "ds" / "eagle", [record("A", "eagle", [step(4, 0, 1), step(3, 4, 3, draft_s=0.5, draft_fed=4,
                                                                                    depth=2)], 4)])
     (board / "provenance.json").write_text(json.dumps(PROVENANCE))
     row = fc.forecast(fc.find_runs(board), fc.load_profile(profile)).iloc[0]
-    assert row["draft_source"] == "profile draft-eagle"
-    at4 = curve[(curve["context"] == 4) & (curve["tokens"] == 2)].iloc[0, 2]  # 2 depths of 2 rows after 4 cached
-    assert row["draft_ms"] == pytest.approx(2 * at4)  # not the measured 500 ms
+    assert row["draft_source"] == "profile draft-eagle (first, later depths)"
+    first, then = (t[(t["context"] == 4) & (t["tokens"] == 2)].iloc[0, 2] for t in (curve, later))
+    assert row["draft_ms"] == pytest.approx(first + then)  # 2 depths of 2 rows after 4 cached, not the measured 500 ms

@@ -133,13 +133,18 @@ class FeatureDraft(nn.Module):
 
 
 @torch.inference_mode()
-def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequence[int], repeats: int) -> list[float]:
+def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequence[int], repeats: int,
+                  after: str = "target") -> list[float]:
     """Seconds of one drafting depth for each count in `rows`: that many rows through the draft after
     `context` cached positions, then its readout, log-softmax and top-k, as FeatureDraftProposer does
-    at every depth; the median of `repeats` calls, each after an untimed one-token target forward (as
-    drafting follows verification in a run: timed back to back, the draft stays in the caches and
-    cost two thirds of its in-run time on a CPU). The draft's cache is filled from the target's own
-    features of a random prompt, as at a prefill."""
+    at every depth; the median of `repeats` calls. What precedes each call, untimed, is `after`:
+    - "target": a one-token target forward, as a step's first depth follows verification (it takes
+      the draft out of the caches: timed back to back, a depth cost two thirds of its in-run time on
+      a CPU);
+    - "draft": another depth of as many rows, as every later depth of a step follows the one before.
+    The draft's cache is filled from the target's own features of a random prompt, as at a prefill."""
+    if after not in ("target", "draft"):
+        raise ValueError(f"after={after!r}: one of 'target' (a step's first depth) or 'draft' (a later one)")
     prompt = torch.randint(0, lm.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     cache = lm.new_cache()
     _, feats = lm.forward(prompt, cache, features=draft.reads)
@@ -157,14 +162,22 @@ def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequ
         positions = torch.full((k,), context, device=g.device)
         mask = torch.cat([torch.ones(k, context, dtype=torch.bool, device=g.device),
                           torch.eye(k, dtype=torch.bool, device=g.device)], 1)
-        times = []
-        for i in range(repeats + 1):  # the first a warm-up
-            lm.forward(step, cache)  # what precedes drafting in a run: it takes the draft out of the caches
-            cache.crop(context)
-            sync()
-            start = time.perf_counter()
+
+        def depth():
             out = draft(parents, tokens, positions, mask, dcache)
             torch.log_softmax(draft.logits(out).float(), dim=-1).topk(min(top_k, len(vocab)), dim=-1)
+
+        times = []
+        for i in range(repeats + 1):  # the first a warm-up
+            if after == "target":
+                lm.forward(step, cache)
+                cache.crop(context)
+            else:
+                depth()
+                dcache.crop(context)
+            sync()
+            start = time.perf_counter()
+            depth()
             sync()
             times.append(time.perf_counter() - start)
             dcache.crop(context)
