@@ -24,7 +24,9 @@ PROFILE is one of:
 The draft, per step (the draft_source column): the profile's curve for the run's draft where it has
 one (PROFILE/draft-<run label>/profile.csv, scripts/profile_draft.py's: a step's first depth, which
 follows the target's forward; its profile_later.csv, where there, prices every later depth, which
-follows another depth and finds the draft in the caches), else a roofline of the
+follows another depth and finds the draft in the caches; its step.csv, where there, adds to every
+depth the host work a whole drafting step did beyond its depths' curves, host_ms_per_depth: the tree
+built between and after them), else a roofline of the
 draft's size (with a roofline profile: its parameters are read off the recorded draft FLOPs, 2 per
 parameter and token, the smallest over the run's steps), else the run's measured draft_time scaled
 by the target's forecast / measured time over the run's decoding steps. A step runs one draft
@@ -111,6 +113,7 @@ class Profile:
     step_overhead_ms: float | None = None
     drafts: dict[str, dict[str, Curve]] = field(default_factory=dict)  # run label -> fast path -> the draft's curve
     drafts_later: dict[str, dict[str, Curve]] = field(default_factory=dict)  # the same for a step's later depths
+    drafts_host: dict[str, dict[int, float]] = field(default_factory=dict)  # run label -> context -> host ms a depth
 
 
 def _ratio(num: float, den: float) -> float:
@@ -158,6 +161,24 @@ def read_curves(csv: Path) -> dict[str, Curve]:
             by_context[int(context)] = list(np.interp(np.arange(1, ks[-1] + 1), ks, [points[k] for k in ks]))
         curves[path] = Curve(by_context)
     return curves
+
+
+def read_host_ms(csv: Path) -> dict[int, float]:
+    """scripts/profile_draft.py's step.csv: host_ms_per_depth by context (it may be below 0 where the
+    host work is within the curves' noise)."""
+    try:
+        table = pd.read_csv(csv)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot read {csv} as CSV ({e}); scripts/profile_draft.py writes it") from None
+    if not {"context", "host_ms_per_depth"} <= set(table.columns):
+        raise BenchError(f"{csv} needs context and host_ms_per_depth columns (it has {', '.join(table.columns)}); "
+                         "scripts/profile_draft.py writes them")
+    contexts = _numbers(table, "context", csv).astype(int)
+    host = pd.to_numeric(table["host_ms_per_depth"], errors="coerce").to_numpy(float)
+    if not len(host) or not np.all(np.isfinite(host)):
+        raise BenchError(f"{csv}: column host_ms_per_depth must hold numbers in every row; "
+                         "scripts/profile_draft.py writes it")
+    return dict(zip(contexts.tolist(), host.tolist()))
 
 
 def _read_json(path: Path) -> dict:
@@ -228,9 +249,11 @@ def load_profile(path: Path) -> Profile:
     drafts, later = ({d.name.removeprefix("draft-"): read_curves(d / name)
                       for d in sorted(path.glob("draft-*")) if (d / name).is_file()}
                      for name in ("profile.csv", "profile_later.csv"))
+    host = {d.name.removeprefix("draft-"): read_host_ms(d / "step.csv")
+            for d in sorted(path.glob("draft-*")) if (d / "step.csv").is_file()}
     return Profile(path, info.get("device_name", "unknown device"), info, read_curves(path / "profile.csv"),
                    step_overhead_ms=float(overhead) if overhead is not None else None, drafts=drafts,
-                   drafts_later=later)
+                   drafts_later=later, drafts_host=host)
 
 
 def pick_path(curves: dict[str, Curve], info: dict, chosen: str | None, where: Path, compiled: bool = True) -> str:
@@ -341,13 +364,16 @@ def add_draft_prices(prices: Prices, run: Run, profile: Profile, fast_path: str 
         label = pick_path(curves, run.info, fast_path, profile.source / f"draft-{run.label}", compiled=False)
         first = curves[label]
         later = profile.drafts_later.get(run.label, {}).get(label, first)
+        host = profile.drafts_host.get(run.label, {})
 
         def from_curve(t, i):  # n depths of draft_forward_tokens / n rows each: the first, then n - 1 later ones
             n = draft_forwards(t, i)
             rows, context = t["draft_forward_tokens"][i] / n, t["context_tokens"][i]
-            return first.forward_ms(rows, context) + (n - 1) * later.forward_ms(rows, context)
+            host_ms = float(np.interp(context, sorted(host), [host[c] for c in sorted(host)])) if host else 0.0
+            return first.forward_ms(rows, context) + (n - 1) * later.forward_ms(rows, context) + n * host_ms
         prices.draft_ms = from_curve
-        prices.draft_source = f"profile draft-{run.label}" + (" (first, later depths)" if later is not first else "")
+        parts = [name for name, there in (("first, later depths", later is not first), ("host work", host)) if there]
+        prices.draft_source = f"profile draft-{run.label}" + (f" ({'; '.join(parts)})" if parts else "")
     elif profile.roofline is not None:
         per_token = [t["draft_flops"][i] / t["draft_forward_tokens"][i] for t, i in steps if t["draft_flops"][i]]
         params = min(per_token, default=0.0) / 2  # 2 FLOPs per parameter and token (metrics' FLOP count)

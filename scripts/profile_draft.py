@@ -1,31 +1,37 @@
-"""One depth of an EAGLE draft's drafting, timed on this device: k rows through the feature draft
-after `context` cached positions, then its readout, log-softmax and top-k, as FeatureDraftProposer
-does at every depth; k = 1..--max-tokens (eagle_draft.depth_seconds, which EAGLE's tree_size=auto
-also weighs). Written where bench.forecast reads a run's draft (PROFILE/draft-<label>/: context,
-tokens, <fast path>_ms), so a forecast prices the draft in the profiled dtype and kernels instead of
-scaling the run's measured draft time by the target's. Two curves, because a step's depths do not
-cost the same:
-- profile.csv: a step's first depth, each timed call after an untimed one-token target forward, as
-  drafting follows verification in a run (the target's weights take the draft out of the caches);
+"""What an EAGLE draft's drafting costs on this device, per leaderboard entry: one depth (k rows
+through the feature draft after `context` cached positions, then its readout, log-softmax and top-k,
+as FeatureDraftProposer does at every depth; k = 1..--max-tokens: eagle_draft.depth_seconds, which
+EAGLE's tree_size=auto also weighs) and a whole step. Written where bench.forecast reads a run's
+draft (PROFILE/draft-<label>/), so a forecast prices the draft in the profiled dtype and kernels
+instead of scaling the run's measured draft time by the target's:
+- profile.csv (context, tokens, <fast path>_ms): a step's first depth, each timed call after an
+  untimed one-token target forward, as drafting follows verification in a run (the target's
+  weights take the draft out of the caches);
 - profile_later.csv: every later depth, each timed call after an untimed depth of as many rows, as
-  a depth follows the one before (a static tree's depths run back to back; on a Zen 4 in fp32 a
-  later depth took 0.6-0.75 of a first one).
+  a depth follows the one before (on a Zen 4 in fp32 a later depth took 0.6-0.75 of a first one);
+- step.csv: a whole drafting step of the entry's own tree (FeatureDraftProposer.propose, as the
+  run's loop times it) after each context, with 2 rows committed first; host_ms_per_depth is what
+  it cost beyond its depths' curves (the tree built between and after them, 0.5-0.7 ms a depth on
+  that Zen 4), divided by its depths.
 Each size's median over --repeats calls is reported (a run's steps come as they come, not at their
 fastest).
 
-    python scripts/profile_draft.py PROFILE --labels eagle,eagle-8,eagle-static [--max-tokens 32]
-        [--context 64,256] [--repeats 7] [hydra overrides: dtype=..., threads=..., decoder overrides]
+    python scripts/profile_draft.py PROFILE --labels eagle,eagle-static [--max-tokens 32]
+        [--context 64,256] [--repeats 7] [hydra overrides: +preset=leaders, dtype=..., threads=..., decoder.*=...]
 
-The labels are the leaderboard entries that draft with the decoder given (default decoder=eagle and
-its shipped draft): each gets the same curves. The target loads as a run loads it (model.fast_path as
-configured: auto takes the cached choice), uncompiled (the draft is never compiled). The draft's
-cache is filled from the target's own features of a random prompt, as at a prefill.
+Each label is a leaderboard entry that drafts with an EAGLE draft, composed as the leaderboard
+composes it (its tree, size, depth and draft; +preset=leaders adds eagle-8 and eagle-auto), then the
+decoder.* overrides given. The target loads as a run loads it (model.fast_path as configured: auto
+takes the cached choice), uncompiled (the draft is never compiled). The draft's cache is filled from
+the target's own features of a random prompt, as at a prefill.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -36,17 +42,21 @@ from hydra.utils import instantiate
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import provenance  # noqa: E402
+from bench.errors import BenchError, fail  # noqa: E402
+from bench.__main__ import CONF_DIR, error_reason  # noqa: E402
+from bench.leaderboard import compose_all  # noqa: E402
 from bench.runner import build, load_addons  # noqa: E402
 from decoders.methods.eagle_draft import depth_seconds  # noqa: E402
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
 CURVES = {"profile.csv": "target", "profile_later.csv": "draft"}  # file -> what precedes each timed depth
+COMMITTED = 2  # rows a timed whole step feeds its first depth: about what a step commits
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile", help="the profile directory (scripts/profile_device.py --out's) to add to")
-    parser.add_argument("--labels", default="eagle", help="the entries drafting with this draft, comma-separated")
+    parser.add_argument("--labels", default="eagle", help="leaderboard entries drafting with an EAGLE draft, "
+                        "comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--context", default="64,256", help="cached positions, comma-separated")
     parser.add_argument("--repeats", type=int, default=7)
@@ -59,46 +69,132 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         args.contexts = []
     if not args.contexts or min(args.contexts) < 1:
         parser.error(f"--context {args.context}: give cached-position counts >= 1, comma-separated")
-    args.labels = [label for label in args.labels.split(",") if label]
+    args.labels = list(dict.fromkeys(label for label in args.labels.split(",") if label))
+    if not args.labels:
+        parser.error("--labels: give leaderboard entries that draft with EAGLE's draft, comma-separated")
     return args, overrides
+
+
+@torch.inference_mode()
+def step_seconds(lm, decoder, context: int, repeats: int) -> tuple[float, int, list[int]]:
+    """One whole drafting step of the configured EAGLE decoder (its tree, size, depth and top_k), as a
+    run's loop times it (FeatureDraftProposer.propose: every depth, and the tree built between and
+    after them): after `context` positions drafted from, COMMITTED newly committed rows are fed
+    first; each timed call follows an untimed target forward of those rows (verification). Returns
+    (the median of `repeats` calls, the depths drafted, the rows each depth fed)."""
+    draft = decoder.load_addons(lm)
+    gen = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, lm.vocab_size, (context + COMMITTED + 1,), generator=gen).tolist()
+    proposer = decoder.proposer(lm, seq[:context + 1], None, [])[0]
+    cache = lm.new_cache()
+    _, feats = lm.forward(seq[:context], cache, features=draft.reads)
+    proposer.pending = (feats, seq[1:context + 1])
+    room = 1 << 10  # new tokens still allowed: never what limits the tree here
+    proposer.propose(seq[:context + 1], room)  # the draft's cache now holds the context, as after a prefill
+    sync = torch.cuda.synchronize if feats.device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeats + 1):  # the first a warm-up
+        _, feats = lm.forward(seq[context:context + COMMITTED], cache, features=draft.reads)  # (COMMITTED, d)
+        proposer.pending = (feats, seq[context + 1:])
+        sync()
+        start = time.perf_counter()
+        proposer.propose(seq, room)
+        sync()
+        times.append(time.perf_counter() - start)
+        cache.crop(context)
+        proposer.cache.crop(context)
+    rows = [COMMITTED] + [len(nodes) for nodes, _ in proposer.fed[1:]]
+    return statistics.median(times[1:]), len(rows), rows
+
+
+def depth_curves(lm, draft, top_k: int, args) -> dict[str, pd.DataFrame]:
+    """CURVES' tables: one depth's ms for 1..--max-tokens rows at each --context."""
+    rows = {name: [] for name in CURVES}
+    for context in args.contexts:
+        for name, after in CURVES.items():  # both curves at each context in turn: a drift of the host touches both
+            curve = depth_seconds(lm, draft, top_k, context, range(1, args.max_tokens + 1), args.repeats, after=after)
+            rows[name] += [{"context": context, "tokens": k, f"{lm.fast_path}_ms": 1e3 * s}
+                           for k, s in enumerate(curve, 1)]
+    return {name: pd.DataFrame(r) for name, r in rows.items()}
+
+
+def step_table(lm, decoder, curves: dict[str, pd.DataFrame], args) -> pd.DataFrame:
+    """step.csv: a whole drafting step at each --context, and what it cost beyond its depths' curves
+    (the tree built between and after them) per depth, which bench.forecast adds to every depth."""
+    steps = []
+    for context in args.contexts:
+        seconds, depths, fed = step_seconds(lm, decoder, context, args.repeats)
+        first, later = (t[t["context"] == context].set_index("tokens")[f"{lm.fast_path}_ms"]
+                        for t in (curves[name] for name in CURVES))
+        depths_ms = first[min(fed[0], args.max_tokens)] + sum(later[min(f, args.max_tokens)] for f in fed[1:])
+        steps.append({"context": context, "committed": COMMITTED, "depths": depths, "rows": sum(fed),
+                      "step_ms": 1e3 * seconds, "depths_ms": depths_ms,
+                      "host_ms_per_depth": (1e3 * seconds - depths_ms) / depths})
+    return pd.DataFrame(steps)
+
+
+def entry_decoders(labels: list[str], overrides: list[str]) -> dict[str, object]:
+    """Each label's run config: the leaderboard entry of that name (conf/leaderboard.yaml's decoders,
+    with a preset's where one is given) composed as the leaderboard composes it, then the decoder.*
+    overrides given (a leaderboard takes none: its entries name theirs)."""
+    own = [o for o in overrides if o.lstrip("+~").startswith("decoder.")]
+    rest = [o for o in overrides if o not in own]
+    only = dict.fromkeys(["autoregressive", *labels])  # the leaderboard composes none without its reference
+    base, _, _ = compose_all([*rest, f"leaderboard.only=[{','.join(only)}]"])
+    found = {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for label in labels:
+            try:
+                found[label] = cfg = compose("leaderboard", overrides=[*rest, *base.leaderboard.decoders[label], *own])
+            except Exception as e:  # Hydra's own errors: one line naming the entry
+                raise BenchError(f"--labels {label} with {' '.join(own)}: {error_reason(e)}") from None
+            if cfg.decoder.name != "eagle":
+                raise BenchError(f"--labels {label} is the leaderboard entry of decoder={cfg.decoder.name}; give "
+                                 "entries that draft with EAGLE's draft (eagle, eagle-static; +preset=leaders adds "
+                                 "eagle-8, eagle-auto)")
+    return found
 
 
 def main(argv=None) -> None:
     args, overrides = parse_args(argv)
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["decoder=eagle", *overrides])
+    try:
+        configs = entry_decoders(args.labels, overrides)
+    except BenchError as e:
+        fail(e)
+    cfg = next(iter(configs.values()))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     lm = instantiate(cfg.model, compile="none").load()
-    decoder = build(cfg.decoder, "decoder")
-    load_addons(decoder, lm)
-    draft = decoder.load_addons(lm)
-    rows = {name: [] for name in CURVES}
-    for context in args.contexts:
-        for name, after in CURVES.items():  # both curves at each context in turn: a drift of the host touches both
-            curve = depth_seconds(lm, draft, decoder.top_k, context, range(1, args.max_tokens + 1), args.repeats,
-                                  after=after)
-            rows[name] += [{"context": context, "tokens": k, f"{lm.fast_path}_ms": 1e3 * s}
-                           for k, s in enumerate(curve, 1)]
-    tables = {name: pd.DataFrame(r) for name, r in rows.items()}
-    info = provenance.collect(lm)
-    info.update(draft=str(decoder.draft_weights), draft_dtype=str(draft.dtype).replace("torch.", ""),
-                top_k=decoder.top_k, statistic=f"median of {args.repeats}", script_args=vars(args))
-    for label in args.labels:
+    curves_of: dict[tuple, dict[str, pd.DataFrame]] = {}  # one draft's depths cost the same in every entry
+    for label, cfg in configs.items():
+        decoder = build(cfg.decoder, "decoder")
+        load_addons(decoder, lm)
+        draft = decoder.load_addons(lm)
+        key = (str(decoder.draft_weights), decoder.draft_seed, str(draft.dtype), decoder.top_k)
+        if key not in curves_of:
+            curves_of[key] = depth_curves(lm, draft, decoder.top_k, args)
+        tables = {**curves_of[key], "step.csv": step_table(lm, decoder, curves_of[key], args)}
+        info = provenance.collect(lm)
+        info.update(draft=str(decoder.draft_weights), draft_dtype=str(draft.dtype).replace("torch.", ""),
+                    top_k=decoder.top_k, tree=decoder.tree, tree_size=decoder.tree_size, depth=decoder.depth,
+                    committed=COMMITTED, statistic=f"median of {args.repeats}", script_args=vars(args))
         out = Path(args.profile) / f"draft-{label}"
         out.mkdir(parents=True, exist_ok=True)
         for name, table in tables.items():
             table.to_csv(out / name, index=False)
         (out / "provenance.json").write_text(json.dumps(info, indent=2, default=str))
-    column = f"{lm.fast_path}_ms"
-    first, later = tables["profile.csv"], tables["profile_later.csv"]
-    shown = first[first["tokens"].isin([1, 2, 4, 8, 16, 24, 32])].rename(columns={column: "first_ms"})
-    shown["later_ms"] = later.loc[shown.index, column]
-    print(f"{lm.name} {info.get('dtype')}, draft {decoder.draft_weights} ({info['draft_dtype']}), "
-          f"{torch.get_num_threads()} threads, fast path {lm.fast_path}: one drafting depth, ms "
-          f"(median of {args.repeats}; first: after the target's forward, later: after another depth)")
-    print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    print(f"wrote draft-{{{','.join(args.labels)}}}/{{{','.join(tables)}}} under {args.profile}")
+        column = f"{lm.fast_path}_ms"
+        first, later = tables["profile.csv"], tables["profile_later.csv"]
+        shown = first[first["tokens"].isin([1, 2, 4, 8, 16, 24, 32])].rename(columns={column: "first_ms"})
+        shown["later_ms"] = later.loc[shown.index, column]
+        print(f"{label}: {lm.name} {info.get('dtype')}, draft {decoder.draft_weights} ({info['draft_dtype']}), "
+              f"{torch.get_num_threads()} threads, fast path {lm.fast_path}: one drafting depth, ms "
+              f"(median of {args.repeats}; first: after the target's forward, later: after another depth)")
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"a whole drafting step ({decoder.tree} tree, size {decoder.tree_size}, depth {decoder.depth}, "
+              f"{COMMITTED} rows committed first), ms (median of {args.repeats}):")
+        print(tables["step.csv"].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"wrote {', '.join(tables)} under {out}")
 
 
 if __name__ == "__main__":

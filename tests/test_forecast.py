@@ -189,7 +189,8 @@ def test_roofline_arithmetic(tmp_path):
 def test_draft_cost_from_the_profiles_draft_curve_else_measured_and_scaled(tmp_path):
     """PROFILE/draft-<label>/ prices each of the step's draft forwards (3 levels, 6 tokens fed: 3 x
     the 2-token cost, 2 ms); with its profile_later.csv too, the first depth at profile.csv's 2-token
-    cost and the two later ones at profile_later.csv's (2/3 + 2 x 0.4 ms). Without either, the
+    cost and the two later ones at profile_later.csv's (2/3 + 2 x 0.4 ms), and with its step.csv
+    each of the three depths also pays the host work it gives. Without any of them, the
     measured 5 ms scaled by the target's forecast over measured decoding time (14 ms forecast for the
     2-token step, 28 ms measured: x 0.5)."""
     board = tmp_path / "board"
@@ -210,6 +211,11 @@ def test_draft_cost_from_the_profiles_draft_curve_else_measured_and_scaled(tmp_p
     split = run_forecast(board, profile_dir).loc["drafted"]
     assert split["draft_source"] == "profile draft-drafted (first, later depths)"
     assert split["draft_ms"] == pytest.approx(2 / 3 + 2 * 0.4)
+    # step.csv's host work a depth, interpolated in context (the step drafted after 2 cached positions)
+    (profile_dir / "draft-drafted" / "step.csv").write_text("context,host_ms_per_depth\n0,0.1\n4,0.3\n")
+    hosted = run_forecast(board, profile_dir).loc["drafted"]
+    assert hosted["draft_source"] == "profile draft-drafted (first, later depths; host work)"
+    assert hosted["draft_ms"] == pytest.approx(2 / 3 + 2 * 0.4 + 3 * 0.2)
 
 
 def test_negative_control_slower_verification_hurts_the_tree_not_autoregressive(tmp_path):
@@ -281,6 +287,8 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     ("roofline with an unknown key", "has unknown key bandwith_gb_s"),
     ("roofline without the run's model", "needs the target's model_flops_spec"),
     ("a fast path the profile lacks", "--path prepacked is not in"),
+    ("a draft's step.csv without host work", "needs context and host_ms_per_depth columns"),
+    ("a draft's step.csv with a bad value", "column host_ms_per_depth must hold numbers in every row"),
     ("an --out holding other files", "holds more than a forecast"),
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, capsys, case, expected):
@@ -312,6 +320,10 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, capsys,
         args[2] = write_roofline(tmp_path / "roof.yaml")
     elif case == "a fast path the profile lacks":
         args += ["--path", "prepacked"]
+    elif case.startswith("a draft's step.csv"):
+        write_profile(profile / "draft-tree", {1: 0.5, 2: 1.0})
+        bad = "context,step_ms\n64,3\n" if "without" in case else "context,host_ms_per_depth\n64,fast\n"
+        (profile / "draft-tree" / "step.csv").write_text(bad)
     else:
         out.mkdir()
         (out / "notes.txt").write_text("mine")

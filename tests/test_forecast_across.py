@@ -105,9 +105,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, expected):
 
 def test_a_draft_profile_prices_the_draft(tmp_path):
     """scripts/profile_draft.py times one drafting depth of a (random) EAGLE draft on tiny-random and
-    writes PROFILE/draft-<label>/profile.csv (a step's first depth) and profile_later.csv (a depth
-    after a depth); bench.forecast then prices that entry's draft from them (n depths of
-    draft_forward_tokens / n rows each: the first, then n - 1 later ones) instead of scaling the
+    writes PROFILE/draft-<label>/profile.csv (a step's first depth), profile_later.csv (a depth
+    after a depth) and step.csv (a whole step, and its host work per depth beyond the curves);
+    bench.forecast then prices that entry's draft from them (n depths of draft_forward_tokens / n
+    rows each: the first, then n - 1 later ones, each with the host work) instead of scaling the
     measured time."""
     import json
 
@@ -127,6 +128,27 @@ def test_a_draft_profile_prices_the_draft(tmp_path):
                                                                                    depth=2)], 4)])
     (board / "provenance.json").write_text(json.dumps(PROVENANCE))
     row = fc.forecast(fc.find_runs(board), fc.load_profile(profile)).iloc[0]
-    assert row["draft_source"] == "profile draft-eagle (first, later depths)"
+    steps = pd.read_csv(profile / "draft-eagle" / "step.csv").set_index("context")
+    assert list(steps.index) == [4, 8] and (steps["step_ms"] > 0).all() and (steps["depths"] >= 1).all()
+    assert row["draft_source"] == "profile draft-eagle (first, later depths; host work)"
     first, then = (t[(t["context"] == 4) & (t["tokens"] == 2)].iloc[0, 2] for t in (curve, later))
-    assert row["draft_ms"] == pytest.approx(first + then)  # 2 depths of 2 rows after 4 cached, not the measured 500 ms
+    host = steps.loc[4, "host_ms_per_depth"]
+    assert steps.loc[4, "step_ms"] == pytest.approx(steps.loc[4, "depths_ms"] + steps.loc[4, "depths"] * host)
+    # 2 depths of 2 rows after 4 cached, each with its host work; not the measured 500 ms
+    assert row["draft_ms"] == pytest.approx(first + then + 2 * host)
+
+
+@pytest.mark.parametrize("labels, expected", [
+    ("medusa", "--labels medusa is the leaderboard entry of decoder=medusa; give entries that draft with EAGLE's"),
+    ("eagle-9", "leaderboard.only: unknown label(s) ['eagle-9']"),
+])
+def test_profile_draft_takes_leaderboard_entries_that_draft_with_eagle(tmp_path, capsys, labels, expected):
+    """Each label is profiled as its leaderboard entry runs (its own tree, size and depth); a label
+    that is no entry, or one whose decoder has no EAGLE draft, is one line and exit code 2."""
+    import profile_draft
+
+    with pytest.raises(SystemExit) as e:
+        profile_draft.main([str(tmp_path / "p"), "--labels", labels, "model=tiny-random", "device=cpu"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "p").exists()
