@@ -1,20 +1,22 @@
 """What an EAGLE draft's drafting costs on this device, per leaderboard entry: one depth (k rows
 through the feature draft after `context` cached positions, then its readout, log-softmax and top-k,
-as FeatureDraftProposer does at every depth; k = 1..--max-tokens: eagle_draft.depth_seconds, which
-EAGLE's tree_size=auto also weighs) and a whole step. Written where bench.forecast reads a run's
-draft (PROFILE/draft-<label>/), so a forecast prices the draft in the profiled dtype and kernels
-instead of scaling the run's measured draft time by the target's:
+as FeatureDraftProposer does at every depth; k = 1..--max-tokens: eagle_draft.depth_timer, whose
+depth_seconds EAGLE's tree_size=auto also weighs) and a whole step. Written where bench.forecast
+reads a run's draft (PROFILE/draft-<label>/), so a forecast prices the draft in the profiled dtype
+and kernels instead of scaling the run's measured draft time by the target's:
 - profile.csv (context, tokens, <fast path>_ms): a step's first depth, each timed call after an
   untimed one-token target forward, as drafting follows verification in a run (the target's
   weights take the draft out of the caches);
 - profile_later.csv: every later depth, each timed call after an untimed depth of as many rows, as
-  a depth follows the one before (on a Zen 4 in fp32 a later depth took 0.6-0.75 of a first one);
+  a depth follows the one before;
 - step.csv: a whole drafting step of the entry's own tree (FeatureDraftProposer.propose, as the
-  run's loop times it) after each context, with 2 rows committed first; host_ms_per_depth is what
-  it cost beyond its depths' curves (the tree built between and after them, 0.5-0.7 ms a depth on
-  that Zen 4), divided by its depths.
-Each size's median over --repeats calls is reported (a run's steps come as they come, not at their
-fastest).
+  run's loop times it) after each context, COMMITTED rows committed first; host_ms_per_depth is what
+  it cost beyond its own depths' curves (the tree built between and after them), per depth.
+At each context, --repeats rounds (after a warm-up one) each time every size's first and later
+depth, in a new random order, and then a whole step; each figure is the median over the rounds (a
+run's steps come as they come, not at their fastest), and the host work is the median of each
+round's step less that round's own depths, so that a drift of the host between rounds cancels.
+results/reference/forecast/draft_pricing/ checks these prices against runs' measured draft time.
 
     python scripts/profile_draft.py PROFILE --labels eagle,eagle-static [--max-tokens 32]
         [--context 64,256] [--repeats 7] [hydra overrides: +preset=leaders, dtype=..., threads=..., decoder.*=...]
@@ -29,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import torch
@@ -46,7 +50,7 @@ from bench.errors import BenchError, fail  # noqa: E402
 from bench.__main__ import CONF_DIR, error_reason  # noqa: E402
 from bench.leaderboard import compose_all  # noqa: E402
 from bench.runner import build, load_addons  # noqa: E402
-from decoders.methods.eagle_draft import depth_seconds  # noqa: E402
+from decoders.methods.eagle_draft import depth_timer  # noqa: E402
 
 CURVES = {"profile.csv": "target", "profile_later.csv": "draft"}  # file -> what precedes each timed depth
 COMMITTED = 2  # rows a timed whole step feeds its first depth: about what a step commits
@@ -75,62 +79,74 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-@torch.inference_mode()
-def step_seconds(lm, decoder, context: int, repeats: int) -> tuple[float, int, list[int]]:
-    """One whole drafting step of the configured EAGLE decoder (its tree, size, depth and top_k), as a
-    run's loop times it (FeatureDraftProposer.propose: every depth, and the tree built between and
-    after them): after `context` positions drafted from, COMMITTED newly committed rows are fed
-    first; each timed call follows an untimed target forward of those rows (verification). Returns
-    (the median of `repeats` calls, the depths drafted, the rows each depth fed)."""
-    draft = decoder.load_addons(lm)
+def step_timer(lm, decoder, draft, context: int) -> Callable[[], tuple[float, list[int]]]:
+    """time_step(): seconds of one whole drafting step of the configured EAGLE decoder (its tree,
+    size, depth and top_k), as a run's loop times it (FeatureDraftProposer.propose: every depth, and
+    the tree built between and after them), and the rows each of its depths fed. After `context`
+    positions drafted from, COMMITTED newly committed rows are fed first; each timed call follows an
+    untimed target forward of those rows (verification)."""
     gen = torch.Generator().manual_seed(1)
     seq = torch.randint(0, lm.vocab_size, (context + COMMITTED + 1,), generator=gen).tolist()
     proposer = decoder.proposer(lm, seq[:context + 1], None, [])[0]
     cache = lm.new_cache()
-    _, feats = lm.forward(seq[:context], cache, features=draft.reads)
-    proposer.pending = (feats, seq[1:context + 1])
     room = 1 << 10  # new tokens still allowed: never what limits the tree here
-    proposer.propose(seq[:context + 1], room)  # the draft's cache now holds the context, as after a prefill
+    with torch.inference_mode():
+        _, feats = lm.forward(seq[:context], cache, features=draft.reads)
+        proposer.pending = (feats, seq[1:context + 1])
+        proposer.propose(seq[:context + 1], room)  # the draft's cache now holds the context, as after a prefill
     sync = torch.cuda.synchronize if feats.device.type == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeats + 1):  # the first a warm-up
+
+    @torch.inference_mode()
+    def time_step() -> tuple[float, list[int]]:
         _, feats = lm.forward(seq[context:context + COMMITTED], cache, features=draft.reads)  # (COMMITTED, d)
         proposer.pending = (feats, seq[context + 1:])
         sync()
         start = time.perf_counter()
         proposer.propose(seq, room)
         sync()
-        times.append(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
         cache.crop(context)
         proposer.cache.crop(context)
-    rows = [COMMITTED] + [len(nodes) for nodes, _ in proposer.fed[1:]]
-    return statistics.median(times[1:]), len(rows), rows
+        return seconds, [COMMITTED] + [len(nodes) for nodes, _ in proposer.fed[1:]]
+
+    return time_step
 
 
-def depth_curves(lm, draft, top_k: int, args) -> dict[str, pd.DataFrame]:
-    """CURVES' tables: one depth's ms for 1..--max-tokens rows at each --context."""
+def profile_entry(lm, decoder, draft, args) -> dict[str, pd.DataFrame]:
+    """CURVES' tables and step.csv for one entry. At each --context, --repeats rounds after a warm-up
+    one, each timing every size's first and later depth (the sizes in a new random order each round)
+    and then a whole step, so that the host's drift between rounds touches every figure alike; the
+    step's host work is the median over rounds of the step less that round's own depths."""
+    column = f"{lm.fast_path}_ms"
+    sizes = list(range(1, args.max_tokens + 1))
     rows = {name: [] for name in CURVES}
-    for context in args.contexts:
-        for name, after in CURVES.items():  # both curves at each context in turn: a drift of the host touches both
-            curve = depth_seconds(lm, draft, top_k, context, range(1, args.max_tokens + 1), args.repeats, after=after)
-            rows[name] += [{"context": context, "tokens": k, f"{lm.fast_path}_ms": 1e3 * s}
-                           for k, s in enumerate(curve, 1)]
-    return {name: pd.DataFrame(r) for name, r in rows.items()}
-
-
-def step_table(lm, decoder, curves: dict[str, pd.DataFrame], args) -> pd.DataFrame:
-    """step.csv: a whole drafting step at each --context, and what it cost beyond its depths' curves
-    (the tree built between and after them) per depth, which bench.forecast adds to every depth."""
     steps = []
     for context in args.contexts:
-        seconds, depths, fed = step_seconds(lm, decoder, context, args.repeats)
-        first, later = (t[t["context"] == context].set_index("tokens")[f"{lm.fast_path}_ms"]
-                        for t in (curves[name] for name in CURVES))
-        depths_ms = first[min(fed[0], args.max_tokens)] + sum(later[min(f, args.max_tokens)] for f in fed[1:])
-        steps.append({"context": context, "committed": COMMITTED, "depths": depths, "rows": sum(fed),
-                      "step_ms": 1e3 * seconds, "depths_ms": depths_ms,
-                      "host_ms_per_depth": (1e3 * seconds - depths_ms) / depths})
-    return pd.DataFrame(steps)
+        time_depth = depth_timer(lm, draft, decoder.top_k, context)
+        time_step = step_timer(lm, decoder, draft, context)
+        order = random.Random(context)
+        samples = {(name, k): [] for name in CURVES for k in sizes}
+        step_s, host_s = [], []
+        for r in range(args.repeats + 1):  # the first a warm-up
+            got = {}
+            for k in order.sample(sizes, len(sizes)):
+                for name, after in CURVES.items():
+                    got[name, k] = time_depth(k, after)
+            seconds, fed = time_step()
+            if r:
+                for key, value in got.items():
+                    samples[key].append(value)
+                depths = got["profile.csv", min(fed[0], args.max_tokens)] + sum(
+                    got["profile_later.csv", min(f, args.max_tokens)] for f in fed[1:])
+                step_s.append(seconds)
+                host_s.append((seconds - depths) / len(fed))
+        for name in CURVES:
+            rows[name] += [{"context": context, "tokens": k, column: 1e3 * statistics.median(samples[name, k])}
+                           for k in sizes]
+        steps.append({"context": context, "committed": COMMITTED, "depths": len(fed), "rows": sum(fed),
+                      "step_ms": 1e3 * statistics.median(step_s),
+                      "host_ms_per_depth": 1e3 * statistics.median(host_s)})
+    return {**{name: pd.DataFrame(r) for name, r in rows.items()}, "step.csv": pd.DataFrame(steps)}
 
 
 def entry_decoders(labels: list[str], overrides: list[str]) -> dict[str, object]:
@@ -165,19 +181,16 @@ def main(argv=None) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     lm = instantiate(cfg.model, compile="none").load()
-    curves_of: dict[tuple, dict[str, pd.DataFrame]] = {}  # one draft's depths cost the same in every entry
     for label, cfg in configs.items():
         decoder = build(cfg.decoder, "decoder")
         load_addons(decoder, lm)
         draft = decoder.load_addons(lm)
-        key = (str(decoder.draft_weights), decoder.draft_seed, str(draft.dtype), decoder.top_k)
-        if key not in curves_of:
-            curves_of[key] = depth_curves(lm, draft, decoder.top_k, args)
-        tables = {**curves_of[key], "step.csv": step_table(lm, decoder, curves_of[key], args)}
+        tables = profile_entry(lm, decoder, draft, args)
         info = provenance.collect(lm)
         info.update(draft=str(decoder.draft_weights), draft_dtype=str(draft.dtype).replace("torch.", ""),
                     top_k=decoder.top_k, tree=decoder.tree, tree_size=decoder.tree_size, depth=decoder.depth,
-                    committed=COMMITTED, statistic=f"median of {args.repeats}", script_args=vars(args))
+                    committed=COMMITTED, statistic=f"median of {args.repeats} interleaved rounds",
+                    script_args=vars(args))
         out = Path(args.profile) / f"draft-{label}"
         out.mkdir(parents=True, exist_ok=True)
         for name, table in tables.items():
@@ -189,10 +202,10 @@ def main(argv=None) -> None:
         shown["later_ms"] = later.loc[shown.index, column]
         print(f"{label}: {lm.name} {info.get('dtype')}, draft {decoder.draft_weights} ({info['draft_dtype']}), "
               f"{torch.get_num_threads()} threads, fast path {lm.fast_path}: one drafting depth, ms "
-              f"(median of {args.repeats}; first: after the target's forward, later: after another depth)")
+              f"(median of {args.repeats} rounds; first: after the target's forward, later: after another depth)")
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         print(f"a whole drafting step ({decoder.tree} tree, size {decoder.tree_size}, depth {decoder.depth}, "
-              f"{COMMITTED} rows committed first), ms (median of {args.repeats}):")
+              f"{COMMITTED} rows committed first), ms (median of the same rounds):")
         print(tables["step.csv"].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         print(f"wrote {', '.join(tables)} under {out}")
 

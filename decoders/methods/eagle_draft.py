@@ -22,7 +22,7 @@ import statistics
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -132,19 +132,19 @@ class FeatureDraft(nn.Module):
         return self.info.get("accuracy")
 
 
+DEPTH_AFTER = ("target", "draft")  # what precedes a timed depth: verification (a step's first), or a depth
+
+
 @torch.inference_mode()
-def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequence[int], repeats: int,
-                  after: str = "target") -> list[float]:
-    """Seconds of one drafting depth for each count in `rows`: that many rows through the draft after
-    `context` cached positions, then its readout, log-softmax and top-k, as FeatureDraftProposer does
-    at every depth; the median of `repeats` calls. What precedes each call, untimed, is `after`:
+def depth_timer(lm: LM, draft: nn.Module, top_k: int, context: int) -> Callable[[int, str], float]:
+    """time_depth(k, after): seconds of one drafting depth of k rows after `context` cached positions
+    (the rows through the draft, then its readout, log-softmax and top-k, as FeatureDraftProposer
+    does at every depth), timed after an untimed `after`:
     - "target": a one-token target forward, as a step's first depth follows verification (it takes
       the draft out of the caches: timed back to back, a depth cost two thirds of its in-run time on
       a CPU);
     - "draft": another depth of as many rows, as every later depth of a step follows the one before.
-    The draft's cache is filled from the target's own features of a random prompt, as at a prefill."""
-    if after not in ("target", "draft"):
-        raise ValueError(f"after={after!r}: one of 'target' (a step's first depth) or 'draft' (a later one)")
+    The draft's cache is filled once from the target's own features of a random prompt, as at a prefill."""
     prompt = torch.randint(0, lm.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     cache = lm.new_cache()
     _, feats = lm.forward(prompt, cache, features=draft.reads)
@@ -155,34 +155,48 @@ def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequ
     vocab = draft.vocab.to(g.device)
     step = torch.tensor([prompt[-1]])
     sync = torch.cuda.synchronize if g.device.type == "cuda" else (lambda: None)
-    seconds = []
-    for k in rows:
-        parents = g[-1:].expand(k, -1).contiguous()  # (k, d): a depth's parents' features
-        tokens = vocab[torch.arange(k) % len(vocab)]
-        positions = torch.full((k,), context, device=g.device)
-        mask = torch.cat([torch.ones(k, context, dtype=torch.bool, device=g.device),
-                          torch.eye(k, dtype=torch.bool, device=g.device)], 1)
 
-        def depth():
-            out = draft(parents, tokens, positions, mask, dcache)
-            torch.log_softmax(draft.logits(out).float(), dim=-1).topk(min(top_k, len(vocab)), dim=-1)
+    inputs: dict[int, tuple] = {}  # k -> a depth's inputs, made once, outside the timing
 
-        times = []
-        for i in range(repeats + 1):  # the first a warm-up
-            if after == "target":
-                lm.forward(step, cache)
-                cache.crop(context)
-            else:
-                depth()
-                dcache.crop(context)
-            sync()
-            start = time.perf_counter()
-            depth()
-            sync()
-            times.append(time.perf_counter() - start)
+    def depth(k: int) -> None:
+        if k not in inputs:
+            inputs[k] = (g[-1:].expand(k, -1).contiguous(),  # (k, d): a depth's parents' features
+                         vocab[torch.arange(k) % len(vocab)], torch.full((k,), context, device=g.device),
+                         torch.cat([torch.ones(k, context, dtype=torch.bool, device=g.device),
+                                    torch.eye(k, dtype=torch.bool, device=g.device)], 1))  # mask (k, context + k)
+        out = draft(*inputs[k], dcache)
+        torch.log_softmax(draft.logits(out).float(), dim=-1).topk(min(top_k, len(vocab)), dim=-1)
+
+    @torch.inference_mode()
+    def time_depth(k: int, after: str) -> float:
+        if k not in inputs:  # before what precedes the timed call: making them runs the draft
+            depth(k)
             dcache.crop(context)
-        seconds.append(statistics.median(times[1:]))
-    return seconds
+        if after == "target":
+            lm.forward(step, cache)
+            cache.crop(context)
+        elif after == "draft":
+            depth(k)
+            dcache.crop(context)
+        else:
+            raise ValueError(f"after={after!r}: one of {', '.join(DEPTH_AFTER)}")
+        sync()
+        start = time.perf_counter()
+        depth(k)
+        sync()
+        seconds = time.perf_counter() - start
+        dcache.crop(context)
+        return seconds
+
+    return time_depth
+
+
+def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequence[int], repeats: int,
+                  after: str = "target") -> list[float]:
+    """Seconds of one drafting depth (depth_timer) for each count in `rows`, after `after`: the median
+    of `repeats` calls, after one untimed warm-up."""
+    time_depth = depth_timer(lm, draft, top_k, context)
+    return [statistics.median([time_depth(k, after) for _ in range(repeats + 1)][1:]) for k in rows]
 
 
 def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = None) -> FeatureDraft:
