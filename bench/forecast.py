@@ -29,9 +29,10 @@ depth the host work a whole drafting step did beyond its depths' curves, host_ms
 built between and after them), else a roofline of the
 draft's size (with a roofline profile: its parameters are read off the recorded draft FLOPs, 2 per
 parameter and token, the smallest over the run's steps), else the run's measured draft_time scaled
-by the target's forecast / measured time over the run's decoding steps. A step runs one draft
-forward per level of its draft (info["draft_depth"], else one). A step that fed no draft forward
-keeps its measured draft_time: host work (n-gram lookups, tree building), as overhead is.
+by the target's forecast / measured time over the run's decoding steps. A step runs the draft
+forwards its info says (draft_forwards, else one per level: draft_depth, else one). A step that fed
+no draft forward keeps its measured draft_time: host work (n-gram lookups, tree building), as
+overhead is.
 Overhead: the profile's step_overhead_ms where it gives one, else the run's overhead_time, step by step.
 
 Speedup: the same forecast of the leaderboard's autoregressive entry (the sibling directory
@@ -307,11 +308,13 @@ def batched(run: Run) -> bool:
 
 
 def draft_forwards(trace: dict, i: int) -> int:
-    """Sequential draft forwards in step i: one per level of the draft, none where nothing was fed to one."""
+    """Sequential draft forwards in step i: as many as the proposer ran where it says (EAGLE's
+    draft_forwards: its drafting may go deeper than the tree it keeps), else one per level of the tree
+    drafted; none where nothing was fed to one."""
     if not trace["draft_forward_tokens"][i]:
         return 0
     info = trace["info"][i] if i < len(trace.get("info") or []) else {}
-    return max(1, int(info.get("draft_depth") or 1))
+    return max(1, int(info.get("draft_forwards") or info.get("draft_depth") or 1))
 
 
 @dataclass

@@ -349,3 +349,23 @@ def test_eagle_auto_size_on_a_model_reports_its_choice(tmp_path, monkeypatch, tr
         Eagle(tree_size="big")
     with pytest.raises(ValueError, match="auto_sizes"):
         Eagle(auto_sizes=[])
+
+
+def test_each_step_records_the_draft_forwards_it_ran(monkeypatch):
+    """info["draft_forwards"] (what bench.forecast prices a step's draft by) counts the draft forwards
+    the step ran: the committed rows', then one per depth fed. A dynamic tree may keep fewer depths
+    than it drafted (its draft_depth), so on this seed some steps ran more forwards than they kept."""
+    calls = []
+    feed_rows = FeatureDraftProposer._feed
+
+    def counted(self, *args):
+        calls.append(len(args[1]))
+        return feed_rows(self, *args)
+    monkeypatch.setattr(FeatureDraftProposer, "_feed", counted)
+    lm = tiny_lm(seed=0)
+    eagle = Eagle(draft_weights=None, draft_seed=1, tree="dynamic", tree_size=3, depth=4, top_k=3)
+    gen = eagle.generate(lm, [1, 2, 3], 16, Sampling(), set())
+    infos = [step.info for step in gen.steps if step.info]
+    assert sum(info["draft_forwards"] for info in infos) == len(calls)
+    assert all(info["draft_depth"] <= info["draft_forwards"] <= 4 for info in infos)
+    assert any(info["draft_forwards"] > info["draft_depth"] for info in infos)

@@ -384,3 +384,11 @@ def test_a_profile_of_two_contexts_prices_a_run(tmp_path, how):
     assert run.returncode == 0, run.stderr[-2000:]
     table = pd.read_csv(tmp_path / "out" / "forecast.csv").set_index("run")
     assert table.loc["autoregressive", "forecast_speedup"] == pytest.approx(1.0)
+
+
+def test_a_steps_draft_forwards_are_its_own_count_else_its_trees_depth():
+    """EAGLE's drafting can go deeper than the tree it keeps: draft_forwards, where the step records
+    it, is what the draft is priced by; else draft_depth; else one; none where nothing was fed."""
+    trace = {"draft_forward_tokens": [0, 6, 6, 6, 0],
+             "info": [{}, {"draft_depth": 2, "draft_forwards": 3}, {"draft_depth": 2}, {}, {"draft_depth": 2}]}
+    assert [fc.draft_forwards(trace, i) for i in range(5)] == [0, 3, 2, 1, 0]

@@ -74,7 +74,7 @@ class FeatureDraftProposer:
         self.pending: tuple[torch.Tensor, list[int]] | None = None  # committed rows not yet fed to the draft
         # One proposal's drafting state (_draft): tokens fed and FLOPs; the nodes (token, parent, depth,
         # cumulative log-probability); each fed node's predicted features and its draft cache slot.
-        self.forward_tokens, self.flops = 0, 0.0
+        self.forward_tokens, self.flops, self.forwards = 0, 0.0, 0
         self.prune = True  # where reads do not wait (a CPU), feed no frontier node that cannot reach the tree
         self._vocab: torch.Tensor | None = None  # the draft vocabulary on the draft's device
         self.nodes = DraftNodes([], [], [], [])
@@ -101,7 +101,8 @@ class FeatureDraftProposer:
         features = scores.features.index_select(0, to_device(rows, scores.features.device, torch.long))
         self.pending = (features, list(sequence[-len(rows):]))
         tree = proposal.tree
-        return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree)}
+        return {"draft_depth": max(tree.depths), "accepted_depth": len(path) - 1, "tree_size": len(tree),
+                "draft_forwards": self.forwards}
 
     # ---- drafting -----------------------------------------------------------------------------------
     def _feed(self, features, tokens, positions, mask) -> torch.Tensor:
@@ -110,10 +111,11 @@ class FeatureDraftProposer:
                          to_device(positions, features.device, torch.long), mask, self.cache)
         self.forward_tokens += len(tokens)
         self.flops += self.draft.flops(len(tokens), context, len(tokens))
+        self.forwards += 1
         return out
 
     def _draft(self, sequence: Sequence[int], room: int) -> TokenTree | DeviceTree:
-        self.forward_tokens, self.flops = 0, 0.0  # counted by _feed
+        self.forward_tokens, self.flops, self.forwards = 0, 0.0, 0  # counted by _feed
         feats, tokens = self.pending
         self.pending = None
         base = len(self.cache)
