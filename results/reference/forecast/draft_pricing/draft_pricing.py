@@ -1,12 +1,17 @@
-"""The draft's price three ways, on runs of prompts no leaderboard scores, against the draft time
-those runs measured: each step's depths all at the first-depth curve (profile.csv alone: how
-bench.forecast priced a draft before 1a5ad59), the first depth at profile.csv and the later ones at
-profile_later.csv, and both plus step.csv's host work per depth (what bench.forecast does now).
+"""A draft's price four ways, on leaderboard runs, against the draft time those runs measured
+(measured_draft_ms: per decoding step) and with the speedup each forecast gives:
+- before: every depth at the first-depth curve (profile.csv alone), as many depths as the tree kept
+  (draft_depth): how bench.forecast priced a draft before 1a5ad59;
+- later: the first depth at profile.csv, the later ones at profile_later.csv;
+- host: and step.csv's host work on every depth;
+- now: and as many depths as the step drafted (draft_forwards, recorded since ea1f5a7), which is
+  what bench.forecast does.
 
-    python results/reference/forecast/draft_pricing/draft_pricing.py RUNS PROFILE OUT
-RUNS holds one leaderboard directory per dataset; PROFILE is scripts/profile_device.py's --out with
-scripts/profile_draft.py's draft-<label>/ beside it. Writes OUT/draft_pricing.csv and .md.
+    python results/reference/forecast/draft_pricing/draft_pricing.py PROFILE OUT BOARD [BOARD ...]
+PROFILE is scripts/profile_device.py's --out with scripts/profile_draft.py's draft-<label>/ in it;
+each BOARD a leaderboard directory. Writes OUT/draft_pricing.csv and OUT/draft_pricing.md.
 """
+import copy
 import shutil
 import sys
 import tempfile
@@ -17,22 +22,39 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from bench import forecast as fc  # noqa: E402
 
-PRICINGS = {"first_only": ("profile_later.csv", "step.csv"), "first_later": ("step.csv",), "first_later_host": ()}
+PRICINGS = {  # name -> (draft profile files left out, whether draft_forwards is read)
+    "before": (("profile_later.csv", "step.csv"), False),
+    "later": (("step.csv",), False),
+    "host": ((), False),
+    "now": ((), True),
+}
 
 
-def priced(runs_dir: Path, profile: Path) -> pd.DataFrame:
+def kept_depth_only(runs: list) -> list:
+    """The runs as if no step had recorded draft_forwards."""
+    runs = copy.deepcopy(runs)
+    for run in runs:
+        for r in run.records:
+            for info in r["trace"].get("info") or []:
+                if isinstance(info, dict):
+                    info.pop("draft_forwards", None)
+    return runs
+
+
+def priced(profile: Path, boards: list[Path]) -> pd.DataFrame:
     rows = []
+    loaded = {board: fc.find_runs(board) for board in boards}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, dropped in PRICINGS.items():
-            copy = Path(tmp) / name
-            shutil.copytree(profile, copy)
+        for name, (dropped, forwards) in PRICINGS.items():
+            copied = Path(tmp) / name
+            shutil.copytree(profile, copied)
             for f in dropped:
-                for p in copy.glob(f"draft-*/{f}"):
+                for p in copied.glob(f"draft-*/{f}"):
                     p.unlink()
-            prof = fc.load_profile(copy)
-            for board in sorted(d for d in runs_dir.iterdir() if d.is_dir() and d.name != profile.name):
-                table = fc.forecast(fc.find_runs(board), prof)
-                for _, r in table[table["decoder"] != "autoregressive"].iterrows():
+            prof = fc.load_profile(copied)
+            for runs in loaded.values():
+                table = fc.forecast(runs if forwards else kept_depth_only(runs), prof)
+                for _, r in table[table["draft_source"].str.startswith("profile draft-")].iterrows():
                     rows.append({"dataset": r["dataset"], "entry": r["run"], "pricing": name,
                                  "measured_draft_ms": r["measured_draft_ms"], "draft_ms": r["draft_ms"],
                                  "measured_speedup": r["measured_speedup"], "forecast_speedup": r["forecast_speedup"]})
@@ -43,18 +65,26 @@ def priced(runs_dir: Path, profile: Path) -> pd.DataFrame:
 
 
 def main() -> None:
-    runs_dir, profile, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    t = priced(runs_dir, profile)
+    profile, out, boards = Path(sys.argv[1]), Path(sys.argv[2]), [Path(b) for b in sys.argv[3:]]
+    t = priced(profile, boards)
     out.mkdir(parents=True, exist_ok=True)
     t.to_csv(out / "draft_pricing.csv", index=False)
-    wide = t.pivot_table(index=["dataset", "entry"], columns="pricing", values=["draft_ms", "speedup_error"])
-    wide.columns = [f"{v}:{p}" for v, p in wide.columns]
-    first = t[t["pricing"] == "first_only"].set_index(["dataset", "entry"])
-    wide.insert(0, "measured_draft_ms", first["measured_draft_ms"])
-    wide.insert(1, "measured_speedup", first["measured_speedup"])
-    summary = t.groupby("pricing")[["draft_error", "speedup_error"]].agg(
-        lambda e: f"mean |e| {e.abs().mean():.1%}, worst {e.loc[e.abs().idxmax()]:+.1%}")
-    md = wide.reset_index().to_markdown(index=False, floatfmt=".3g") + "\n\n" + summary.to_markdown() + "\n"
+    keys = ["dataset", "entry"]
+    wide = t.pivot_table(index=keys, columns="pricing", values="draft_ms")[list(PRICINGS)]
+    wide.columns = [f"draft_ms {p}" for p in wide.columns]
+    errors = t.pivot_table(index=keys, columns="pricing", values="speedup_error")[["before", "now"]]
+    errors.columns = [f"speedup error {p}" for p in errors.columns]
+    first = t[t["pricing"] == "before"].set_index(keys)
+    wide = pd.concat([first[["measured_draft_ms"]], wide, first[["measured_speedup"]], errors], axis=1)
+    summary = t.groupby("pricing", sort=False).agg(
+        draft_mean_abs_error=("draft_error", lambda e: e.abs().mean()),
+        draft_worst=("draft_error", lambda e: e.loc[e.abs().idxmax()]),
+        speedup_mean_abs_error=("speedup_error", lambda e: e.abs().mean()),
+        speedup_worst=("speedup_error", lambda e: e.loc[e.abs().idxmax()]),
+        speedup_within_10pct=("speedup_error", lambda e: f"{(e.abs() <= 0.1).sum()} of {len(e)}"))
+    md = (f"Draft prices of {', '.join(map(str, boards))} at {profile}\n\n"
+          + wide.reset_index().to_markdown(index=False, floatfmt=".3g") + "\n\n"
+          + summary.reset_index().to_markdown(index=False, floatfmt="+.1%") + "\n")
     (out / "draft_pricing.md").write_text(md)
     print(md)
 
