@@ -368,12 +368,14 @@ def add_draft_prices(prices: Prices, run: Run, profile: Profile, fast_path: str 
         first = curves[label]
         later = profile.drafts_later.get(run.label, {}).get(label, first)
         host = profile.drafts_host.get(run.label, {})
+        host_contexts = sorted(host)
+        host_ms = [host[c] for c in host_contexts]
 
         def from_curve(t, i):  # n depths of draft_forward_tokens / n rows each: the first, then n - 1 later ones
             n = draft_forwards(t, i)
             rows, context = t["draft_forward_tokens"][i] / n, t["context_tokens"][i]
-            host_ms = float(np.interp(context, sorted(host), [host[c] for c in sorted(host)])) if host else 0.0
-            return first.forward_ms(rows, context) + (n - 1) * later.forward_ms(rows, context) + n * host_ms
+            host_here = float(np.interp(context, host_contexts, host_ms)) if host else 0.0
+            return first.forward_ms(rows, context) + (n - 1) * later.forward_ms(rows, context) + n * host_here
         prices.draft_ms = from_curve
         parts = [name for name, there in (("first, later depths", later is not first), ("host work", host)) if there]
         prices.draft_source = f"profile draft-{run.label}" + (f" ({'; '.join(parts)})" if parts else "")

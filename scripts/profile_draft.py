@@ -94,16 +94,15 @@ def step_timer(lm, decoder, draft, context: int) -> Callable[[], tuple[float, li
         _, feats = lm.forward(seq[:context], cache, features=draft.reads)
         proposer.pending = (feats, seq[1:context + 1])
         proposer.propose(seq[:context + 1], room)  # the draft's cache now holds the context, as after a prefill
-    sync = torch.cuda.synchronize if feats.device.type == "cuda" else (lambda: None)
 
     @torch.inference_mode()
     def time_step() -> tuple[float, list[int]]:
         _, feats = lm.forward(seq[context:context + COMMITTED], cache, features=draft.reads)  # (COMMITTED, d)
         proposer.pending = (feats, seq[context + 1:])
-        sync()
+        lm.sync()
         start = time.perf_counter()
         proposer.propose(seq, room)
-        sync()
+        lm.sync()
         seconds = time.perf_counter() - start
         cache.crop(context)
         proposer.cache.crop(context)

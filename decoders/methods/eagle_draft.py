@@ -154,7 +154,6 @@ def depth_timer(lm: LM, draft: nn.Module, top_k: int, context: int) -> Callable[
               torch.arange(context), causal_mask(context, 0), dcache)  # (context, d): predicted features
     vocab = draft.vocab.to(g.device)
     step = torch.tensor([prompt[-1]])
-    sync = torch.cuda.synchronize if g.device.type == "cuda" else (lambda: None)
 
     inputs: dict[int, tuple] = {}  # k -> a depth's inputs, made once, outside the timing
 
@@ -180,10 +179,10 @@ def depth_timer(lm: LM, draft: nn.Module, top_k: int, context: int) -> Callable[
             dcache.crop(context)
         else:
             raise ValueError(f"after={after!r}: one of {', '.join(DEPTH_AFTER)}")
-        sync()
+        lm.sync()
         start = time.perf_counter()
         depth(k)
-        sync()
+        lm.sync()
         seconds = time.perf_counter() - start
         dcache.crop(context)
         return seconds
@@ -191,12 +190,11 @@ def depth_timer(lm: LM, draft: nn.Module, top_k: int, context: int) -> Callable[
     return time_depth
 
 
-def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequence[int], repeats: int,
-                  after: str = "target") -> list[float]:
-    """Seconds of one drafting depth (depth_timer) for each count in `rows`, after `after`: the median
-    of `repeats` calls, after one untimed warm-up."""
+def depth_seconds(lm: LM, draft: nn.Module, top_k: int, context: int, rows: Sequence[int], repeats: int) -> list[float]:
+    """Seconds of a step's first drafting depth (depth_timer, after the target's forward) for each
+    count in `rows`: the median of `repeats` calls, after one untimed warm-up."""
     time_depth = depth_timer(lm, draft, top_k, context)
-    return [statistics.median([time_depth(k, after) for _ in range(repeats + 1)][1:]) for k in rows]
+    return [statistics.median([time_depth(k, "target") for _ in range(repeats + 1)][1:]) for k in rows]
 
 
 def new_draft(lm: LM, vocab: Sequence[int] | None = None, seed: int | None = None) -> FeatureDraft:
