@@ -292,7 +292,10 @@ def test_train_eagle3_on_tiny_random(tmp_path):
     """scripts/train_eagle.py --layout eagle3 end to end on an 8-layer tiny-random target (EAGLE-3 reads
     layers 2, 4 and 5): it writes the authors' layout (a directory), which decoder.draft_weights loads
     as an EAGLE-3 draft whose lm_head training moved, with the held-out accuracy it measured, and
-    decodes exactly with; --evaluate reads it."""
+    decodes exactly with; stopped and resumed it ends bit for bit as the whole run (its fused fc, d2t / t2d
+    and own lm_head included); --evaluate prints drafts side by side."""
+    from safetensors.torch import load_file
+
     from decoders.core.sampling import Sampling
     from decoders.methods.autoregressive import autoregressive_decode
     from decoders.methods.eagle import Eagle
@@ -321,10 +324,19 @@ def test_train_eagle3_on_tiny_random(tmp_path):
         dec = Eagle(draft_weights=str(tmp_path / "whole"), tree=tree, tree_size=6, depth=3, top_k=3)
         assert dec.generate(lm, [5, 6, 7], 8, Sampling(), set()).tokens == reference
 
-    # stopping and resuming is the layouts' shared code, checked bit for bit by the test above
-    evaluated = run_script("train_eagle.py", *common, "--evaluate", str(tmp_path / "whole"))
+    parts = ["--out", str(tmp_path / "parts")]
+    first = run_script("train_eagle.py", *common, *parts, "--stop-after-steps", "2")
+    assert first.returncode == 75 and "stopped at step 2 of" in first.stdout, first.stderr[-2000:]
+    assert not (tmp_path / "parts").exists()
+    second = run_script("train_eagle.py", *common, *parts)
+    assert second.returncode == 0 and "resuming from" in second.stdout, second.stderr[-2000:]
+    a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "parts"))
+    assert a.keys() == b.keys() and {"fc.weight", "d2t", "t2d", "lm_head.weight"} <= a.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    evaluated = run_script("train_eagle.py", *common, "--evaluate", str(tmp_path / "whole"), str(tmp_path / "parts"))
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert f"{tmp_path / 'whole'}: held-out top-1 by depth (1..3)\n  all " in evaluated.stdout, evaluated.stdout
+    assert f"| depth | {tmp_path / 'whole'} | {tmp_path / 'parts'} |" in evaluated.stdout, evaluated.stdout
 
 
 @pytest.mark.slow
