@@ -213,6 +213,14 @@ def test_speedup_interval_keeps_each_run_paired_with_its_reference():
     shuffled = [(a, b) for (a, _), (_, b) in zip(pairs, [pairs[(i + 7) % 24] for i in range(24)])]
     unpaired = metrics.speedup_interval(shuffled, prompts)
     assert unpaired["speedup_ci_high"] - unpaired["speedup_ci_low"] > 0.3
+    # Prompts with their own numbers of runs (1 to 4: a run failed, or was resumed): the padded slots
+    # of the shorter ones count in neither sum, so the interval is still [2, 2].
+    prompts = [0, 1, 1, 2, 2, 2, 3, 3, 3, 3, 4, 5, 5]
+    uneven = metrics.speedup_interval(pairs[:len(prompts)], prompts)
+    assert (uneven["speedup_ci_low"], uneven["speedup_ci_high"]) == pytest.approx((2.0, 2.0))
+    # 20 tokens/s in every run, of two sizes: tokens and seconds must be summed over the same slots
+    flat = metrics.tokens_per_s_interval([_run(10, 0.5)] + [_run(30, 1.5)] * (len(prompts) - 1), prompts)
+    assert (flat["tokens_per_s_ci_low"], flat["tokens_per_s_ci_high"]) == pytest.approx((20.0, 20.0))
 
 
 def test_speedup_interval_covers_the_true_speedup_and_not_no_speedup():
@@ -253,3 +261,6 @@ def test_overlapping_intervals():
     nan = float("nan")
     assert metrics.overlapping({"a": (1.0, 2.0), "b": (1.5, 3.0), "c": (3.5, 4.0), "d": (nan, nan)}) == \
         {"a": ["b"], "b": ["a"], "c": [], "d": []}
+    # intervals that share only an end overlap: the table cannot order them either
+    assert metrics.overlapping({"a": (1.0, 2.0), "b": (2.0, 3.0), "c": (3.0000001, 4.0)}) == \
+        {"a": ["b"], "b": ["a"], "c": []}
