@@ -205,6 +205,7 @@ def test_tree_is_cut_by_size_probability_depth_and_stop_tokens():
     at = node(trie, [5])
     assert grow(trie, at, 3, 10, 0.0, set()).tokens == [1, 9, 5]  # the 3 most likely nodes
     assert grow(trie, at, 10, 10, 0.3, set()).tokens == [1, 9, 5]  # the 1/4 ones are under min_token_prob
+    assert grow(trie, at, 10, 10, 0.25, set()).tokens == [1, 9, 5, 2, 8, 9, 5]  # at it: kept (exact in binary)
     assert grow(trie, at, 10, 1, 0.0, set()).tokens == [1, 2]  # one level (room)
     assert grow(trie, at, 10, 10, 0.0, {9}).tokens == [1, 9, 2, 8, 9, 5]  # nothing after a stop token
     assert grow(trie, at, 10, 10, 0.9, set()).tokens == []
