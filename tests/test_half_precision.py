@@ -153,6 +153,24 @@ def test_a_departure_past_the_step_tolerance_is_a_tie_only_where_the_wider_dtype
     assert calls == []
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_tie_bound_is_inclusive_and_a_difference_in_length_is_never_a_tie(dtype):
+    """A token TIE_ULPS below the step's top-1 is a tie, one ulp more is not (no referee); an output
+    that stops early or runs on departs in length, which no logit can excuse, even where the token
+    it has over the reference is the step's own top-1."""
+    dtype = getattr(torch, dtype)
+    unit = metrics.ulp(1.5, dtype)
+    for below, tie in ((metrics.TIE_ULPS, True), (metrics.TIE_ULPS + 1, False)):
+        step = torch.tensor([1.5, 1.5 - below * unit, 1.0], dtype=dtype)
+        verdict = metrics.judge_output([0, 1], [0, 0], [step, step])
+        assert verdict["divergence_ulps"] == below and verdict["divergence_tie"] is tie
+    top1 = torch.tensor([1.0, 1.5, 1.0], dtype=dtype)  # token 1 is the step's top-1
+    for tokens, reference in (([1], [1, 1]), ([1, 1, 1], [1, 1])):
+        verdict = metrics.judge_output(tokens, reference, [top1] * len(tokens))
+        assert verdict["first_real_divergence"] == min(len(tokens), len(reference))
+        assert verdict["divergence_tie"] is False and verdict["lossless"] is False
+
+
 @pytest.mark.parametrize("dtype,wide", [("bfloat16", torch.float32), ("float32", torch.float64)])
 @pytest.mark.parametrize("fast_path", ["none", "prepacked"])
 def test_the_referee_is_the_same_weights_in_a_wider_dtype_and_leaves_the_model_alone(dtype, wide, fast_path):
