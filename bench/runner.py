@@ -27,6 +27,7 @@ from . import drift, metrics, provenance, rundir, slurm
 from .errors import BenchError
 from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
+from .spec_bench_table import speed_py_tokens
 from .settings import check_gen_settings, check_seed, check_settings
 from .targets import check_targets
 
@@ -224,7 +225,8 @@ def finish_unit(ctx: RunContext, record: dict, prompt, turn: int, ids, gen, *, l
     output = lm.tokenizer.decode(gen.tokens, skip_special_tokens=True)
     record.update(metrics.generation_metrics(gen, lm.flops_spec(), latency))
     record["stop_reason"] = capped_stop_reason(len(gen.tokens), gen.stop_reason, cfg.gen.max_new_tokens)
-    record.update(tokens=gen.tokens, text=output, trace=gen.trace_columns())
+    record.update(tokens=gen.tokens, text=output, trace=gen.trace_columns(),
+                  speed_py_tokens=speed_py_tokens(lm.tokenizer, output))  # Spec-Bench's count of a baseline's
     tuning = decoder.tuning if isinstance(decoder, ReportsTuning) else None
     if tuning:  # what "auto" resolved to, and the speedup it predicted (compare: speedup)
         record["tuned"] = {k: v for k, v in tuning.items() if k != "table"}

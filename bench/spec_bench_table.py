@@ -9,6 +9,17 @@ mean per-question tokens/s over the reference's, both from run r, i.e. repeat r 
 leaderboard's rotation); the table gives its mean and sample standard deviation (ddof 1) over the
 runs. Mean accepted tokens is `metrics.mean_accepted_tokens` over every turn's steps.
 
+The reference's tokens are counted as speed.py counts the baseline's: not its generated tokens but
+its answer text encoded again, less one (`speed_py_tokens`, kept in each record), while a method's
+are its generated ones (speed.py reads them from the method's answers). The two counts differ by
+the EOS token (not in the text), what encoding the text again merges or splits, and the one less
+(Llama's BOS; a real token for a tokenizer that adds none, as SmolLM2's): on SmolLM2's
+autoregressive answers -0.8 to -2.1% of the generated count at 97-128 tokens a turn, -0.13% at
+878, so the speedups read 0.1-2% higher. The reference's own row is therefore not exactly 1.00x:
+it shows what the rule moves. Records from before 2026-12-02 lack the field: a cell where any of
+the reference's records lacks it counts generated tokens, and `reference_tokens` says which count
+each cell used.
+
 Every question runs (Spec-Bench's 480, both turns of MT-Bench's): a generation that reaches the
 model's context stops there (stop_reason "context") and counts with the tokens it made, as in
 Spec-Bench; the one skip is a prompt that fills the context by itself. Only questions whose every
@@ -42,6 +53,13 @@ def columns(categories: list[str]) -> dict[str, tuple[str, ...]]:
     return cols
 
 
+def speed_py_tokens(tokenizer, text: str) -> int:
+    """A turn's tokens as Spec-Bench's evaluation/speed.py counts the baseline's: the answer as its
+    answer files keep it (stripped) encoded again with the tokenizer's special tokens, less one (the
+    BOS of the Llama tokenizers it was written for; one real token where a tokenizer adds none)."""
+    return len(tokenizer(text.strip())["input_ids"]) - 1
+
+
 def by_question(records: list[dict]) -> dict[str, list[dict]]:
     """prompt_id -> its turns' records, in turn order."""
     by_id: dict[str, list[dict]] = {}
@@ -60,11 +78,13 @@ def cell(records: list[dict], reference: list[dict]) -> dict:
     mine, ref = _questions(records), _questions(reference)
     common = [q for q in mine if q in ref and len(mine[q]) == len(ref[q])]
     runs = min((len(timed_runs(r)) for q in common for r in mine[q] + ref[q]), default=0)
+    counted = "speed_py_tokens" if all(r.get("speed_py_tokens") is not None for q in common for r in ref[q]) \
+        else "new_tokens"  # speed.py's count of the baseline's tokens where every record has it
     per_run = []
     for k in range(runs):
         pairs = [({"new_tokens": sum(r["new_tokens"] for r in mine[q]),
                    "latency_s": sum(timed_runs(r)[k] for r in mine[q])},
-                  {"new_tokens": sum(r["new_tokens"] for r in ref[q]),
+                  {"new_tokens": sum(r[counted] for r in ref[q]),
                    "latency_s": sum(timed_runs(r)[k] for r in ref[q])})
                  for q in common]
         per_run.append(metrics.speedups(pairs)["speedup"])
@@ -72,6 +92,7 @@ def cell(records: list[dict], reference: list[dict]) -> dict:
     skipped = sorted(q for q in asked if any(r["status"] != "ok" for r in by_question(records + reference).get(q, [])))
     return {"questions": len(common), "of": len(asked), "skipped": len(skipped), "skipped_ids": " ".join(skipped),
             "context_stops": sum(r.get("stop_reason") == "context" for q in common for r in mine[q]), "runs": runs,
+            "reference_tokens": "text encoded again (speed.py)" if counted == "speed_py_tokens" else "generated",
             "speedup_mean": float(np.mean(per_run)) if per_run else math.nan,
             "speedup_std": float(np.std(per_run, ddof=1)) if len(per_run) > 1 else math.nan,
             "mean_accepted_tokens": metrics.mean_accepted_tokens([r for q in common for r in mine[q]])}
@@ -113,11 +134,14 @@ def markdown(df: pd.DataFrame) -> str:
                   wide(speed, "shown").drop(columns="dataset").to_markdown(index=False),
                   f"\n### {ds}: mean accepted tokens\n",
                   wide(part, "mean_accepted_tokens").drop(columns="dataset").to_markdown(index=False, floatfmt=".2f"),
-                  f"\nquestions per column: {questions}\n",
+                  f"\nquestions per column: {questions}; the reference's tokens: "
+                  f"{' / '.join(dict.fromkeys(part['reference_tokens']))}\n",
                   coverage(part)]
     return ("Spec-Bench's layout (evaluation/speed.py): a question's turns are summed; run r's speedup is the mean "
-            "per-question tokens/s over the reference's in the same run; mean accepted tokens: new tokens per "
-            "decoding step, prefill excluded, bonus token included.\n\n" + "\n".join(parts))
+            "per-question tokens/s over the reference's in the same run, the reference's tokens counted as speed.py "
+            "counts the baseline's where its records allow (its answers' text encoded again, less one: then the "
+            "reference's own row is not exactly 1.00x); mean accepted tokens: new tokens per decoding step, "
+            "prefill excluded, bonus token included.\n\n" + "\n".join(parts))
 
 
 def coverage(part: pd.DataFrame) -> str:
@@ -148,7 +172,7 @@ def csv_layout(df: pd.DataFrame) -> pd.DataFrame:
         out = part if out is None else out.merge(part, on=["dataset", "decoder"], sort=False)
     order = ["dataset", "decoder"] + [f"{c} {f}" for c in dict.fromkeys(df["column"]) for f in FIGURES]
     runs = df.groupby(["dataset", "decoder"], sort=False)["runs"].min().reset_index()
-    covered = df[df["column"] == OVERALL][["dataset", "decoder", *COVERAGE]]
+    covered = df[df["column"] == OVERALL][["dataset", "decoder", *COVERAGE, "reference_tokens"]]
     return out[order].merge(runs, on=["dataset", "decoder"], sort=False).merge(covered, on=["dataset", "decoder"],
                                                                                sort=False)
 

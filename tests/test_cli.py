@@ -148,6 +148,10 @@ def test_default_model_end_to_end(tmp_path):
     assert (row["decoder"], row["model"], row["dataset"]) == ("autoregressive", "smollm2-135m", "humaneval")
     assert row["records"] == 2 and row["lossless"] == 1.0 and row["tokens_per_step"] == 1.0
     assert all(r["text"].strip() for r in records(tmp_path))  # real text from a real model
+    from bench.models import GGUFPackageModel  # Spec-Bench's count of a baseline's tokens, kept per record
+    tokenizer = GGUFPackageModel().load_tokenizer()
+    assert [r["speed_py_tokens"] for r in records(tmp_path)] == [
+        len(tokenizer(r["text"].strip()).input_ids) - 1 for r in records(tmp_path)]
 
 
 @pytest.mark.slow

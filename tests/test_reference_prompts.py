@@ -145,3 +145,14 @@ def test_llama3_renders_as_the_eagle_authors_evaluation(llama_tokenizer_dir, mt_
             assert ids.count(tokenizer.bos_token_id) == 1
             messages.append({"role": "assistant", "content": FIRST_ANSWER.strip()})
     assert EAGLE_SYSTEM in text and text.count("<|start_header_id|>user") == 2
+
+
+def test_speed_py_counts_a_baseline_answer_without_its_bos(llama_tokenizer_dir):
+    """Spec-Bench's evaluation/speed.py counts the baseline's tokens as len(tokenizer(turn).input_ids) - 1:
+    with a Llama tokenizer (BOS added) that is the stripped answer's own tokens."""
+    from bench.spec_bench_table import speed_py_tokens
+
+    tokenizer = _tokenizer("vicuna-7b-v1.3", llama_tokenizer_dir)
+    assert tokenizer("x").input_ids[0] == tokenizer.bos_token_id == 1
+    for answer in (FIRST_ANSWER, "Sure!", " Here is my answer: 42."):
+        assert speed_py_tokens(tokenizer, answer) == len(tokenizer(answer.strip(), add_special_tokens=False).input_ids)

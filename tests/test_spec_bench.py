@@ -84,17 +84,19 @@ def _record(qid, category, turn, tokens, latencies, accept_lengths):
 
 def _speed_py(records, reference, categories, runs):
     """Spec-Bench's evaluation/speed.py, written out: per run, a question's tokens / seconds summed
-    over its turns, the mean of those over the reference's mean; mean and std (ddof 1) over runs;
-    mean accepted tokens: the mean of every step's accept length."""
-    def speeds(recs, k):
+    over its turns (the method's tokens its new_tokens, the baseline's its answers' text encoded
+    again less one: speed_py_tokens), the mean of those over the reference's mean; mean and std
+    (ddof 1) over runs; mean accepted tokens: the mean of every step's accept length."""
+    def speeds(recs, k, count):
         by_q = {}
         for r in recs:
             if r["category"] in categories:
                 tokens, seconds = by_q.get(r["prompt_id"], (0, 0.0))
-                by_q[r["prompt_id"]] = (tokens + r["new_tokens"], seconds + r["repeat_latency_s"][k])
+                by_q[r["prompt_id"]] = (tokens + r[count], seconds + r["repeat_latency_s"][k])
         return [t / s for t, s in by_q.values()]
 
-    ratios = [np.mean(speeds(records, k)) / np.mean(speeds(reference, k)) for k in range(runs)]
+    ratios = [np.mean(speeds(records, k, "new_tokens")) / np.mean(speeds(reference, k, "speed_py_tokens"))
+              for k in range(runs)]
     steps = [a for r in records if r["category"] in categories for a in r["accept_lengths"]]
     return np.mean(ratios), np.std(ratios, ddof=1), np.mean(steps)
 
@@ -111,6 +113,7 @@ def test_spec_bench_table_matches_speed_py():
             fast.append(_record(qid, category, turn, sum(lengths) + 1, list(rng.uniform(0.5, 2.0, 3)), lengths))
             ar_tokens = sum(lengths) + 1  # lossless: the same tokens, one per step
             ref.append(_record(qid, category, turn, ar_tokens, list(rng.uniform(1.0, 4.0, 3)), [1] * (ar_tokens - 1)))
+            ref[-1]["speed_py_tokens"] = ar_tokens - int(rng.integers(1, 3))  # the EOS, a merge: text != ids
     records = {("spec_bench", "autoregressive"): ref, ("spec_bench", "fast"): fast}
     df = spec_bench_table.table(records, ["spec_bench"], ["autoregressive", "fast"])
     # Spec-Bench's columns in its order, a category it does not know as its own, then Overall
@@ -125,8 +128,19 @@ def test_spec_bench_table_matches_speed_py():
         assert row["mean_accepted_tokens"] == pytest.approx(accepted, rel=1e-12)
     assert row["questions"] == 6  # Overall: questions, not turns
     ar = df[df["decoder"] == "autoregressive"]
-    assert ((ar["speedup_mean"] == 1.0).all() and (ar["speedup_std"] == 0.0).all()
-            and (ar["mean_accepted_tokens"] == 1.0).all())
+    for _, row in ar.iterrows():  # speed.py on the baseline against itself: the two counts' ratio, not 1
+        mean, std, _ = _speed_py(ref, ref, columns[row["column"]], 3)
+        assert row["speedup_mean"] == pytest.approx(mean, rel=1e-12) and row["speedup_mean"] > 1.0
+        assert row["speedup_std"] == pytest.approx(std, rel=1e-12, abs=1e-15)
+    assert (ar["mean_accepted_tokens"] == 1.0).all()
+    assert set(df["reference_tokens"]) == {"text encoded again (speed.py)"}
+    # records from before the count (no speed_py_tokens): generated tokens, and the table says so
+    older = spec_bench_table.table({("spec_bench", "autoregressive"): [{k: v for k, v in r.items()
+                                                                       if k != "speed_py_tokens"} for r in ref],
+                                    ("spec_bench", "fast"): fast}, ["spec_bench"], ["autoregressive", "fast"])
+    assert (older[older["decoder"] == "autoregressive"]["speedup_mean"] == 1.0).all()
+    assert set(older["reference_tokens"]) == {"generated"}
+    assert "the reference's tokens: generated" in spec_bench_table.markdown(older)
     wide = spec_bench_table.csv_layout(df)
     assert list(wide["decoder"]) == ["autoregressive", "fast"]
     assert list(wide.columns[:5]) == ["dataset", "decoder", "MT-Bench speedup_mean", "MT-Bench speedup_std",
@@ -163,7 +177,7 @@ def test_spec_bench_table_says_what_it_covers():
     assert "- fast: 2 of 3 questions; 1 skipped (162: each record says why); 1 turn stopped at the context" in md
     assert "- autoregressive: 2 of 3 questions; 1 skipped (162: each record says why); 0 turns" in md
     wide = spec_bench_table.csv_layout(df)
-    assert list(wide.columns[-4:]) == ["questions", "of", "skipped", "context_stops"]
+    assert list(wide.columns[-5:]) == ["questions", "of", "skipped", "context_stops", "reference_tokens"]
     assert list(wide["of"]) == [3, 3] and list(wide["skipped"]) == [1, 1]
 
 
@@ -294,7 +308,13 @@ def test_spec_bench_preset_runs_every_turn_and_writes_its_table(tmp_path, monkey
     assert list(wide["decoder"]) == ["autoregressive", "prompt_lookup-n3"] and (wide["runs"] == 2).all()
     for column in ("MT-Bench", "Translation", "Overall"):
         assert (wide[f"{column} speedup_mean"] > 0).all() and (wide[f"{column} speedup_std"] >= 0).all()
-    assert wide.loc[0, "Overall speedup_mean"] == 1.0 and wide.loc[0, "Overall mean_accepted_tokens"] == 1.0
+    # the reference against itself, as speed.py computes it: its generated tokens over its text's (random
+    # tokens' text encodes again quite differently, and this tokenizer adds no BOS for the - 1 to remove)
+    ref = [dict(r, accept_lengths=[1]) for r in logs["autoregressive"]]
+    expected, _, _ = _speed_py(ref, ref, {r["category"] for r in ref}, 2)
+    assert wide.loc[0, "Overall speedup_mean"] == pytest.approx(expected, rel=1e-12) and expected != 1.0
+    assert wide.loc[0, "Overall mean_accepted_tokens"] == 1.0
+    assert (wide["reference_tokens"] == "text encoded again (speed.py)").all()
     assert (wide["questions"] == 2).all() and (wide["of"] == 2).all() and (wide["skipped"] == 0).all()
     md = (out / "spec_bench.md").read_text()
     assert "mean ± std over 2 runs" in md
