@@ -27,8 +27,8 @@ from . import drift, metrics, provenance, rundir, slurm
 from .errors import BenchError
 from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
-from .spec_bench_table import speed_py_tokens
 from .settings import check_gen_settings, check_seed, check_settings
+from .spec_bench_table import speed_py_tokens
 from .targets import check_targets
 
 def build(node: DictConfig, what: str):
