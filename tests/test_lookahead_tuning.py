@@ -21,6 +21,10 @@ def test_step_cost_interpolates_and_extrapolates():
     assert step_cost(profile, 2.5) == pytest.approx(3.5)
     assert step_cost(profile, 4) == pytest.approx(5.0)
     assert step_cost(profile, 10) == pytest.approx(11.0)  # slope of the upper half, 1 per token
+    bent = {"latency_s": [1.0, 1.0, 1.0, 1.0, 3.0, 5.0, 7.0, 9.0], "autoregressive_s": 1.0}  # flat, then 2 a token
+    assert step_cost(bent, 10) == pytest.approx(13.0)  # the upper half's line, not one fitted to the flat start
+    falling = {"latency_s": [2.0, 3.0, 5.0, 4.0], "autoregressive_s": 1.0}  # a noisy last size
+    assert step_cost(falling, 6) == pytest.approx(4.0)  # more tokens never cost less: no downward slope
 
 
 def test_profile_is_measured_once_then_cached(tmp_path, monkeypatch):
