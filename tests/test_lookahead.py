@@ -610,6 +610,27 @@ def test_recycling_hot_start_carries_the_table_per_target():
     assert hot.generate(other, [7], 20, Sampling(), set()).steps[1].draft_tokens == 0
 
 
+def test_recycling_fills_its_template_from_the_table_and_learns_every_row():
+    """Token Recycling: a template node holds its parent token's successor of the node's rank in the
+    adjacency table (a rank the table lacks drops the node, and its subtree); after verification
+    every row of the tree, accepted or not, writes its top-k successors into the table."""
+    from decoders.methods.recycling import AdjacencyDraft
+
+    # the template: the root's successors of ranks 0 and 1; under the first its rank 0, under the second its rank 2
+    draft = AdjacencyDraft(parents=[-1, 0, 0, 1, 2], ranks=[0, 1, 0, 2], successors=3,
+                           table={7: [10, 11], 10: [20, 21, 22], 11: [30]})
+    proposal = draft.propose([5, 7], room=10)
+    assert proposal.tree.tokens == [7, 10, 11, 20] and proposal.tree.parents == [-1, 0, 0, 1]  # 11 has 1 successor
+
+    class Scores:  # each tree row's top-3 next tokens, as the target's forward gives them
+        @staticmethod
+        def top():
+            return [[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 1, 2]]
+
+    draft.commit(proposal, Scores(), [0, 1], [5, 7, 10])  # only 10 was accepted
+    assert draft.table == {7: [1, 2, 3], 10: [4, 5, 6], 11: [7, 8, 9], 20: [0, 1, 2]}
+
+
 def _verify_without_residual(tree, target_probs, draft_probs, generator, without_replacement=False, draws=None):
     """WRONG: after a deterministic candidate is rejected, the next token is drawn from the target
     p itself instead of p with the candidate zeroed: candidates are over-represented."""
