@@ -20,6 +20,7 @@ import torch
 
 from decoders.core.compiled import COMPILE_MODES
 from decoders.core.fast_path import FAST_PATHS
+from decoders.core.layer_types import AttentionPattern, UnsupportedAttention
 from decoders.core.lm import LM
 from decoders.tuning.profile import choose_compile, choose_fast_path
 
@@ -60,10 +61,28 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 ATTENTION = ("sdpa", "eager")
 
 
-def check_attention(name: str, attn_implementation: str) -> None:
+def check_attention(name: str, attn_implementation: str, config=None) -> None:
+    """The attention the run asks for, and (given the model's config, before any weight is read) whether the
+    harness decodes the model's layers (layer_types) and its class has that attention: one line if not."""
     if attn_implementation not in ATTENTION:
         raise BenchError(f"model {name}: model.attn_implementation={attn_implementation!r} is not supported (tree and "
                          f"batched decoding pass custom attention masks); use {' or '.join(ATTENTION)}")
+    if config is None:
+        return
+    try:
+        AttentionPattern.of(config)
+    except UnsupportedAttention as e:
+        raise BenchError(f"model {name}: {e}") from None
+    if attn_implementation == "sdpa":
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        try:
+            cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        except KeyError:  # not a causal LM transformers knows: from_pretrained says so in its own words
+            return
+        if not getattr(cls, "_supports_sdpa", True):
+            raise BenchError(f"model {name}: {cls.__name__} has no sdpa attention in this transformers; "
+                             "set model.attn_implementation=eager")
 
 
 GiB = 2 ** 30
@@ -280,10 +299,11 @@ class PretrainedModel:
         check_attention(self.name, self.attn_implementation)
         device = resolve_device(self.device)
         local, source = self._source()
-        if self.offload:
-            return None
         with self._reading(local):
             config = AutoConfig.from_pretrained(source, revision=self.revision)
+        check_attention(self.name, self.attn_implementation, config)
+        if self.offload:
+            return None
         # the runner admits prompts up to max_context: the cache may hold that many per row
         tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
         return check_memory(self.name, config, resolve_dtype(self.dtype, device), device, batch=batch, tokens=tokens,
@@ -469,13 +489,59 @@ def borrow_tokenizer(path: str | None) -> list[str]:
             f"+model.tokenizer={{_target_:bench.models.PretrainedModel,name:tokenizer,path:{path}}}"]
 
 
+# model.family for tiny-random: transformers' model type, built with what sets each family apart from
+# Llama's shape (QK-norm, mixtures of experts, sliding-window or hybrid layers, soft-capping, tied
+# embeddings, attention sinks) at tiny-random's sizes. A hybrid family's layers alternate sliding and full.
+TINY_FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "mistral", "gemma2", "gemma3", "gpt_oss")
+_SLIDING_FAMILIES = ("mistral", "mixtral", "gemma2", "gemma3", "gpt_oss")  # take model.sliding_window
+
+
+def tiny_config(family: str, *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                intermediate_size: int, max_position_embeddings: int, init_std: float, eos_token_id: int | None,
+                sliding_window: int | None = None):
+    """The transformers config of a tiny model of `family` (TINY_FAMILIES)."""
+    import transformers
+
+    head_dim = hidden_size // num_heads
+    kw = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+              num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+              max_position_embeddings=max_position_embeddings, initializer_range=init_std,
+              eos_token_id=eos_token_id, pad_token_id=eos_token_id, bos_token_id=None, head_dim=head_dim)
+    hybrid = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    window = {"sliding_window": sliding_window} if sliding_window is not None else {}
+    experts = dict(num_experts_per_tok=2)
+    if family == "llama":
+        kw.pop("head_dim")
+        return transformers.LlamaConfig(**kw, tie_word_embeddings=False)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**kw, tie_word_embeddings=False)
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**kw, num_experts=4, moe_intermediate_size=intermediate_size // 2,
+                                           **experts, tie_word_embeddings=False)
+    if family == "mixtral":
+        return transformers.MixtralConfig(**kw, num_local_experts=4, **experts, **window, tie_word_embeddings=False)
+    if family == "mistral":
+        return transformers.MistralConfig(**kw, **window, tie_word_embeddings=False)
+    if family == "gemma2":
+        return transformers.Gemma2Config(**kw, query_pre_attn_scalar=head_dim, layer_types=hybrid, **window)
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(**kw, query_pre_attn_scalar=head_dim, layer_types=hybrid, **window)
+    if family == "gpt_oss":  # plain rotary: YaRN's published scaling assumes a 4k pre-training context
+        return transformers.GptOssConfig(**kw, num_local_experts=4, **experts, layer_types=hybrid, **window,
+                                         tie_word_embeddings=False,
+                                         rope_parameters={"rope_type": "default", "rope_theta": 150000.0})
+    raise BenchError(f"model.family={family!r} is not one of {', '.join(TINY_FAMILIES)}")
+
+
 @dataclass
 class TinyRandomModel:
-    """A few-layer Llama with random weights, built in-process: fast exactness tests.
+    """A few-layer model with random weights, built in-process: fast exactness tests. A Llama unless
+    `family` names another (TINY_FAMILIES), with `sliding_window` for the families that have one.
     Weights are drawn with a larger std than HF's default so next-token logits are spread
     out and fp32 near-ties (which would make greedy comparisons flaky) are rare."""
 
     name: str = "tiny-random"
+    family: str = "llama"
     num_layers: int = 2
     hidden_size: int = 64
     num_heads: int = 4
@@ -483,6 +549,7 @@ class TinyRandomModel:
     intermediate_size: int = 128
     vocab_size: int | None = None  # default: the tokenizer's size
     max_position_embeddings: int = 2048
+    sliding_window: int | None = None  # the sliding layers' window (families that have them); null: the default
     init_std: float = 0.2
     seed: int = 0
     device: str = "auto"
@@ -502,24 +569,27 @@ class TinyRandomModel:
     def __post_init__(self):
         check_max_context(self.max_context)
         check_dtype(self.dtype)
+        if self.family not in TINY_FAMILIES:
+            raise BenchError(f"model.family={self.family!r} is not one of {', '.join(TINY_FAMILIES)}")
+        if self.sliding_window is not None and (
+                self.family not in _SLIDING_FAMILIES or isinstance(self.sliding_window, bool)
+                or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            raise BenchError(f"model.sliding_window={self.sliding_window!r}: an integer >= 1 for the families with "
+                             f"sliding-window layers ({', '.join(_SLIDING_FAMILIES)}), or null")
 
-    def llama_config(self, vocab_size: int, eos_token_id: int | None = None):
-        from transformers import LlamaConfig
-
-        config = LlamaConfig(
-            vocab_size=vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, max_position_embeddings=self.max_position_embeddings,
-            initializer_range=self.init_std, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
-            bos_token_id=None, tie_word_embeddings=False,
-        )
+    def config(self, vocab_size: int, eos_token_id: int | None = None):
+        config = tiny_config(self.family, vocab_size=vocab_size, hidden_size=self.hidden_size,
+                             num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                             intermediate_size=self.intermediate_size,
+                             max_position_embeddings=self.max_position_embeddings, init_std=self.init_std,
+                             eos_token_id=eos_token_id, sliding_window=self.sliding_window)
         config._attn_implementation = self.attn_implementation
         return config
 
     def build(self, vocab_size: int, eos_token_id: int | None = None):
-        from transformers import LlamaForCausalLM
+        from transformers import AutoModelForCausalLM
 
-        config = self.llama_config(vocab_size, eos_token_id)
+        config = self.config(vocab_size, eos_token_id)
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
         if device.type == "cuda" and weight_bytes(config, torch.float32)[0] > self.CPU_DRAW_BYTES:
@@ -528,11 +598,12 @@ class TinyRandomModel:
             # minutes and 27 GB of host memory.
             with torch.random.fork_rng(devices=[device]), torch.device(device):
                 torch.manual_seed(self.seed)
-                return LlamaForCausalLM._from_config(config, dtype=dtype)
+                return _spread_gemma(AutoModelForCausalLM.from_config(config, dtype=dtype))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            model = LlamaForCausalLM(config)
+            model = _spread_gemma(AutoModelForCausalLM.from_config(config))
         return model.to(device=device, dtype=dtype)
+
 
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
@@ -542,10 +613,11 @@ class TinyRandomModel:
         one line, and provenance holds the estimate beside the run's measured peak."""
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
-        check_attention(self.name, self.attn_implementation)
         tokenizer = tokenizer or self.load_tokenizer()
         device = resolve_device(self.device)
-        return check_memory(self.name, self.llama_config(self.vocab_size or len(tokenizer), tokenizer.eos_token_id),
+        config = self.config(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
+        check_attention(self.name, self.attn_implementation, config)
+        return check_memory(self.name, config,
                             resolve_dtype(self.dtype, device), device, batch=batch,
                             tokens=self.max_context or self.max_position_embeddings,
                             packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons,
@@ -559,3 +631,18 @@ class TinyRandomModel:
         lm.source = {"random_seed": self.seed}
         lm.memory_estimate = memory
         return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)
+
+
+@torch.no_grad()
+def _spread_gemma(model):
+    """Gemma's norms scale by 1 + weight, from weight 0. Its sandwich norms then put each sublayer's output
+    at unit scale beside the input embedding, scaled by sqrt(hidden size), and with tied embeddings a random
+    tiny Gemma repeats its last token whatever its context (a greedy test on it could not fail). The norms
+    after each sublayer start at 4 and the query / key norms at 3 (sharper attention) instead."""
+    for name, param in model.named_parameters():
+        if "gemma" in model.config.model_type:
+            if name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")):
+                param.fill_(4.0)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.fill_(3.0)
+    return model

@@ -84,5 +84,8 @@ def collect(lm) -> dict:
         "compile_note": lm.compile_note,
         "compile_seconds": round(lm.compile_seconds, 1),
         "model_flops_spec": lm.flops_spec(),
+        "model_flops_counted": lm.flops_counted(),  # the spec in words: experts routed to, sliding windows
+        # the layers' attention (layer_types); every layer's cache keeps the whole history
+        "attention_layers": lm.pattern.describe(),
         "model_source": getattr(lm, "source", None),  # path, revision asked for, hub commit loaded (bench/models.py)
     }

@@ -178,3 +178,32 @@ def test_auto_falls_back_to_eager_when_the_compiler_fails(tmp_path, monkeypatch)
     choice = profile.choose_compile(lm, tmp_path)
     assert choice["chosen"] == "none" == lm.compile
     assert choice["why"] == "inductor failed: RuntimeError: backend compiler failed"
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    """A tiny Gemma 3 (sliding and full layers: a mask per layer type; tied embeddings, QK-norm), compiled."""
+    from test_model_families import family_lm
+
+    lm = family_lm("gemma3")
+    lm.set_compile("inductor")
+    yield family_lm("gemma3", "none"), lm
+    lm.set_compile("none")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lookahead-1-5-2", "eagle-dynamic-10-3-4-seed1", "recycling-12-2-6",
+                                  "medusa-list-seed2"])
+def test_greedy_equality_compiled_on_a_hybrid_model(hybrid, name):
+    """The compiled graph takes the masks by layer type past the window: decoding through it equals
+    eager autoregressive, and no graph is traced while decoding (a draft reading the tied head leaves the
+    target's weights as the graph saw them)."""
+    from test_model_families import NEW, prompt
+
+    eager, lm = hybrid
+    graphs = lm.compiled.graphs
+    reference = autoregressive_decode(eager, prompt(), NEW, GREEDY, stop_ids=set())
+    assert autoregressive_decode(lm, prompt(), NEW, GREEDY, stop_ids=set()).tokens == reference.tokens
+    out = tiny_decoders(name.split("-")[0])[name].generate(lm, prompt(), NEW, GREEDY, set())
+    assert out.tokens == reference.tokens and sum(s.draft_tokens for s in out.steps) > 0
+    assert lm.compiled.graphs == graphs

@@ -107,16 +107,35 @@ def test_the_slab_holds_what_a_dynamic_cache_holds_through_growth_keep_and_crop(
         assert all(torch.equal(a, b) for pa, pb in zip(cache_state(slab), cache_state(plain)) for a, b in zip(pa, pb))
 
 
-def test_the_slab_refuses_a_layer_of_another_shape_and_sliding_windows_stay_dynamic():
+def test_the_slab_refuses_a_layer_of_another_shape_and_holds_sliding_layers_whole():
     lm = tiny_lm()
     cache = lm.new_cache()
     lm.forward(PROMPT, cache)
     k = cache.hf.layers[0].keys
     with pytest.raises(ValueError, match="every layer's keys must be"):
         cache.slab.grow(k[:, :1], len(cache) + 100)
+    assert cache.positions is None  # full attention: no layer compares positions
     from transformers import MistralConfig
     windowed = MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, sliding_window=4)
-    assert KVCache.for_model(windowed).slab is None  # a sliding window's layer edits itself: DynamicCache
+    # a sliding layer keeps its whole history too (its mask applies the window): one slab, one edit for all
+    assert KVCache.for_model(windowed, positions=True).slab is not None
+
+
+def test_a_sliding_models_cache_keeps_each_slots_position():
+    """What the window compares: positions, through a tree's keep and a chain's crop."""
+    from test_model_families import family_lm
+
+    lm = family_lm("mistral", "none")
+    cache = lm.new_cache()
+    lm.forward(list(range(10)), cache)
+    mask = torch.ones(3, 13, dtype=torch.bool)
+    mask[:, 10:] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    lm.forward([1, 2, 3], cache, position_ids=torch.tensor([10, 11, 11]), mask=mask)
+    assert cache.positions.tolist() == [*range(10), 10, 11, 11]
+    cache.keep([*range(10), 10, 12])
+    assert cache.positions.tolist() == [*range(12)]
+    cache.crop(5)
+    assert cache.positions.tolist() == [*range(5)]
 
 
 def test_last_only_and_hidden_state():

@@ -16,8 +16,6 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from .kv_cache import causal_mask
-
 COMPILE_MODES = ("none", "inductor")
 MAX_WIDTH = 64  # wider feeds (a prompt, lookahead's widest windows) run eagerly: the graph is for decode steps
 
@@ -66,21 +64,27 @@ class CompiledForward:
         return out.last_hidden_state, self.taps["final"], layers
 
     def __call__(self, ids, positions, mask, cache, cached: int):
+        """mask: the attention_mask the model takes, (1, 1, q, k) bool, or a dict of them by layer type."""
         compiled = cached > 0 and ids.shape[1] <= MAX_WIDTH
         # Dynamo guards on every input's dispatch keys: a mask made outside inference mode would re-trace
         # the graph inside a timed run, so each input is an inference tensor, as the cache's are.
-        ids, positions, mask = (t if t.is_inference() else t.clone() for t in (ids, positions, mask))
+        ids, positions = (t if t.is_inference() else t.clone() for t in (ids, positions))
+        masks = {k: m if m.is_inference() else m.clone() for k, m in (mask.items() if isinstance(mask, dict)
+                                                                     else [(None, mask)])}
+        mask = masks if isinstance(mask, dict) else masks[None]
         if compiled:
             # Sizes that change every step are symbols from the start, so the graph is never re-traced:
             # the cache length, and the width beyond one token (a single token is its own graph).
             for layer in cache.layers:
                 torch._dynamo.mark_dynamic(layer.keys, 2)
                 torch._dynamo.mark_dynamic(layer.values, 2)
-            torch._dynamo.mark_dynamic(mask, 3)
+            for m in masks.values():
+                torch._dynamo.mark_dynamic(m, 3)
             if ids.shape[1] > 1:
                 for t in (ids, positions):
                     torch._dynamo.mark_dynamic(t, 1)
-                torch._dynamo.mark_dynamic(mask, 2)
+                for m in masks.values():
+                    torch._dynamo.mark_dynamic(m, 2)
         graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
         self.recording = True
         try:
@@ -91,17 +95,17 @@ class CompiledForward:
                 self.compile_seconds += time.perf_counter() - start
                 self.graphs += 1
 
-    def warm(self, device: torch.device, vocab: int, new_cache) -> float:
+    def warm(self, device: torch.device, vocab: int, new_cache, causal) -> float:
         """Trace the graphs before anything is timed: one token, 2-3 tokens and 4 or more (dynamo's
-        guards split the widths there); returns the compile seconds so far."""
+        guards split the widths there); returns the compile seconds so far. causal(q, cached): the
+        attention_mask of q tokens fed causally after `cached`, as the model takes it."""
         with torch.inference_mode():
             for width in (1, 2, 8):
                 cache = new_cache()
                 for q, cached in ((16, 0), (width, 16)):
                     ids = torch.arange(q, device=device).reshape(1, -1) % vocab
                     pos = torch.arange(cached, cached + q, device=device).reshape(1, -1)
-                    mask = causal_mask(q, cached, device)[None, None]
-                    self(ids, pos, mask, cache, cached)
+                    self(ids, pos, causal(q, cached), cache, cached)
         return self.compile_seconds
 
     def remove(self) -> None:

@@ -14,6 +14,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .transfer import to_device
+
 
 def cache_kwarg(module: nn.Module) -> str:
     """The name `module.forward` takes its KV cache by: transformers 5.24 renamed past_key_values
@@ -133,36 +135,50 @@ class KVSlab:
             layer.length = n
 
 
-def full_attention_only(hf_cache: DynamicCache) -> bool:
-    """Whether every layer of a transformers cache is a plain full-attention DynamicLayer."""
-    return bool(hf_cache.layers) and all(type(layer) is DynamicLayer for layer in hf_cache.layers)
+def full_history_cache(config) -> DynamicCache:
+    """A DynamicCache for a model with this config whose every layer keeps the whole history: a sliding
+    layer's window is applied by its mask (layer_types), so that crop and keep are one edit for all layers."""
+    hf = DynamicCache(config=config)
+    hf.layers = [DynamicLayer() for _ in hf.layers]
+    return hf
 
 
 class KVCache:
     """A transformers cache plus the two edits decoders need: crop (chain rollback) and keep (tree path).
-    The cache of a model whose layers all attend fully lives in one KVSlab; any other (sliding windows,
-    a compiled forward, a draft's hand-made DynamicCache) is a DynamicCache edited layer by layer."""
+    Every layer keeps the whole history (full_history_cache), in one KVSlab unless the forward is
+    compiled or the layers are spread over devices; a draft's hand-made DynamicCache is edited layer by
+    layer. Where a model has sliding-window layers, the cache also keeps each slot's token position
+    (`positions`): their masks compare positions, and a draft's cache may hold a tree's nodes."""
 
-    def __init__(self, hf_cache: DynamicCache, contiguous: bool = False, slab: KVSlab | None = None):
+    def __init__(self, hf_cache: DynamicCache, contiguous: bool = False, slab: KVSlab | None = None,
+                 positions: bool = False):
         self.hf = hf_cache
         self.slab = slab
         # A compiled forward (model.compile) guards on the cache tensors' strides: a cropped view would
         # recompile it, so edits leave the tensors contiguous (one copy of the kept positions).
         self.contiguous = contiguous
+        self.positions = torch.zeros(0, dtype=torch.long) if positions else None  # (len(self),) on the host
 
     @classmethod
-    def for_model(cls, config, reserve: int = 0, slab: bool = True, contiguous: bool = False) -> "KVCache":
-        """A cache for a model with this config: in a KVSlab of `reserve` positions where every layer
-        attends fully and `slab` allows it, else a DynamicCache."""
-        hf = DynamicCache(config=config)
-        if not slab or contiguous or not full_attention_only(hf):
-            return cls(hf, contiguous=contiguous)
+    def for_model(cls, config, reserve: int = 0, slab: bool = True, contiguous: bool = False,
+                  positions: bool = False) -> "KVCache":
+        """A cache for a model with this config: in a KVSlab of `reserve` positions where `slab` allows it,
+        else a DynamicCache; `positions`: keep each slot's token position."""
+        hf = full_history_cache(config)
+        if not slab or contiguous:
+            return cls(hf, contiguous=contiguous, positions=positions)
         layers = KVSlab(len(hf.layers), reserve)
         hf.layers = layers.layers
-        return cls(hf, slab=layers)
+        return cls(hf, slab=layers, positions=positions)
 
     def __len__(self) -> int:
         return self.hf.get_seq_length()
+
+    def fed(self, positions: torch.Tensor) -> None:
+        """A forward appends tokens at these positions (1D): noted where positions are kept, on the
+        positions' device (a tree's on a GPU are never read by the host)."""
+        if self.positions is not None:
+            self.positions = torch.cat([self.positions.to(positions.device), positions])
 
     @torch.inference_mode()
     def crop(self, length: int) -> None:
@@ -176,6 +192,8 @@ class KVCache:
         if remove:
             self.hf.crop(-remove)  # transformers 5: a negative count removes that many
             self._make_contiguous()
+        if self.positions is not None:
+            self.positions = self.positions[:length]
 
     def _make_contiguous(self) -> None:
         if self.contiguous:
@@ -191,6 +209,8 @@ class KVCache:
         n = len(indices)
         if n > len(self):
             raise ValueError(f"cannot keep {n} positions of a cache of {len(self)}")
+        if self.positions is not None:
+            self.positions = self.positions[to_device(indices, self.positions.device, torch.long)]
         # Ascending and distinct, so indices[i] >= i, and once one has moved every later one has:
         # the first that moves is found by bisection.
         start = bisect.bisect_left(range(n), True, key=lambda i: indices[i] != i)
@@ -201,8 +221,8 @@ class KVCache:
         moved = torch.tensor(indices[start:], dtype=torch.long)
         for layer in self.hf.layers:
             if type(layer) is not DynamicLayer:
-                raise NotImplementedError("KVCache.keep supports full-attention DynamicLayer only, "
-                                          f"not {type(layer).__name__}")
+                raise NotImplementedError("KVCache.keep edits caches whose layers keep the whole history "
+                                          f"(DynamicLayer), not {type(layer).__name__}")
             if not layer.is_initialized:
                 continue
             src = moved.to(layer.keys.device)
@@ -234,11 +254,16 @@ class BatchKVCache:
         """Tokens each row holds: its positions run 0 .. length - 1."""
         return self.valid.sum(1).tolist()
 
+    def positions(self) -> torch.Tensor:
+        """(B, slots): each slot's token position in its row (a row's valid slots hold its tokens in order;
+        an invalid slot's is never read, the mask hides it)."""
+        return self.valid.cumsum(1) - 1
+
     def _layers(self):
         for layer in self.hf.layers:
             if type(layer) is not DynamicLayer:
-                raise NotImplementedError("batched decoding supports full-attention DynamicLayer only, "
-                                          f"not {type(layer).__name__}")
+                raise NotImplementedError("batched decoding edits caches whose layers keep the whole history "
+                                          f"(DynamicLayer), not {type(layer).__name__}")
             if layer.is_initialized:
                 yield layer
 

@@ -11,21 +11,42 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from . import attention, kernels
 from .compiled import COMPILE_MODES, CompiledForward, compile_supported
 from .fast_path import (FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, linear_problem, prepack, prepacked_supported,
                         unpack)
-from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask
+from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask, full_history_cache
+from .layer_types import AttentionPattern
 from .transfer import to_device
 
 
-def forward_flops(spec: dict, tokens: int, context: int) -> float:
-    """FLOPs of one forward of `tokens` new tokens after `context` cached ones (spec: LM.flops_spec())."""
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap), as a soft-capping model's own forward applies it after its head (the same
+    operations in the same order); logits unchanged where cap is None."""
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
+def forward_flops(spec: dict, tokens: float, context: float) -> float:
+    """FLOPs of one forward of `tokens` new tokens after `context` cached ones (spec: LM.flops_spec()): the
+    dense matmuls, and attention over the (query, key) pairs each layer computes, a sliding layer's up to
+    its window (spec["sliding"]: [window, layers] pairs; absent, every layer attends to the whole context)."""
     dense = 2.0 * spec["matmul_params"] * tokens
-    attended = tokens * context + tokens * (tokens + 1) / 2
-    return dense + 4.0 * spec["n_layers"] * spec["d_attn"] * attended
+    sliding = spec.get("sliding") or []
+    full = spec["n_layers"] - sum(layers for _, layers in sliding)
+    pairs = full * attended_pairs(tokens, context) + sum(
+        layers * attended_pairs(tokens, context, window) for window, layers in sliding)
+    return dense + 4.0 * spec["d_attn"] * pairs
+
+
+def attended_pairs(tokens: float, context: float, window: float | None = None) -> float:
+    """(query, key) pairs of `tokens` new tokens fed causally after `context`: new token i sees
+    context + i + 1 keys, or `window` once that many are behind it."""
+    every = tokens * context + tokens * (tokens + 1) / 2
+    if window is None or context + tokens <= window:
+        return every
+    under = max(0.0, min(tokens, window - context))  # the first tokens, which see fewer than `window`
+    return under * context + under * (under + 1) / 2 + (tokens - under) * window
 
 
 @dataclass(frozen=True)
@@ -72,7 +93,9 @@ class LM:
 
     def __init__(self, model, tokenizer=None, name: str = "model", max_context: int | None = None,
                  fast_path: str = "none", compile: str = "none"):
-        self.model = model.eval()
+        # Never trained through this wrapper: frozen once, so that a draft sharing a weight (a tied head
+        # read by EAGLE's draft) cannot flip a flag a compiled forward guards on.
+        self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config
@@ -85,6 +108,9 @@ class LM:
         self.cuda_devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"},
                                    key=lambda d: d.index or 0)
         self.attn_implementation = model.config._attn_implementation
+        # Which keys each layer sees (full context, or a sliding window): every mask the harness builds
+        # is narrowed per layer type by it (refused here where a layer attends another way).
+        self.pattern = AttentionPattern.of(self.config)
         if self.attn_implementation == "sdpa":
             attention.install()  # grouped-query attention on a CPU without copying the cache
         if self.cuda_devices:
@@ -133,7 +159,8 @@ class LM:
                 self.compile_note = f"inductor unavailable: {why_not}"
             else:
                 self.compiled = CompiledForward(self.model, self.cache_kw)
-                self.compiled.warm(self.device, self.vocab_size, lambda: DynamicCache(config=self.config))
+                self.compiled.warm(self.device, self.vocab_size, lambda: full_history_cache(self.config),
+                                   self._causal_attention)
                 self.compile = "inductor"
         return self.compile
 
@@ -198,24 +225,59 @@ class LM:
         """Seconds this process spent building the kernel path's extension (0: loaded from torch's cache)."""
         return kernels.build_seconds
 
+    @property
+    def logit_cap(self) -> float | None:
+        """The target's final logit soft-cap (Gemma 2's final_logit_softcapping), or None."""
+        return getattr(self.config.get_text_config(), "final_logit_softcapping", None) or None
+
+    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """soft_cap with the target's cap: for a draft that reads the target's head."""
+        return soft_cap(logits, self.logit_cap)
+
     # ---- what metrics need -------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
     def flops_spec(self) -> dict:
-        """Parameters doing matmul work per token (all but the input-embedding lookup; a tied
-        output head is a matmul and counts), layers, and attention width. Computed once."""
+        """Parameters doing matmul work per token (all but the input-embedding lookup; a tied output head
+        is a matmul and counts; of a mixture of experts, the top-k a token is routed to), layers,
+        attention width, and the sliding layers with their windows (forward_flops reads it; flops_counted
+        says it in words). Computed once."""
         if self._flops_spec is None:
             unique = {p.data_ptr(): p.numel() for p in self.model.parameters()}
             emb = self.model.get_input_embeddings().weight
             head = self.model.get_output_embeddings().weight
             matmul = sum(unique.values()) - emb.numel() + (head.numel() if head.data_ptr() == emb.data_ptr() else 0)
             cfg = self.config.get_text_config()
+            experts, routed = self._experts()
+            if experts:
+                expert_params = sum(p.numel() for name, p in self.model.named_parameters() if ".experts." in name)
+                matmul -= expert_params * (1 - routed / experts)
             head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            windows = [w for w in self.pattern.windows if w is not None]
             self._flops_spec = {"matmul_params": int(matmul), "n_layers": int(cfg.num_hidden_layers),
                                 "d_attn": int(cfg.num_attention_heads * head_dim)}
-        return dict(self._flops_spec)
+            if windows:
+                self._flops_spec["sliding"] = [[w, windows.count(w)] for w in sorted(set(windows))]
+        return copy.deepcopy(self._flops_spec)
+
+    def _experts(self) -> tuple[int, int]:
+        """(experts a layer holds, experts a token is routed to); (0, 0) for a dense model."""
+        cfg = self.config.get_text_config()
+        experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+        routed = getattr(cfg, "num_experts_per_tok", None)
+        return (int(experts), int(routed)) if experts and routed else (0, 0)
+
+    def flops_counted(self) -> str:
+        """How flops_spec counts this model's FLOPs, in words (provenance)."""
+        experts, routed = self._experts()
+        dense = "dense: every matmul parameter once a token" + (
+            f" (of the experts, the {routed} of {experts} a token is routed to)" if experts else "")
+        sliding = self.flops_spec().get("sliding")
+        attention = ("attention: every layer over the whole context" if not sliding else "attention: " + ", ".join(
+            f"{n} sliding layers over their {w}-token window" for w, n in sliding) + ", the rest over the whole context")
+        return f"{dense}; {attention}"
 
     def widened(self) -> nn.Module | None:
         """A copy of the model in the next wider dtype (float64 for float32, float32 for half
@@ -276,7 +338,8 @@ class LM:
         layers (kv_cache.KVSlab) unless the forward is compiled (its graph keeps DynamicCache's
         layout) or the layers are spread over devices."""
         compiled = self.compiled is not None
-        return KVCache.for_model(self.config, reserve, slab=len(self.cuda_devices) <= 1, contiguous=compiled)
+        return KVCache.for_model(self.config, reserve, slab=len(self.cuda_devices) <= 1, contiguous=compiled,
+                                 positions=self.pattern.sliding)
 
     def _capture_hidden(self, module, args, output):
         if self._want_hidden:
@@ -314,7 +377,11 @@ class LM:
 
     def mask_4d(self, mask: torch.Tensor) -> torch.Tensor:
         """A bool (q, k) mask (True: may attend) in the form this model's attention takes, (1, 1, q, k)."""
-        mask = to_device(mask, self.device)[None, None]
+        return self._attention_form(to_device(mask, self.device)[None, None])
+
+    def _attention_form(self, mask: torch.Tensor) -> torch.Tensor:
+        """A bool (B, 1, q, k) mask on the model's device as its attention takes it: bool for sdpa,
+        additive for eager."""
         if self.attn_implementation == "sdpa":
             return mask
         if self.attn_implementation == "eager":
@@ -322,6 +389,26 @@ class LM:
                 ~mask, torch.finfo(self.dtype).min)
         raise ValueError("custom attention masks need attn_implementation 'sdpa' or 'eager', "
                          f"not {self.attn_implementation!r}")
+
+    def attention_mask(self, allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+                       ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The forward's attention_mask for bool `allowed` (B, q, k) or (q, k): narrowed per layer type by the
+        token positions of queries and keys (layer_types.AttentionPattern.masks), each in the form the
+        model's attention takes, (B, 1, q, k). A model of one layer type takes one mask, else a dict by type."""
+        if allowed.dim() == 2:
+            allowed, query_positions, key_positions = allowed[None], query_positions[None], key_positions[None]
+        if not self.pattern.sliding:
+            return self._attention_form(to_device(allowed, self.device)[:, None])
+        masks = self.pattern.masks(to_device(allowed, self.device), to_device(query_positions, self.device),
+                                   to_device(key_positions, self.device))
+        if isinstance(masks, dict):
+            return {kind: self._attention_form(m[:, None]) for kind, m in masks.items()}
+        return self._attention_form(masks[:, None])
+
+    def _causal_attention(self, q: int, cached: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """attention_mask for `q` new tokens fed causally after `cached` ones at positions 0, 1, ..."""
+        positions = torch.arange(cached + q)
+        return self.attention_mask(causal_mask(q, cached), positions[cached:], positions)
 
     @torch.inference_mode()
     def forward(self, input_ids, cache: KVCache, position_ids=None, mask: torch.Tensor | None = None, *,
@@ -342,20 +429,33 @@ class LM:
         if hidden and features:
             raise ValueError("ask for hidden or features, not both")
         ids = to_device(input_ids, self.device, torch.long).reshape(1, -1)
+        q, cached = ids.shape[1], len(cache)
         kwargs = {}
         if position_ids is not None:
             kwargs["position_ids"] = to_device(position_ids, self.device, torch.long).reshape(1, -1)
         if mask is not None:
-            if mask.shape != (ids.shape[1], len(cache) + ids.shape[1]):
-                raise ValueError(f"mask shape {tuple(mask.shape)} "
-                                 f"!= (new, cache + new) = {(ids.shape[1], len(cache) + ids.shape[1])}")
-            kwargs["attention_mask"] = self.mask_4d(mask)
+            if mask.shape != (q, cached + q):
+                raise ValueError(f"mask shape {tuple(mask.shape)} != (new, cache + new) = {(q, cached + q)}")
             if position_ids is None:
                 raise ValueError("a custom mask needs explicit position_ids")
+        if cache.positions is not None:
+            # Sliding-window layers: the mask is ours whatever was fed, built from the positions the
+            # cache's slots hold (a draft's cache may hold a tree's nodes, not 0, 1, ...).
+            fed = (kwargs["position_ids"][0] if position_ids is not None
+                   else torch.arange(cached, cached + q, device=self.device))  # transformers' default
+            cache.fed(fed)
+            kwargs["attention_mask"] = self.attention_mask(mask if mask is not None else causal_mask(q, cached),
+                                                           fed, cache.positions)
+            kwargs["position_ids"] = fed.reshape(1, -1)
+        elif mask is not None:
+            kwargs["attention_mask"] = self.mask_4d(mask)
         if last_only:
             logits_last = 1
         if self.compiled is not None:
-            return self._forward_compiled(ids, cache, kwargs.get("position_ids"), mask, logits_last=logits_last,
+            attention = kwargs.get("attention_mask")
+            if attention is None:
+                attention = self._attention_form(to_device(causal_mask(q, cached), self.device)[None, None])
+            return self._forward_compiled(ids, cache, kwargs.get("position_ids"), attention, logits_last=logits_last,
                                           logits_rows=logits_rows, hidden=hidden, features=features)
         if logits_last is not None:
             kwargs["logits_to_keep"] = int(logits_last)
@@ -384,14 +484,14 @@ class LM:
             return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
 
-    def _forward_compiled(self, ids, cache: KVCache, positions, mask, *, logits_last, logits_rows, hidden, features):
-        """LM.forward through the compiled base model: the same outputs, the head applied here to the rows wanted."""
+    def _forward_compiled(self, ids, cache: KVCache, positions, attention, *, logits_last, logits_rows, hidden,
+                          features):
+        """LM.forward through the compiled base model: the same outputs, the head applied here to the rows wanted.
+        attention: the forward's attention_mask, as the model takes it."""
         q, cached = ids.shape[1], len(cache)
         if positions is None:
             positions = torch.arange(cached, cached + q, device=self.device).reshape(1, -1)
-        if mask is None:
-            mask = causal_mask(q, cached)
-        h, final, layers = self.compiled(ids, positions, to_device(mask, self.device)[None, None], cache.hf, cached)
+        h, final, layers = self.compiled(ids, positions, attention, cache.hf, cached)
         h = h[0].to(self.output_device)
         if logits_rows is not None:
             h = h[to_device(logits_rows, self.output_device, torch.long)]
@@ -405,7 +505,7 @@ class LM:
         return (logits, h) if hidden else logits
 
     def new_batch_cache(self, rows: int) -> BatchKVCache:
-        return BatchKVCache(DynamicCache(config=self.config), rows)
+        return BatchKVCache(full_history_cache(self.config), rows)
 
     @torch.inference_mode()
     def forward_batch(self, feeds: Sequence[Sequence[int]], cache: BatchKVCache, positions: Sequence[torch.Tensor],
@@ -436,23 +536,24 @@ class LM:
         for r, (m, o) in enumerate(zip(masks, offsets)):
             if m is not None:
                 new[r, o:, o:] = m
-        mask = torch.cat([cache.valid[:, None, :] & real[:, :, None], new], dim=2)[:, None]
+        mask = torch.cat([cache.valid[:, None, :] & real[:, :, None], new], dim=2)  # (b, width, slots + width)
         columns = sorted({o + i for o, want in zip(offsets, rows) for i in want})
         at = {col: j for j, col in enumerate(columns)}
         if columns == list(range(width - len(columns), width)):
             keep = len(columns)  # a suffix: transformers slices, no gather
         else:
             keep = to_device(columns, self.output_device, torch.long)
-        if self.attn_implementation == "eager":
-            mask = torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
-        elif self.attn_implementation != "sdpa":
+        if self.attn_implementation not in ("sdpa", "eager"):
             raise ValueError("batched decoding needs attn_implementation 'sdpa' or 'eager', "
                              f"not {self.attn_implementation!r}")
+        # A padding token's position is never compared: it sees only itself.
+        keys = torch.cat([cache.positions(), pos], 1) if self.pattern.sliding else pos  # read by sliding layers only
+        attention = self.attention_mask(mask, pos, keys)
         self._want_hidden = hidden
         handles = self._hook_features(features)
         try:
             out = self.model(input_ids=to_device(ids, self.device), position_ids=to_device(pos, self.device),
-                             attention_mask=to_device(mask, self.device),
+                             attention_mask=attention,
                              **{self.cache_kw: cache.hf}, use_cache=True, logits_to_keep=keep)
             h, f = (x.to(self.output_device) if x is not None else None for x in (self._hidden, self._features))
         finally:

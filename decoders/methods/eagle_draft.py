@@ -30,6 +30,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..core.kv_cache import KVCache, cache_kwarg, causal_mask
+from ..core.layer_types import full_attention_config, rotary_embeddings
 from ..core.lm import LM, DraftCost, TargetParts
 from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, load_state, meta_json, save_weights
 
@@ -37,11 +38,13 @@ EAGLE_FORMAT = "eagle-draft-v1"
 
 
 def _one_layer_config(lm: LM):
+    """One decoder layer of the target's class that attends to everything the draft holds: the draft's masks
+    are its own, whatever window the target's layers have."""
     cfg = copy.deepcopy(lm.config.get_text_config())
     cfg.num_hidden_layers = 1
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = cfg.layer_types[:1]
-    return cfg
+    return full_attention_config(cfg)
 
 
 class FeatureDraft(nn.Module):
@@ -104,7 +107,7 @@ class FeatureDraft(nn.Module):
         """features (..., q, d) and tokens (..., q) at `positions` (q,), each row seeing the keys
         `mask` (q, len(cache) + q) allows -> predicted next features (..., q, d). Rows are appended
         to `cache` when given."""
-        lm, rotary = self.target.lm, self.target.rotary
+        lm = self.target.lm
         batched = features.dim() == 3
         if not batched:
             features, tokens = features[None], tokens[None]
@@ -113,14 +116,15 @@ class FeatureDraft(nn.Module):
         pos = positions.reshape(1, -1).to(x.device)
         out = self.layer(x, attention_mask=lm.mask_4d(mask).to(x.device), position_ids=pos,
                          **{cache_kwarg(self.layer): cache.hf if cache is not None else None},
-                         use_cache=cache is not None, position_embeddings=rotary(x, pos))
+                         use_cache=cache is not None,
+                         position_embeddings=rotary_embeddings(self.target.rotary, x, pos, "full_attention"))
         out = out[0] if isinstance(out, tuple) else out
         return out if batched else out[0]
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Over the draft vocabulary (column j is token self.vocab[j])."""
         readout = self.readout  # the target's norm (its dtype) before it: a draft_dtype draft casts here
-        return readout(self.target.lm.final_norm(features).to(readout.weight.dtype))
+        return self.target.lm.cap_logits(readout(self.target.lm.final_norm(features).to(readout.weight.dtype)))
 
     @cached_property
     def flops(self) -> DraftCost:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ..core.lm import LM
+from ..core.lm import LM, soft_cap
 from ..core.loop import Proposal, Scores
 from ..core.tree import TokenTree
 from ..core.weights_file import (addon_path, is_checkpoint_dir, load_checked, load_state, load_vocab, meta_int,
@@ -47,8 +47,10 @@ class Heads(nn.Module):
     """K heads of `layers` residual blocks each, sharing the target's (frozen) output projection, or
     (own_outputs: published Medusa-1 heads) each with its own output layer."""
 
-    def __init__(self, lm_head: nn.Module, hidden_size: int, k: int, layers: int = 1, own_outputs: bool = False):
+    def __init__(self, lm_head: nn.Module, hidden_size: int, k: int, layers: int = 1, own_outputs: bool = False,
+                 cap: float | None = None):
         super().__init__()
+        self.cap = cap  # the target's final logit soft-cap, applied after every readout as the target applies it
         # One block per head is a bare ResBlock, so that our files' keys stay blocks.{i}.linear.*.
         self.blocks = nn.ModuleList(ResBlock(hidden_size) if layers == 1 else
                                     nn.Sequential(*(ResBlock(hidden_size) for _ in range(layers))) for _ in range(k))
@@ -74,10 +76,11 @@ class Heads(nn.Module):
             else:  # a published checkpoint's own output layers, each sliced
                 small = torch.stack([out(x) for out, x in zip(self.readout, stacked)])
             full = small.new_full((*small.shape[:-1], self.lm_head[0].weight.shape[0]), float("-inf"))
-            return full.index_copy_(-1, self.readout_ids, small)  # one scatter: the builders keep token ids
+            # one scatter: the builders keep token ids
+            return full.index_copy_(-1, self.readout_ids, soft_cap(small, self.cap))
         if self.outputs is not None:
-            return torch.stack([out(x) for out, x in zip(self.outputs, stacked)])
-        return self.lm_head[0](torch.stack(stacked))
+            return soft_cap(torch.stack([out(x) for out, x in zip(self.outputs, stacked)]), self.cap)
+        return soft_cap(self.lm_head[0](torch.stack(stacked)), self.cap)
 
     def flops(self) -> float:
         """FLOPs of one application (one hidden state): K heads' blocks and vocabulary projections."""
@@ -94,7 +97,7 @@ def new_heads(lm: LM, k: int, seed: int | None = None) -> Heads:
     """Untrained heads (each repeats the model's next-token prediction until trained); `seed`
     perturbs them randomly instead, for exactness tests that need heads that disagree."""
     hidden = lm.config.get_text_config().hidden_size
-    heads = Heads(lm.model.get_output_embeddings(), hidden, k)
+    heads = Heads(lm.model.get_output_embeddings(), hidden, k, cap=lm.logit_cap)
     if seed is not None:
         gen = torch.Generator().manual_seed(seed)
         for p in heads.parameters():
@@ -117,7 +120,7 @@ def load_heads(lm: LM, path: str | Path, check_base: bool = True) -> Heads:
     if is_checkpoint_dir(path):  # Medusa-1's layout: the checks and names are published.py's
         shape, where, state = read_medusa(lm, path, check_base)
         heads = Heads(lm.model.get_output_embeddings(), lm.config.get_text_config().hidden_size, shape["k"],
-                      shape["layers"], shape["own_outputs"])
+                      shape["layers"], shape["own_outputs"], cap=lm.logit_cap)
         load_state(heads, state, "decoder.heads", where, "the layout its config.json describes")
         heads.info = {"layout": "medusa1", "source": str(path)}
         ref = lm.model.get_input_embeddings().weight

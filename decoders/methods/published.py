@@ -131,7 +131,7 @@ class Eagle1Draft(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         # no norm: the draft predicts the normed state; the head is the target's (its dtype)
-        return self.readout(features.to(self.readout.weight.dtype))
+        return self.target.lm.cap_logits(self.readout(features.to(self.readout.weight.dtype)))
 
     @cached_property
     def flops(self) -> DraftCost:
@@ -241,7 +241,7 @@ class Eagle3Draft(nn.Module):
         return h if batched else h[0]
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(features))
+        return self.target.lm.cap_logits(self.lm_head(self.norm(features)))
 
     @cached_property
     def flops(self) -> DraftCost:
