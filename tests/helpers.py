@@ -87,6 +87,15 @@ def smollm2() -> LM:
     return GGUFPackageModel(cache_dir=CACHE_DIR, device="cpu", dtype="float32", fast_path=FAST_PATH).load()
 
 
+def gemma3_270m() -> LM:
+    """conf/model/gemma3-270m.yaml's model, on the suite's fast path."""
+    from omegaconf import OmegaConf
+
+    spec = OmegaConf.load(REPO / "conf" / "model" / "gemma3-270m.yaml")
+    keys = {k: v for k, v in OmegaConf.to_container(spec).items() if k in ("name", "package", "assembler", "gguf_file")}
+    return GGUFPackageModel(**keys, cache_dir=CACHE_DIR, device="cpu", dtype="float32", fast_path=FAST_PATH).load()
+
+
 _REFERENCES: dict[int, tuple] = {}
 
 
