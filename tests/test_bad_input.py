@@ -367,6 +367,52 @@ def test_show_skips_a_record_whose_tokens_are_a_string(run_copy, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", ["records.jsonl", "config.yaml", "a file of the user's"])
+def test_show_out_never_replaces_a_file_that_is_not_its_page(run_copy, tmp_path, capsys, target):
+    """--out may name a new file or an earlier page of bench.show: a run's records, its config or
+    any other file is refused in one line and left as it was."""
+    from bench.show import main
+
+    out = tmp_path / "mine.txt" if target == "a file of the user's" else run_copy / target
+    if not out.exists():
+        out.write_text("mine")
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as e:
+        main([str(run_copy), "--prompt", "a_b", "--out", str(out), "--no-color"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "is not a page of bench.show" in err[0], err
+    assert out.read_bytes() == before
+    table, _ = report.report([str(run_copy)])
+    assert table.loc[0, "records"] == 3
+    page = tmp_path / "page.html"
+    for _ in range(2):  # a new file, then its own page again
+        main([str(run_copy), "--prompt", "a_b", "--out", str(page), "--no-color"])
+        assert "a_b" in page.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("link", ["show", "show/a_b_0.html"])
+def test_show_writes_nothing_through_a_planted_link(run_copy, tmp_path, capsys, link):
+    """A `show` directory, or a page, that is a symbolic link planted in the run directory is
+    refused in one line; nothing is written where it leads."""
+    from bench.show import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(run_copy / "show", ignore_errors=True)  # pages another test showed from the run
+    if link == "show":
+        (run_copy / "show").symlink_to(elsewhere)
+    else:
+        (run_copy / "show").mkdir()
+        (run_copy / link).symlink_to(elsewhere / "page.html")
+    with pytest.raises(SystemExit) as e:
+        main([str(run_copy), "--prompt", "a_b", "--no-color"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "is a symbolic link" in err[0], err
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.replace("\nmodel:\n", "\nmodel: 5\nold_model:\n", 1), "model is 5, not the settings"),
     (lambda c: c.replace("  _target_: bench.models.", "  old_target: bench.models.", 1), "model has no _target_"),
