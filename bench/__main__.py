@@ -196,7 +196,7 @@ def _check_job(cfg: DictConfig, multirun: bool, first: bool) -> None:
             del job["hydra"]
             if job.threads is None and "SlurmLauncher" in str(cfg.hydra.launcher.get("_target_", "")):
                 job.threads = cfg.hydra.launcher.cpus_per_task  # what SLURM_CPUS_PER_TASK gives inside the task
-        run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.sweep.subdir if sweep else Path(cfg.hydra.run.dir)
+        run_dir = rundir.job_dir(cfg.hydra.sweep.dir, cfg.hydra.sweep.subdir) if sweep else Path(cfg.hydra.run.dir)
         rundir.check_resume(run_dir, job, cfg.resume, key)
     except BenchError as e:
         fail(e)
@@ -224,6 +224,7 @@ def check_devices(cfg) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def app(cfg: DictConfig) -> None:
+    from . import rundir
     from .ending import comparison
     from .errors import BenchError
     from .records import iter_records
@@ -236,6 +237,8 @@ def app(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     key = "hydra.sweep.dir" if hydra_cfg.mode == RunMode.MULTIRUN else "hydra.run.dir"
     try:
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # checked before Hydra starts for the first jobs; here for every one
+            rundir.job_dir(hydra_cfg.sweep.dir, hydra_cfg.sweep.subdir)
         logger = build(cfg.logger, "logger")  # started by run(), once the directory is the run's
         try:
             run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)

@@ -292,6 +292,18 @@ def print_report(md: str, written: list[Path]) -> None:
         print(f"\nwrote {' and '.join(map(str, written))}", file=sys.stderr)
 
 
+def job_dir(sweep_dir, subdir) -> Path:
+    """A sweep job's directory, hydra.sweep.subdir under hydra.sweep.dir, where it lies inside it: a
+    subdir that climbs out (../x, or an override's own path such as dataset.path=../../x in the
+    default subdir) or is absolute would put a job where the sweep's resume and bench.report never
+    look. Refused in one line."""
+    inside = os.path.normpath(str(subdir))
+    if os.path.isabs(inside) or inside == "." or inside.split(os.sep)[0] == "..":
+        raise BenchError(f"hydra.sweep.subdir={subdir}: a job's directory must lie inside hydra.sweep.dir "
+                         f"({sweep_dir}); give a relative path that stays there (no leading / and no .. above it)")
+    return Path(sweep_dir) / inside
+
+
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:
     """A sweep writes into a new or empty directory, or into a sweep's (Hydra's multirun.yaml is
     there); each of its run directories is then checked as a run's."""
