@@ -531,12 +531,13 @@ def test_a_duplicate_id_is_named(tmp_path):
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"id": "a", "prompt": "x"}\n{"id": "q7", "prompt": "y"}\n{"id": "q7", "prompt": "z"}\n')
-    with pytest.raises(BenchError, match="not unique: 'q7' appears twice"):
+    with pytest.raises(BenchError, match="prompts.jsonl:3: field 'id' repeats id 'q7' of .*prompts.jsonl:2"):
         JsonlPrompts(path=str(path)).load()
     # Issue 43, item 11: a line without an id is named by its position; a later id equal to that
     # position was a bare "duplicate", naming neither line.
     path.write_text('{"prompt": "x"}\n{"id": "0", "prompt": "y"}\n')
-    with pytest.raises(BenchError, match="lines 1 and 2.*line 1 has no 'id' field, so it is named '0' by its position"):
+    with pytest.raises(BenchError, match="jsonl:2: field 'id' repeats id '0' of .*jsonl:1; .*jsonl:1 has no 'id' "
+                                         "field, so it is named '0' by its position"):
         JsonlPrompts(path=str(path)).load()
 
 

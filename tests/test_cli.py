@@ -279,9 +279,13 @@ ERRORS = [
     (["model.max_context=-1"], "model: model.max_context must be a positive integer or null (the model's own "
                                "context), got -1"),
     (["model.max_context=0"], "model: model.max_context must be a positive integer or null"),
-    (["dataset.timeout=-5"], "dataset: dataset.timeout must be a finite number of seconds > 0, got -5"),
-    (["dataset.timeout=nan"], "dataset: dataset.timeout must be a finite number of seconds > 0, got nan"),
-    (["dataset.timeout=inf"], "dataset: dataset.timeout must be a finite number of seconds > 0, got inf"),
+    (["dataset.timeout=-5"], "dataset: dataset.timeout must be a finite number of seconds > 0, at most 86400 "
+                             "(a day), got -5"),
+    (["dataset.timeout=nan"], "dataset: dataset.timeout must be a finite number of seconds > 0, at most 86400 "
+                              "(a day), got nan"),
+    (["dataset.timeout=inf"], "dataset: dataset.timeout must be a finite number of seconds > 0"),
+    (["dataset.timeout=1e300"], "dataset: dataset.timeout must be a finite number of seconds > 0, at most 86400 "
+                                "(a day), got 1e+300"),
 ]
 
 
