@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from .errors import BenchError, fail
 from .registry import decoder_configs, searchpath_dirs
-from .settings import check_settings
+from .settings import check_settings, check_writable_dir
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
@@ -139,16 +139,10 @@ def _is_hydra(override) -> bool:
 def check_writable(key: str, path: str) -> None:
     """Where Hydra will write (its run or sweep directory) must take files: else one line now,
     not Hydra's traceback after it has made half a directory."""
-    import tempfile
-
-    target = Path(path).expanduser().absolute()
-    existing = next(p for p in (target, *target.parents) if p.exists())
     try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, "a file stands in the path")
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as e:
-        fail(f"{key}={path}: cannot write under {existing} ({e.strerror or e}); choose a writable directory")
+        check_writable_dir(key, path, "choose a writable directory")
+    except BenchError as e:
+        fail(e)
 
 
 def _compose_job(hydra_overrides: list[str], overrides: list[str]) -> DictConfig:

@@ -448,6 +448,33 @@ def test_seed_and_device_are_checked_before_the_run(capsys, override, message):
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+@pytest.mark.parametrize("override,env,message", [
+    ("gen.temperature=1e-300", None, "gen.temperature must be 0 (greedy) or at least 1e-06, got 1e-300"),
+    ("threads=100000", None, "threads must be a positive integer or null (torch's default), at most this machine's"),
+    ("seed=0", "a file", "cache_dir={cache}: cannot write under {cache} (a file stands in the path); set "
+                         "BENCH_CACHE_DIR"),
+    ("seed=0", "/proc/nope", "cache_dir=/proc/nope: cannot write under /proc"),
+])
+def test_settings_that_fail_mid_run_are_refused_before_it(tmp_path, monkeypatch, capsys, override, env, message):
+    """A temperature whose division overflows (NaN probabilities mid-run), more threads than the machine
+    has cores (out of memory after the model loaded), and a cache directory that is a file or cannot be
+    made (a traceback at the model's load): one line naming the key and what is allowed, before the run
+    directory is claimed."""
+    from bench.__main__ import precheck
+
+    cache = tmp_path / "cache"
+    if env is not None:
+        if env == "a file":
+            cache.write_text("not a directory")
+            env = str(cache)
+        monkeypatch.setenv("BENCH_CACHE_DIR", env)
+    with pytest.raises(SystemExit) as e:
+        precheck(["model=tiny-random", "gen.temperature=1.0", override, f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message.format(cache=cache) in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("override,message", [
     ("+preset=nope", "unknown preset 'nope'; choose one of: baselines, heads"),
     ("leaderboard.nokey=1", "Could not override 'leaderboard.nokey'"),

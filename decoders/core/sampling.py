@@ -16,6 +16,11 @@ from transformers.generation.logits_process import (
 )
 
 
+# Logits divided by a temperature below this overflow float32 (1e-300 made every row inf, then NaN):
+# a temperature this small is greedy in all but name.
+MIN_TEMPERATURE = 1e-6
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.0  # 0 = greedy
@@ -24,8 +29,9 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"gen.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE):
+            raise ValueError(f"gen.temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                             f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"gen.top_p must be in (0, 1], got {self.top_p}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
