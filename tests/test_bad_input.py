@@ -481,6 +481,8 @@ def test_settings_that_fail_mid_run_are_refused_before_it(tmp_path, monkeypatch,
     ("nokey=1", "Could not override 'nokey'"),
     ("seed=-1", "seed must be an integer from 0"),
     ("gen.batch_size=2", "gen.batch_size must be 1 for the leaderboard, got 2"),
+    ("leaderboard.datasets=[]", "leaderboard.datasets must be a non-empty list of datasets (of gsm8k, humaneval,"),
+    ("leaderboard.datasets=humaneval", "leaderboard.datasets must be a non-empty list of datasets"),
 ])
 def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, override, message):
     from bench.leaderboard import main
@@ -489,6 +491,16 @@ def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, ove
         main(["model=tiny-random", override, f"leaderboard.out_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["-m", "bench.leaderboard"], [REPO / "scripts" / "compare_leaderboards.py"]])
+def test_help_prints_the_manual(command):
+    """--help answers with the command's manual and exit 0 (compare_leaderboards said "expected 2
+    directories, got 1"; the leaderboard took it for an override)."""
+    out = run_python(*command, "--help")
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr[-2000:]
+    assert "python " in out.stdout and len(out.stdout.splitlines()) > 5, out.stdout
 
 
 # Issue 45, item 5: what needs only the composed config is refused before torch is imported, which
