@@ -196,6 +196,21 @@ def _check_job(cfg: DictConfig, multirun: bool, first: bool) -> None:
         fail(e)
     if first:  # is its output directory writable?
         check_writable(key, cfg.hydra.sweep.dir if sweep else cfg.hydra.run.dir)
+    if first and sweep:
+        check_launcher(cfg)
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """A SLURM launcher submits with sbatch and srun (submitit's own check): where they are missing,
+    one line now, not submitit's traceback after Hydra wrote multirun.yaml into the sweep directory."""
+    import shutil
+
+    target = str(cfg.hydra.launcher.get("_target_", ""))
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if "SlurmLauncher" in target and missing:
+        fail(f"hydra/launcher: a SLURM launcher submits each job with sbatch and srun, and this machine has no "
+             f"{' or '.join(missing)} on its PATH; run on a SLURM cluster's login node (a one-machine cluster: "
+             "scripts/slurm/start_cluster.sh), or leave hydra/launcher out to run the sweep here")
 
 
 def check_devices(cfg) -> None:

@@ -493,6 +493,20 @@ def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, ove
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+def test_a_slurm_sweep_without_slurm_is_refused_before_hydra_writes(tmp_path, monkeypatch, capsys):
+    """hydra/launcher=slurm_cpu where sbatch and srun are missing was submitit's RuntimeError, after
+    Hydra had written multirun.yaml into the sweep directory: one line, and nothing written."""
+    from bench.__main__ import precheck
+
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch, no srun
+    sweep = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as e:
+        precheck(["-m", "hydra/launcher=slurm_cpu", "model=tiny-random", "seed=0,1", f"hydra.sweep.dir={sweep}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "no sbatch or srun on its PATH" in err[0], err
+    assert not sweep.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [["-m", "bench.leaderboard"], [REPO / "scripts" / "compare_leaderboards.py"]])
 def test_help_prints_the_manual(command):
