@@ -112,9 +112,35 @@ def records_path(run_dir: Path) -> Path:
     return run_dir / GZIPPED if not os.path.lexists(plain) and (run_dir / GZIPPED).is_file() else plain
 
 
+# The most directories a search for runs (bench.report DIR) looks through: a results tree of many
+# sweeps holds thousands; `bench.report /` would otherwise walk the whole machine.
+MAX_SEARCHED_DIRS = 20_000
+
+
 def run_dirs(root: Path, pattern: str = "**") -> list[Path]:
-    """The directories matching `pattern` under `root` that hold records (plain or gzipped), sorted."""
-    return sorted({f.parent for name in (RECORDS, GZIPPED) for f in Path(root).glob(f"{pattern}/{name}")})
+    """The directories matching `pattern` under `root` that hold records (plain or gzipped), sorted.
+    "**" (any depth) stays on root's file system (no /proc, no mounts), follows no links to directories,
+    and looks through at most MAX_SEARCHED_DIRS directories, else one line asking for a narrower root."""
+    if pattern != "**":
+        return sorted({f.parent for name in (RECORDS, GZIPPED) for f in Path(root).glob(f"{pattern}/{name}")})
+    root = Path(root)
+    device, todo, found, searched = os.stat(root).st_dev, [root], set(), 0
+    while todo:
+        directory = todo.pop()
+        searched += 1
+        if searched > MAX_SEARCHED_DIRS:
+            raise BenchError(f"{root} holds more than {MAX_SEARCHED_DIRS} directories to search for runs; give the "
+                             "run, sweep or leaderboard directories themselves")
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.name in (RECORDS, GZIPPED):  # whatever it is: its reader names what is wrong
+                        found.add(directory)
+                    elif entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_dev == device:
+                        todo.append(Path(entry.path))
+        except OSError:  # unreadable: no runs of ours there
+            continue
+    return sorted(found)
 
 
 # The record schema, checked on every read (resume, bench.report, bench.show, the leaderboard) and

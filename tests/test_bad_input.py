@@ -284,6 +284,28 @@ def test_report_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message
     assert message in _report_exit(capsys, str(path))
 
 
+def test_report_searches_a_bounded_tree(tmp_path, monkeypatch, capsys):
+    """bench.report / walked the whole machine, /proc included, for minutes. The search stays on the
+    root's file system, follows no link to a directory, and stops with one line past
+    MAX_SEARCHED_DIRS directories."""
+    import bench.records
+
+    run = tmp_path / "elsewhere" / "run"
+    run.mkdir(parents=True)
+    (run / "records.jsonl").write_text("")
+    root = tmp_path / "root"
+    (root / "deep" / "er").mkdir(parents=True)
+    (root / "link").symlink_to(tmp_path / "elsewhere")
+    assert run_dirs(root) == [] and run_dirs(tmp_path) == [run]
+    monkeypatch.setattr(bench.records, "MAX_SEARCHED_DIRS", 2)
+    assert "holds more than 2 directories to search for runs" in _report_exit(capsys, str(root))
+    monkeypatch.setattr(bench.records, "MAX_SEARCHED_DIRS", 2000)
+    for place in ("/", "/proc"):  # stopped at the bound, or done: never a walk of every process's files
+        with pytest.raises(SystemExit) as e:
+            report.main([place])
+        assert e.value.code == 2 and "error: " in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("out", ["a file", "/proc/bench-report"])
 def test_report_unwritable_out_is_one_line_and_exit_2(run_dir, tmp_path, capsys, out):
