@@ -515,6 +515,27 @@ def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, ove
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[]"],
+     "decoder: decoder.auto_windows must be a non-empty list of integers >= 1, got []"),
+    (["decoder=lookahead", "decoder.ngram=auto", "decoder.auto_ngrams=[]"],
+     "decoder: decoder.auto_ngrams must be a non-empty list of integers >= 2, got []"),
+    (["decoder=lookahead", "decoder.auto_windows=[1,x]"], "decoder: decoder.auto_windows[] must be an integer >= 1"),
+    (["decoder=sequoia", "decoder.tree=auto", "decoder.auto_budgets=[4,x]"],
+     "decoder: decoder.auto_budgets[] must be an integer >= 1, got 'x'"),
+    (["decoder=medusa", "decoder.auto_sizes=[]"], "decoder: decoder.auto_sizes must be a non-empty list"),
+])
+def test_an_auto_tuners_candidates_are_named_when_bad(capsys, overrides, message):
+    """An empty list of candidates left auto nothing to choose from: "max() arg is an empty sequence",
+    naming no key. Every auto's candidate list is checked by one helper (contract.check_list)."""
+    from bench.__main__ import precheck
+
+    with pytest.raises(SystemExit) as e:
+        precheck(["model=tiny-random", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
 def test_a_slurm_sweep_without_slurm_is_refused_before_hydra_writes(tmp_path, monkeypatch, capsys):
     """hydra/launcher=slurm_cpu where sbatch and srun are missing was submitit's RuntimeError, after
     Hydra had written multirun.yaml into the sweep directory: one line, and nothing written."""
