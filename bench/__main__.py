@@ -132,6 +132,30 @@ def precheck(argv: list[str]) -> None:
                     args.multirun)
 
 
+def script_args(parser, argv: list[str] | None = None, config: str | None = "config"):
+    """A script's own options (argparse), and the rest as the Hydra overrides it composes `config`
+    with: each must parse as an override and the config must compose with them, else one line naming
+    the argument and exit 2 (an unknown option such as --frob, or a bare path, was Hydra's traceback)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args, overrides = parser.parse_known_args(argv)
+    hydra_parser = OverridesParser.create()
+    for arg in overrides:
+        try:
+            hydra_parser.parse_override(arg)
+        except Exception:
+            fail(f"{arg}: neither an option of {parser.prog} (see --help) nor a Hydra override such as "
+                 "model=tiny-random or gen.max_new_tokens=64")
+    if config is not None:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            try:
+                compose(config, overrides=overrides)
+            except Exception as e:
+                fail(f"{' '.join(overrides)}: {error_reason(e)}")
+    return args, overrides
+
+
 def _is_hydra(override) -> bool:
     return override.get_key_element().lstrip("+~").startswith("hydra")
 
