@@ -22,8 +22,8 @@ from .leaderboard_tables import markdown, write_tables
 from .prompts import encode, rendering_for
 from .records import RecordLog
 from .registry import REFERENCE
-from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons, prepare_decoder,
-                     record_settings, run_unit, sampling_from, skipped_turn, warmup)
+from .runner import (Pace, RunContext, build, check_config, check_finite_logits, judge_lossless, load_addons,
+                     prepare_decoder, record_settings, run_unit, sampling_from, skipped_turn, warmup)
 
 
 def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[str]) -> str:
@@ -65,6 +65,7 @@ def load_target(cfgs: dict[str, DictConfig]):
     lm = build(cfgs[REFERENCE].model, "model").load(**target_fit(decoders))
     for decoder in decoders:
         load_addons(decoder, lm)
+    check_finite_logits(lm)
     return lm
 
 

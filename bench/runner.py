@@ -1,6 +1,7 @@
 """One run: one decoder x one model x one dataset -> records.jsonl, summary.csv/.md, provenance."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -18,7 +19,7 @@ from tqdm.auto import tqdm
 from decoders.core.batch import decode_batch, latencies
 from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, check_sampling,
                                     foresee, kept_as_is, widest_step)
-from decoders.core.sampling import Sampling
+from decoders.core.sampling import NonFiniteLogits, Sampling, argmax
 from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
 from decoders.methods.autoregressive import autoregressive_decode, referee_logits, step_logits
@@ -164,12 +165,13 @@ def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
     if record["status"] != "ok":
         return record
     lm = ctx.lm
-    foresee(ctx.decoder, lm, ids, budget(ctx, ids), lm.stop_ids)  # untimed: before the clock (the oracle's pre-pass)
-    lm.sync()
-    start = time.perf_counter()
-    gen = ctx.decoder.generate(lm, ids, budget(ctx, ids), sampling, lm.stop_ids)
-    lm.sync()
-    return finish_unit(ctx, record, prompt, turn, ids, gen, latency=time.perf_counter() - start)
+    with finite_logits(ctx, f"decoder {ctx.decoder.name} on prompt {record['key']}", ids):
+        foresee(ctx.decoder, lm, ids, budget(ctx, ids), lm.stop_ids)  # untimed: before the clock (the oracle's)
+        lm.sync()
+        start = time.perf_counter()
+        gen = ctx.decoder.generate(lm, ids, budget(ctx, ids), sampling, lm.stop_ids)
+        lm.sync()
+        return finish_unit(ctx, record, prompt, turn, ids, gen, latency=time.perf_counter() - start)
 
 
 def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
@@ -181,6 +183,13 @@ def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
         previous = [log.get(f"{prompt.id}#{t}")["text"] for t in range(turn)]
         started.append((prompt, turn, *start_unit(ctx, prompt, turn, previous)))
     ready = [s for s in started if s[2]["status"] == "ok"]
+    with finite_logits(ctx, f"decoder {ctx.decoder.name} on the batch of {', '.join(r[2]['key'] for r in ready)}"):
+        _decode_ready(ctx, ready)
+    return [record for _, _, record, _, _ in started]
+
+
+def _decode_ready(ctx: RunContext, ready: list) -> None:
+    """run_batch's decoding of the rows that can run, their records finished in place."""
     if ready:
         lm = ctx.lm
         rows = [ids for *_, ids, _ in ready]
@@ -194,7 +203,6 @@ def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
         for (prompt, turn, record, ids, _), gen in zip(ready, gens):
             finish_unit(ctx, record, prompt, turn, ids, gen, latency=latencies([gen])[0])
             record["batch"] = batch
-    return [record for _, _, record, _, _ in started]
 
 
 def start_unit(ctx: RunContext, prompt, turn: int, previous: list[str]):
@@ -279,6 +287,7 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
     lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder),
                                         step=widest_step(decoder))
     load_addons(decoder, lm)
+    check_finite_logits(lm)
     rundir.claim(run_dir)
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units},
@@ -324,9 +333,50 @@ def _groups(units: list, log: RecordLog, size: int):
             yield wave[i:i + size]
 
 
+PROBE = "The quick brown fox jumps over the lazy dog."
+
+
+def check_finite_logits(lm) -> None:
+    """One forward of a short text once the model is loaded, before a run claims its directory: a model
+    whose logits are not finite (NaN in its weights) is refused now, not decoded into token 0 at every
+    step and judged lossless against a reference as broken."""
+    ids = list(lm.tokenizer(PROBE)["input_ids"]) if lm.tokenizer is not None else []
+    with torch.inference_mode():
+        try:
+            argmax(lm.forward(ids or [0], lm.new_cache(), last_only=True)[-1])
+        except NonFiniteLogits as e:
+            raise BenchError(non_finite(lm, f"model {lm.name}, a forward of {len(ids or [0])} tokens", e)) from None
+
+
+def non_finite(lm, where: str, e: NonFiniteLogits) -> str:
+    return (f"{where}: {e}; the weights of {lm.name} or of its draft hold NaN or inf, or {str(lm.dtype)[6:]} "
+            "overflows: check the model's files (a damaged cached copy: delete it and it is made again), or run "
+            "with dtype=float32")
+
+
+@contextlib.contextmanager
+def finite_logits(ctx: RunContext, where: str, ids=None):
+    """NonFiniteLogits inside: the run stops in one line naming where. A decoder's own loop does not say
+    at which step; autoregressive greedy along the same prompt then does."""
+    try:
+        yield
+    except NonFiniteLogits as e:
+        if e.step is None and ids is not None:
+            try:
+                autoregressive_decode(ctx.lm, ids, budget(ctx, ids), Sampling(), ctx.lm.stop_ids)
+            except NonFiniteLogits as first:
+                e = first
+        raise BenchError(non_finite(ctx.lm, where, e)) from None
+
+
 def warmup(ctx: RunContext, units: list) -> None:
     """One short untimed generation per method (and of the lossless check's autoregressive), so
     first-call costs (allocator growth, kernel selection) are not charged to the first prompt."""
+    with finite_logits(ctx, f"decoder {ctx.decoder.name}'s warm-up"):
+        _warmup(ctx, units)
+
+
+def _warmup(ctx: RunContext, units: list) -> None:
     lm, decoder, cfg, sampling = ctx.lm, ctx.decoder, ctx.cfg, ctx.sampling
     rows = [prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, lm.max_context)
             for prompt, _ in units[:cfg.gen.batch_size]]
@@ -389,7 +439,8 @@ def prepare_decoder(ctx: RunContext, scored: list) -> dict | None:
         if len(prompts) == wanted:
             break
     sampling = sampling_from(cfg)  # calibrate at the run's own settings: acceptance at T > 0 is not greedy's
-    decoder.prepare(lm, prompts, lm.stop_ids, sampling)
+    with finite_logits(ctx, f"decoder {decoder.name}'s calibration"):
+        decoder.prepare(lm, prompts, lm.stop_ids, sampling)
     return {"prompt_ids": ids, "overlaps_scored": overlaps,
             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}}
 
