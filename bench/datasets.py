@@ -7,6 +7,8 @@ are read first (dataset.path, then $BENCH_DATA_DIR/<name>/), then the HF hub via
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -28,6 +30,13 @@ class Prompt:
     raw_turns: list[str]  # the same turns for raw completion rendering
     shots: list[tuple[str, str]] = field(default_factory=list)  # few-shot (user, assistant) pairs, chat rendering
     meta: dict = field(default_factory=dict)
+
+
+def prompt_sha256(prompt: Prompt) -> str:
+    """The content hash of a prompt as the run uses it (its turns in both renderings, its shots and what
+    scoring reads): a run directory records it per prompt, and resume refuses prompts that changed."""
+    text = json.dumps(dataclasses.asdict(prompt), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def iter_jsonl(path: Path):

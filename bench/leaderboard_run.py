@@ -23,7 +23,8 @@ from .prompts import encode, rendering_for
 from .records import RecordLog
 from .registry import REFERENCE
 from .runner import (Pace, RunContext, build, check_config, check_finite_logits, judge_lossless, load_addons,
-                     prepare_decoder, record_settings, run_unit, sampling_from, skipped_turn, warmup)
+                     model_identity, prepare_decoder, record_settings, run_identity, run_unit, sampling_from,
+                     skipped_turn, warmup)
 
 
 def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[str]) -> str:
@@ -96,7 +97,10 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     decoders = {label: check_config(cfg)[1] for label, cfg in cfgs.items()}
     dataset = build(cfgs[REFERENCE].dataset, "dataset")
     prompts = dataset.load()
-    logs = open_logs(out_dir / ds, cfgs)
+    identity = run_identity(prompts)
+    for label in labels:  # the prompts and the code, before anything of the entries' is touched
+        rundir.check_identity(out_dir / ds / label, identity, "leaderboard.out_dir")
+    logs = open_logs(out_dir / ds, cfgs, identity["dataset"]["prompts"])
     units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
     keys = [f"{p.id}#{t}" for p, t in units]
     todo = sum(key not in logs[label] for key in keys for label in labels)
@@ -105,6 +109,10 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         if todo:
             if "lm" not in lm_cache:
                 lm_cache["lm"] = load_target(cfgs)
+            identity["model"] = model_identity(lm_cache["lm"])
+            for label in labels:
+                rundir.check_identity(out_dir / ds / label, {"model": identity["model"]}, "leaderboard.out_dir")
+                rundir.write_identity(out_dir / ds / label, identity)
             ctxs = contexts(lm_cache["lm"], decoders, dataset, cfgs)
             calibration = prepare_entries(ctxs, prompts, units)
             total = len(units) * len(labels) * repeats
@@ -132,14 +140,15 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
 
 
-def open_logs(ds_dir: Path, cfgs: dict[str, DictConfig]) -> dict[str, RecordLog]:
-    """Each entry's run directory (ds_dir/<label>) claimed, its records opened to resume, its
-    config.yaml written."""
+def open_logs(ds_dir: Path, cfgs: dict[str, DictConfig], prompts: dict[str, str]) -> dict[str, RecordLog]:
+    """Each entry's run directory (ds_dir/<label>) claimed, its records opened to resume (`prompts`: the
+    dataset's content hashes, a record of other text set aside), its config.yaml written."""
     logs = {}
     for label, cfg in cfgs.items():
         run_dir = ds_dir / label
         rundir.claim(run_dir)
-        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True, settings=record_settings(cfg))
+        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True, settings=record_settings(cfg),
+                                prompts=prompts)
         rundir.write_run_files(run_dir, cfg)  # config.yaml, whole or not at all
     return logs
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import sys
@@ -25,6 +27,7 @@ from decoders.tuning.profile import choose_compile, choose_fast_path
 
 from .errors import BenchError
 from .prompts import set_system_message
+from .rundir import write_atomic
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -193,6 +196,45 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
     return lm
 
 
+def directory_sha256(directory: Path, cache_dir: str | None) -> str:
+    """The content hash of a model directory's files (weights, config, tokenizer), each file's hash
+    kept under cache_dir by its path, size, inode and modification time, so that a checkpoint is read
+    through once, not at every run. What a run directory records as its model's weights."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
+        digest.update(f"{path.name}\0{file_sha256(path, cache_dir)}\0".encode())
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path, cache_dir: str | None) -> str:
+    stat = path.stat()
+    key = {"path": str(path.resolve()), "size": stat.st_size, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns}
+    kept = None
+    if cache_dir:
+        kept = Path(cache_dir).expanduser() / "hashes" / f"{hashlib.sha1(key['path'].encode()).hexdigest()}.json"
+        with contextlib.suppress(OSError, ValueError):
+            known = json.loads(kept.read_text())
+            if {k: known.get(k) for k in key} == key:
+                return known["sha256"]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    if kept is not None:
+        with contextlib.suppress(OSError, BenchError):  # a cache that cannot be written costs a read next time
+            write_atomic(kept, json.dumps({**key, "sha256": digest.hexdigest()}))
+    return digest.hexdigest()
+
+
+def tensors_sha256(model: torch.nn.Module) -> str:
+    """The content hash of a model's weights as loaded (tiny-random's, drawn from its seed)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def check_max_context(max_context) -> None:
     """model.max_context: null (the model's own context) or a positive integer; -1 skipped every
     prompt and 0 was read as null."""
@@ -316,8 +358,11 @@ class PretrainedModel:
                 max_context=self.max_context)
         # What was loaded, for provenance: the revision asked for and the hub commit it resolved to
         # (None for a local directory, which is read as it is).
-        lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision,
-                     "commit": getattr(model.config, "_commit_hash", None)}
+        commit = getattr(model.config, "_commit_hash", None)
+        lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision, "commit": commit}
+        # What a run directory records of its weights: a local copy's files by content, a hub model's commit
+        lm.weights_id = (f"sha256:{directory_sha256(local, self.cache_dir)}" if local.is_dir()
+                         else f"hub:{self.path}@{commit}")
         lm.memory_estimate = memory  # provenance records what the check assumed
         return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)
 
@@ -584,5 +629,9 @@ class TinyRandomModel:
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}
+        drawn_on_gpu = next(model.parameters()).device.type != "cpu" and \
+            weight_bytes(model.config, torch.float32)[0] > self.CPU_DRAW_BYTES
+        lm.weights_id = (f"random:seed {self.seed} drawn on {next(model.parameters()).device.type}" if drawn_on_gpu
+                         else f"sha256:{tensors_sha256(model)}")
         lm.memory_estimate = memory
         return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)

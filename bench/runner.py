@@ -25,9 +25,11 @@ from decoders.core.weights_file import addon_bytes
 from decoders.methods.autoregressive import autoregressive_decode, referee_logits, step_logits
 
 from . import drift, metrics, provenance, rundir, slurm
+from .datasets import prompt_sha256
 from .errors import BenchError
 from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
+from .rundir import record_settings
 from .settings import check_gen_settings, check_seed, check_settings
 from .spec_bench_table import speed_py_tokens
 from .targets import check_targets
@@ -122,16 +124,24 @@ class RunContext:
     sampling: Sampling
 
 
-def record_settings(cfg: DictConfig) -> dict:
-    """The settings every record of a run names: RecordLog sets aside a record naming others."""
-    return {"decoder": cfg.decoder.name, "model": cfg.model.name, "dataset": cfg.dataset.name}
+def run_identity(prompts: list) -> dict:
+    """What defines a run's results besides its settings (config.yaml): the content of the prompts it
+    uses and the code that runs them; model_identity adds the weights once they load. A run directory
+    records it (rundir.IDENTITY) and a resume must match it."""
+    return {"dataset": rundir.dataset_identity({p.id: prompt_sha256(p) for p in prompts}),
+            "code": provenance.code_identity()}
+
+
+def model_identity(lm) -> dict:
+    return {"name": lm.name, "weights": getattr(lm, "weights_id", None)}
 
 
 def new_record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
-    """A record's identifying fields (key, prompt, decoder, model, dataset, category) with status
-    ok, then `fields`: also the whole record of a prompt that is skipped."""
+    """A record's identifying fields (key, prompt and its content hash, decoder, model, dataset,
+    category) with status ok, then `fields`: also the whole record of a prompt that is skipped."""
     return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, **record_settings(cfg),
-            "category": prompt.meta.get("category"), "status": "ok", "reason": None, **fields}
+            "prompt_sha256": prompt_sha256(prompt), "category": prompt.meta.get("category"), "status": "ok",
+            "reason": None, **fields}
 
 
 def skipped_turn(cfg: DictConfig, prompt, turn: int, earlier: list[dict | None]) -> dict | None:
@@ -281,21 +291,26 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         dataset.check_scoring()  # e.g. HumanEval's sandbox: refuse now, not after the first generation
 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
+    identity = run_identity(prompts)
+    rundir.check_identity(run_dir, identity, key)  # the prompts and the code, before the model loads
     # Loaded before the claim, so that a target that does not fit (the decoder's widest step and
     # add-ons counted) or a draft, heads or n-gram file that does not load or match is refused with
     # nothing written.
     lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder),
                                         step=widest_step(decoder))
+    identity["model"] = model_identity(lm)
+    rundir.check_identity(run_dir, {"model": identity["model"]}, key)
     load_addons(decoder, lm)
     check_finite_logits(lm)
     rundir.claim(run_dir)
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units},
-                    settings=record_settings(cfg))
+                    settings=record_settings(cfg), prompts=identity["dataset"]["prompts"])
     try:
         if logger is not None:  # now, not before: wandb writes into the directory
             logger.start(cfg, run_dir)
         rundir.write_run_files(run_dir, cfg, hydra)
+        rundir.write_identity(run_dir, identity)
     except BaseException:
         log.close()
         raise
