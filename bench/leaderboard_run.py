@@ -36,6 +36,8 @@ def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[s
     if base.threads:
         torch.set_num_threads(base.threads)
     lm = load_target({label: runs[datasets[0], label] for label in labels})
+    for ds in datasets:  # every entry's records made as these would be, before anything is written
+        checked_identity(build(runs[ds, REFERENCE].dataset, "dataset").load(), labels, out_dir / ds, lm)
     rundir.claim_board(out_dir)
     speed: dict[str, dict] = {}  # per dataset run now: the target's step before and after (bench/drift.py)
     records = {(ds, label): recs for ds in datasets
@@ -97,9 +99,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     decoders = {label: check_config(cfg)[1] for label, cfg in cfgs.items()}
     dataset = build(cfgs[REFERENCE].dataset, "dataset")
     prompts = dataset.load()
-    identity = run_identity(prompts)
-    for label in labels:  # the prompts and the code, before anything of the entries' is touched
-        rundir.check_identity(out_dir / ds / label, identity, "leaderboard.out_dir")
+    identity = checked_identity(prompts, labels, out_dir / ds, lm_cache.get("lm"))
     logs = open_logs(out_dir / ds, cfgs, identity["dataset"]["prompts"])
     units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
     keys = [f"{p.id}#{t}" for p, t in units]
@@ -109,9 +109,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         if todo:
             if "lm" not in lm_cache:
                 lm_cache["lm"] = load_target(cfgs)
-            identity["model"] = model_identity(lm_cache["lm"])
+                identity = checked_identity(prompts, labels, out_dir / ds, lm_cache["lm"])
             for label in labels:
-                rundir.check_identity(out_dir / ds / label, {"model": identity["model"]}, "leaderboard.out_dir")
                 rundir.write_identity(out_dir / ds / label, identity)
             ctxs = contexts(lm_cache["lm"], decoders, dataset, cfgs)
             calibration = prepare_entries(ctxs, prompts, units)
@@ -138,6 +137,18 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         drift.warn(checked, f"{ds}'s timed prompts")
     # the logs hold the records: no need to read the files again
     return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
+
+
+def checked_identity(prompts: list, labels: list[str], ds_dir: Path, lm=None) -> dict:
+    """What defines the records of one dataset's entries (runner.run_identity, with the target's weights
+    once it is loaded), checked against each entry's directory (ds_dir/<label>): records made otherwise
+    are refused in one line."""
+    identity = run_identity(prompts)
+    if lm is not None:
+        identity["model"] = model_identity(lm)
+    for label in labels:
+        rundir.check_identity(ds_dir / label, identity, "leaderboard.out_dir")
+    return identity
 
 
 def open_logs(ds_dir: Path, cfgs: dict[str, DictConfig], prompts: dict[str, str]) -> dict[str, RecordLog]:

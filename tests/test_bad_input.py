@@ -356,7 +356,8 @@ def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeyp
     monkeypatch.setattr(report.metrics, "summarize",
                         lambda records, **kw: taken.append(records) or summarize(records, **kw))
     read = []
-    monkeypatch.setattr(report, "iter_records", lambda path: (read.append(r) or r for r in iter_records(path)))
+    monkeypatch.setattr(report, "iter_records",
+                        lambda path, **rule: (read.append(r) or r for r in iter_records(path, **rule)))
     table, _ = report.report([str(run_dir)])
     assert table.loc[0, "records"] == 3 and table.loc[0, "skipped"] == 2 and len(read) == 5
     assert len(taken[0]) == 5 and not {"tokens", "text", "trace", "prompt_text"} & set(taken[0].columns)
