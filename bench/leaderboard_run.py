@@ -22,8 +22,9 @@ from .leaderboard_tables import markdown, write_tables
 from .prompts import encode, rendering_for
 from .records import RecordLog
 from .registry import REFERENCE
-from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons, prepare_decoder,
-                     record_settings, run_unit, sampling_from, skipped_turn, warmup)
+from .runner import (Pace, RunContext, build, check_config, check_finite_logits, judge_lossless, load_addons,
+                     model_identity, prepare_decoder, record_settings, run_identity, run_unit, sampling_from,
+                     skipped_turn, warmup)
 
 
 def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[str]) -> str:
@@ -35,6 +36,8 @@ def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[s
     if base.threads:
         torch.set_num_threads(base.threads)
     lm = load_target({label: runs[datasets[0], label] for label in labels})
+    for ds in datasets:  # every entry's records made as these would be, before anything is written
+        checked_identity(build(runs[ds, REFERENCE].dataset, "dataset").load(), labels, out_dir / ds, lm)
     rundir.claim_board(out_dir)
     speed: dict[str, dict] = {}  # per dataset run now: the target's step before and after (bench/drift.py)
     records = {(ds, label): recs for ds in datasets
@@ -65,6 +68,7 @@ def load_target(cfgs: dict[str, DictConfig]):
     lm = build(cfgs[REFERENCE].model, "model").load(**target_fit(decoders))
     for decoder in decoders:
         load_addons(decoder, lm)
+    check_finite_logits(lm)
     return lm
 
 
@@ -95,7 +99,8 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     decoders = {label: check_config(cfg)[1] for label, cfg in cfgs.items()}
     dataset = build(cfgs[REFERENCE].dataset, "dataset")
     prompts = dataset.load()
-    logs = open_logs(out_dir / ds, cfgs)
+    identity = checked_identity(prompts, labels, out_dir / ds, lm_cache.get("lm"))
+    logs = open_logs(out_dir / ds, cfgs, identity["dataset"]["prompts"])
     units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
     keys = [f"{p.id}#{t}" for p, t in units]
     todo = sum(key not in logs[label] for key in keys for label in labels)
@@ -104,6 +109,9 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
         if todo:
             if "lm" not in lm_cache:
                 lm_cache["lm"] = load_target(cfgs)
+                identity = checked_identity(prompts, labels, out_dir / ds, lm_cache["lm"])
+            for label in labels:
+                rundir.write_identity(out_dir / ds / label, identity)
             ctxs = contexts(lm_cache["lm"], decoders, dataset, cfgs)
             calibration = prepare_entries(ctxs, prompts, units)
             total = len(units) * len(labels) * repeats
@@ -131,14 +139,27 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     return {label: [log.get(k) for k in keys if k in log] for label, log in logs.items()}
 
 
-def open_logs(ds_dir: Path, cfgs: dict[str, DictConfig]) -> dict[str, RecordLog]:
-    """Each entry's run directory (ds_dir/<label>) claimed, its records opened to resume, its
-    config.yaml written."""
+def checked_identity(prompts: list, labels: list[str], ds_dir: Path, lm=None) -> dict:
+    """What defines the records of one dataset's entries (runner.run_identity, with the target's weights
+    once it is loaded), checked against each entry's directory (ds_dir/<label>): records made otherwise
+    are refused in one line."""
+    identity = run_identity(prompts)
+    if lm is not None:
+        identity["model"] = model_identity(lm)
+    for label in labels:
+        rundir.check_identity(ds_dir / label, identity, "leaderboard.out_dir")
+    return identity
+
+
+def open_logs(ds_dir: Path, cfgs: dict[str, DictConfig], prompts: dict[str, str]) -> dict[str, RecordLog]:
+    """Each entry's run directory (ds_dir/<label>) claimed, its records opened to resume (`prompts`: the
+    dataset's content hashes, a record of other text set aside), its config.yaml written."""
     logs = {}
     for label, cfg in cfgs.items():
         run_dir = ds_dir / label
         rundir.claim(run_dir)
-        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True, settings=record_settings(cfg))
+        logs[label] = RecordLog(run_dir / "records.jsonl", resume=True, settings=record_settings(cfg),
+                                prompts=prompts)
         rundir.write_run_files(run_dir, cfg)  # config.yaml, whole or not at all
     return logs
 

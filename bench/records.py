@@ -112,9 +112,35 @@ def records_path(run_dir: Path) -> Path:
     return run_dir / GZIPPED if not os.path.lexists(plain) and (run_dir / GZIPPED).is_file() else plain
 
 
+# The most directories a search for runs (bench.report DIR) looks through: a results tree of many
+# sweeps holds thousands; `bench.report /` would otherwise walk the whole machine.
+MAX_SEARCHED_DIRS = 20_000
+
+
 def run_dirs(root: Path, pattern: str = "**") -> list[Path]:
-    """The directories matching `pattern` under `root` that hold records (plain or gzipped), sorted."""
-    return sorted({f.parent for name in (RECORDS, GZIPPED) for f in Path(root).glob(f"{pattern}/{name}")})
+    """The directories matching `pattern` under `root` that hold records (plain or gzipped), sorted.
+    "**" (any depth) stays on root's file system (no /proc, no mounts), follows no links to directories,
+    and looks through at most MAX_SEARCHED_DIRS directories, else one line asking for a narrower root."""
+    if pattern != "**":
+        return sorted({f.parent for name in (RECORDS, GZIPPED) for f in Path(root).glob(f"{pattern}/{name}")})
+    root = Path(root)
+    device, todo, found, searched = os.stat(root).st_dev, [root], set(), 0
+    while todo:
+        directory = todo.pop()
+        searched += 1
+        if searched > MAX_SEARCHED_DIRS:
+            raise BenchError(f"{root} holds more than {MAX_SEARCHED_DIRS} directories to search for runs; give the "
+                             "run, sweep or leaderboard directories themselves")
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.name in (RECORDS, GZIPPED):  # whatever it is: its reader names what is wrong
+                        found.add(directory)
+                    elif entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_dev == device:
+                        todo.append(Path(entry.path))
+        except OSError:  # unreadable: no runs of ours there
+            continue
+    return sorted(found)
 
 
 # The record schema, checked on every read (resume, bench.report, bench.show, the leaderboard) and
@@ -151,6 +177,7 @@ OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt
             "first_divergence": _COUNT, "first_real_divergence": _COUNT, "divergence_tie": _FLAG,
             "divergence_ulps": _AMOUNT, "divergence_logit_gap": _AMOUNT, "ties_in_wider_dtype": _COUNT,
             "speed_py_tokens": ("an integer", _is_int),  # bench/spec_bench_table.py: from 2026-12-02
+            "prompt_sha256": _TEXT,  # the prompt's content hash (bench.datasets.prompt_sha256): runs since 2026-12-07
             "ties_by_forward": _COUNT,  # runs before 2026-11-27: ties a prefix forward in the run's dtype proved
             "repeat_latency_s": ("a non-empty list of finite numbers > 0",
                                  lambda v: isinstance(v, list) and v and all(map(_SECONDS[1], v)))}
@@ -243,22 +270,40 @@ def _check(n: int, line: bytes, seen: set[str]) -> tuple[dict | None, str | None
     return record, None
 
 
-def parse_lines(data: bytes, keys: set[str] | None = None, settings: dict | None = None
-                ) -> tuple[list[tuple[dict, bytes]], list[tuple[int, bytes, str]]]:
+def foreign(record: dict, keys: set[str] | None = None, settings: dict | None = None,
+            prompts: dict[str, str] | None = None, listed: bool = False) -> str | None:
+    """Why a valid record is not one of this run's, or None: a key not in `keys`, a field that differs
+    from `settings` ({"decoder": name, ...}), or a prompt whose content hash is not the one in `prompts`
+    (prompt id -> bench.datasets.prompt_sha256; `listed`: a prompt it lacks is foreign too). Resume
+    sets such a record aside; bench.report leaves it out."""
+    if keys is not None and record["key"] not in keys:
+        return f"a record of {record['key']}, which this run does not have"
+    for field, value in (settings or {}).items():
+        if record.get(field) != value:
+            return f"a record of {field} {record.get(field)!r}, where this run's is {value!r}"
+    if prompts is None:
+        return None
+    expected = prompts.get(record["prompt_id"])
+    if expected is None:
+        return f"a record of prompt {record['prompt_id']!r}, which this run does not list" if listed else None
+    if record.get("prompt_sha256") != expected:
+        return (f"a record of prompt {record['prompt_id']!r} made from other text than this run's "
+                f"({str(record.get('prompt_sha256'))[:12]}, not {expected[:12]})")
+    return None
+
+
+def parse_lines(data: bytes, keys: set[str] | None = None, settings: dict | None = None,
+                prompts: dict[str, str] | None = None) -> tuple[list[tuple[dict, bytes]], list[tuple[int, bytes, str]]]:
     """(record, its line) for each valid record, the first of each key, in file order; and
-    (line number, line, why) for every other non-blank line, a record whose key is not in `keys`
-    or whose fields differ from `settings` (when given: {"decoder": name, ...}) among them."""
+    (line number, line, why) for every other non-blank line, a record that is not this run's
+    (foreign: its key, settings or prompt) among them."""
     good: list[tuple[dict, bytes]] = []
     bad: list[tuple[int, bytes, str]] = []
     seen: set[str] = set()
     for n, line in enumerate(data.splitlines(keepends=True), 1):
         if line.strip():
             record, why = _check(n, line, seen)
-            if not why and keys is not None and record["key"] not in keys:
-                why = f"a record of {record['key']}, which this run does not have"
-            for field, value in (settings or {}).items():
-                if not why and record.get(field) != value:
-                    why = f"a record of {field} {record.get(field)!r}, where this run's is {value!r}"
+            why = why or foreign(record, keys, settings, prompts)
             if why:
                 bad.append((n, line, why))
             else:
@@ -272,10 +317,11 @@ def _describe(path: Path, bad: list[tuple[int, bytes, str]], count: int | None =
     return f"{path}: {count} damaged line(s) ({shown}{'; ...' if count > 3 else ''})"
 
 
-def iter_records(path: Path):
+def iter_records(path: Path, **rule):
     """The valid records of a records.jsonl (or .jsonl.gz), one at a time (a reader's memory does
-    not grow with the file); damaged lines are skipped with one warning on stderr at the end, never
-    an error. A path that is not a readable file (or not complete gzip) is a BenchError."""
+    not grow with the file); damaged lines, and records that are not the run's by `rule` (foreign's
+    keys, settings, prompts, listed), are skipped with one warning on stderr at the end, never an
+    error. A path that is not a readable file (or not complete gzip) is a BenchError."""
     path = Path(path)
     bad: list[tuple[int, bytes, str]] = []
     count = 0
@@ -286,6 +332,7 @@ def iter_records(path: Path):
                 if not line.strip():
                     continue
                 record, why = _check(n, line, seen)
+                why = why or (foreign(record, **rule) if rule else None)
                 if why:
                     count += 1
                     if len(bad) < 3:
@@ -321,13 +368,15 @@ def _lock(path: Path) -> int:
 
 
 class RecordLog:
-    def __init__(self, path: Path, resume: bool, keys: set[str] | None = None, settings: dict | None = None):
+    def __init__(self, path: Path, resume: bool, keys: set[str] | None = None, settings: dict | None = None,
+                 prompts: dict[str, str] | None = None):
         """`keys`: the only keys this run's records may have (a record of another prompt is set aside
         on resume, as a damaged line is); None: any (a leaderboard's directory may hold more).
         `settings`: fields every record must have as given ({"decoder": name, ...}): a record of
-        other settings is set aside too."""
+        other settings is set aside too; `prompts`: prompt id -> content hash, a record made from
+        other text is set aside too."""
         self.path = Path(path)
-        self.keys, self.settings = keys, settings
+        self.keys, self.settings, self.prompts = keys, settings, prompts
         self.records: dict[str, dict] = {}
         self._fd = self._lock_fd = None
         try:
@@ -352,7 +401,7 @@ class RecordLog:
             raise
 
     def _load(self, data: bytes) -> None:
-        good, bad = parse_lines(data, self.keys, self.settings)
+        good, bad = parse_lines(data, self.keys, self.settings, self.prompts)
         self.records = {record["key"]: record for record, _ in good}
         if not bad:
             return

@@ -5,10 +5,11 @@ under the given paths, recomputes each summary from its records with bench.metri
 one Markdown table; with --out also writes report.csv and report.md there. Sweep parameters
 that differ between runs are added as columns (from each run's config.yaml).
 
-Records are read one at a time (bench.records.iter_records: invalid lines skipped with a
-warning) into the columns a summary uses; tokens, text and per-step traces are never kept, so
-memory grows by under a kilobyte a record at its peak, not with the records' size (1M records,
-a 1.66 GB file: 1.2 GB peak RSS, 0.3 GB of it imports). Bad input (a missing path, no runs, no
+Records are read one at a time (bench.records.iter_records: invalid lines, and records that
+are not the run's by the rule resume applies, skipped with a warning) into the columns a summary
+uses; tokens, text and per-step traces are never kept, so memory grows by under a kilobyte a record
+at its peak, not with the records' size (1M records, a 1.66 GB file: 1.2 GB peak RSS, 0.3 GB of it
+imports). Bad input (a missing path, no runs, no
 valid records, an unwritable --out, an --out holding anything but a report) ends in one line and
 exit code 2.
 """
@@ -86,8 +87,9 @@ def columns(records) -> pd.DataFrame:
 
 
 def load_run(run: Path, by_category: bool = False) -> tuple[pd.DataFrame, dict]:
-    # damaged or invalid lines and second copies of a key are skipped, with a warning
-    records = columns(iter_records(records_path(run)))
+    # damaged or invalid lines, second copies of a key and records that are not the run's (another
+    # decoder's, a prompt of other text: rundir.record_rule, as resume has it) are skipped, with a warning
+    records = columns(iter_records(records_path(run), **rundir.record_rule(run)))
     config = run / "config.yaml"
     try:
         params = _flat(OmegaConf.to_container(OmegaConf.load(config))) if config.is_file() else {}

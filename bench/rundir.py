@@ -16,6 +16,7 @@ records are gzipped (records.jsonl.gz: a checked-in reference run) is read-only:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -217,6 +218,98 @@ def check_resume(run_dir: Path, cfg, resume: bool, key: str, ignore: tuple[str, 
                          f"or choose a new {key}")
 
 
+IDENTITY = "identity.json"
+
+
+def record_settings(cfg) -> dict:
+    """The settings every record of a run names: a record naming others is not the run's."""
+    return {"decoder": cfg.decoder.name, "model": cfg.model.name, "dataset": cfg.dataset.name}
+
+
+def dataset_identity(prompts: dict[str, str]) -> dict:
+    """A run's dataset as the content hashes of the prompts it used (id -> bench.datasets.prompt_sha256),
+    and one hash of them all."""
+    whole = hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()
+    return {"sha256": whole, "prompts": dict(prompts)}
+
+
+def recorded_identity(run_dir: Path, key: str) -> dict | None:
+    """What the run recorded as defining its results (IDENTITY), or None where it recorded nothing; a
+    damaged file is refused: the records could not be checked against it."""
+    path = Path(run_dir) / IDENTITY
+    if not os.path.lexists(path):
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+        if not (isinstance(data, dict) and all(isinstance(data.get(k), dict) for k in ("dataset", "model", "code"))
+                and isinstance(data["dataset"].get("prompts"), dict)):
+            raise ValueError("not the identity a run writes")
+    except (OSError, ValueError) as e:
+        raise BenchError(f"{path} is damaged ({' '.join(str(e).split()[:20])}), so {run_dir}'s records cannot be "
+                         f"checked against this run; restore it, or choose a new {key}") from None
+    return data
+
+
+def check_identity(run_dir: Path, identity: dict, key: str) -> None:
+    """May this run add records to `run_dir`? Only where the records there were made from what makes
+    this run's (the parts `identity` gives: "code", "dataset" prompts, "model" weights): else one line
+    naming the first difference. A run with records and no IDENTITY (made before runs recorded one) is
+    refused: it cannot be checked. Writes nothing."""
+    if not has_records(run_dir):
+        return
+    then = recorded_identity(run_dir, key)
+    where = f"{run_dir} holds records"
+    if then is None:
+        raise BenchError(f"{where} but no {IDENTITY} saying what made them (dataset, model weights, code): they "
+                         f"cannot be checked, so resuming could mix results; choose a new {key}")
+    if "code" in identity and then["code"] != identity["code"]:
+        raise BenchError(f"{where} made by code {_code(then['code'])}; this is {_code(identity['code'])}: resume "
+                         f"with the code that made them, or choose a new {key}")
+    if "model" in identity and then["model"] != identity["model"]:
+        old, new = then["model"], identity["model"]
+        raise BenchError(f"{where} of model {old.get('name')} with weights {old.get('weights')}; these are "
+                         f"{new.get('name')} with {new.get('weights')}: resume with the same weights, or choose a "
+                         f"new {key}")
+    old, new = then["dataset"]["prompts"], identity.get("dataset", {}).get("prompts", {})
+    changed = next((pid for pid in new if pid in old and old[pid] != new[pid]), None)
+    if changed is not None:
+        raise BenchError(f"{where} of prompt {changed!r} made from other text than the dataset's now (sha256 "
+                         f"{old[changed][:12]} then, {new[changed][:12]} now): resume with the same prompts, or "
+                         f"choose a new {key}")
+
+
+def _code(code: dict) -> str:
+    commit = (code.get("commit") or "outside git")[:12]
+    return f"{commit} with uncommitted changes {str(code.get('changes_sha256'))[:12]}" if code.get("dirty") else commit
+
+
+def write_identity(run_dir: Path, identity: dict) -> None:
+    """IDENTITY, once the run holds the directory and check_identity passed: a run that adds prompts (a
+    leaderboard's raised limit) adds their hashes to the ones recorded."""
+    then = recorded_identity(run_dir, "hydra.run.dir") if has_records(run_dir) else None
+    prompts = {**(then["dataset"]["prompts"] if then else {}), **identity["dataset"]["prompts"]}
+    write_atomic(Path(run_dir) / IDENTITY, json.dumps({**identity, "dataset": dataset_identity(prompts)}, indent=1)
+                 + "\n")
+
+
+def record_rule(run_dir: Path) -> dict:
+    """What makes a record one of the run's, for readers (bench.report), as resume has it: the settings
+    its config names and, where it recorded IDENTITY, the prompts it lists by content. A config or
+    identity that cannot be read leaves that part of the rule out."""
+    rule: dict = {}
+    found = None
+    with contextlib.suppress(BenchError):
+        found = recorded_config(run_dir, "run directory")
+    if found is not None:
+        with contextlib.suppress(Exception):  # not the settings a run writes: no settings to hold records to
+            rule["settings"] = record_settings(found[1])
+    with contextlib.suppress(BenchError):
+        identity = recorded_identity(run_dir, "run directory")
+        if identity is not None:
+            rule.update(prompts=identity["dataset"]["prompts"], listed=True)
+    return rule
+
+
 def claim(run_dir: Path) -> None:
     """Marks a directory that check_resume let this run have as a run's, before anything else is
     written there: whatever happens next (a full disk, a kill), it is recognised as a run."""
@@ -290,6 +383,18 @@ def print_report(md: str, written: list[Path]) -> None:
     print(md)
     if written:
         print(f"\nwrote {' and '.join(map(str, written))}", file=sys.stderr)
+
+
+def job_dir(sweep_dir, subdir) -> Path:
+    """A sweep job's directory, hydra.sweep.subdir under hydra.sweep.dir, where it lies inside it: a
+    subdir that climbs out (../x, or an override's own path such as dataset.path=../../x in the
+    default subdir) or is absolute would put a job where the sweep's resume and bench.report never
+    look. Refused in one line."""
+    inside = os.path.normpath(str(subdir))
+    if os.path.isabs(inside) or inside == "." or inside.split(os.sep)[0] == "..":
+        raise BenchError(f"hydra.sweep.subdir={subdir}: a job's directory must lie inside hydra.sweep.dir "
+                         f"({sweep_dir}); give a relative path that stays there (no leading / and no .. above it)")
+    return Path(sweep_dir) / inside
 
 
 def check_sweep_dir(sweep_dir: Path, key: str = "hydra.sweep.dir") -> None:

@@ -1,6 +1,7 @@
 """One run: one decoder x one model x one dataset -> records.jsonl, summary.csv/.md, provenance."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -18,15 +19,17 @@ from tqdm.auto import tqdm
 from decoders.core.batch import decode_batch, latencies
 from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, check_sampling,
                                     foresee, kept_as_is, widest_step)
-from decoders.core.sampling import Sampling
+from decoders.core.sampling import NonFiniteLogits, Sampling, argmax
 from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
 from decoders.methods.autoregressive import autoregressive_decode, referee_logits, step_logits
 
 from . import drift, metrics, provenance, rundir, slurm
+from .datasets import prompt_sha256
 from .errors import BenchError
 from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
+from .rundir import record_settings
 from .settings import check_gen_settings, check_seed, check_settings
 from .spec_bench_table import speed_py_tokens
 from .targets import check_targets
@@ -121,16 +124,24 @@ class RunContext:
     sampling: Sampling
 
 
-def record_settings(cfg: DictConfig) -> dict:
-    """The settings every record of a run names: RecordLog sets aside a record naming others."""
-    return {"decoder": cfg.decoder.name, "model": cfg.model.name, "dataset": cfg.dataset.name}
+def run_identity(prompts: list) -> dict:
+    """What defines a run's results besides its settings (config.yaml): the content of the prompts it
+    uses and the code that runs them; model_identity adds the weights once they load. A run directory
+    records it (rundir.IDENTITY) and a resume must match it."""
+    return {"dataset": rundir.dataset_identity({p.id: prompt_sha256(p) for p in prompts}),
+            "code": provenance.code_identity()}
+
+
+def model_identity(lm) -> dict:
+    return {"name": lm.name, "weights": getattr(lm, "weights_id", None)}
 
 
 def new_record(cfg: DictConfig, prompt, turn: int, **fields) -> dict:
-    """A record's identifying fields (key, prompt, decoder, model, dataset, category) with status
-    ok, then `fields`: also the whole record of a prompt that is skipped."""
+    """A record's identifying fields (key, prompt and its content hash, decoder, model, dataset,
+    category) with status ok, then `fields`: also the whole record of a prompt that is skipped."""
     return {"key": f"{prompt.id}#{turn}", "prompt_id": prompt.id, "turn": turn, **record_settings(cfg),
-            "category": prompt.meta.get("category"), "status": "ok", "reason": None, **fields}
+            "prompt_sha256": prompt_sha256(prompt), "category": prompt.meta.get("category"), "status": "ok",
+            "reason": None, **fields}
 
 
 def skipped_turn(cfg: DictConfig, prompt, turn: int, earlier: list[dict | None]) -> dict | None:
@@ -164,12 +175,13 @@ def run_unit(ctx: RunContext, prompt, turn: int, previous: list[str]) -> dict:
     if record["status"] != "ok":
         return record
     lm = ctx.lm
-    foresee(ctx.decoder, lm, ids, budget(ctx, ids), lm.stop_ids)  # untimed: before the clock (the oracle's pre-pass)
-    lm.sync()
-    start = time.perf_counter()
-    gen = ctx.decoder.generate(lm, ids, budget(ctx, ids), sampling, lm.stop_ids)
-    lm.sync()
-    return finish_unit(ctx, record, prompt, turn, ids, gen, latency=time.perf_counter() - start)
+    with finite_logits(ctx, f"decoder {ctx.decoder.name} on prompt {record['key']}", ids):
+        foresee(ctx.decoder, lm, ids, budget(ctx, ids), lm.stop_ids)  # untimed: before the clock (the oracle's)
+        lm.sync()
+        start = time.perf_counter()
+        gen = ctx.decoder.generate(lm, ids, budget(ctx, ids), sampling, lm.stop_ids)
+        lm.sync()
+        return finish_unit(ctx, record, prompt, turn, ids, gen, latency=time.perf_counter() - start)
 
 
 def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
@@ -181,6 +193,13 @@ def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
         previous = [log.get(f"{prompt.id}#{t}")["text"] for t in range(turn)]
         started.append((prompt, turn, *start_unit(ctx, prompt, turn, previous)))
     ready = [s for s in started if s[2]["status"] == "ok"]
+    with finite_logits(ctx, f"decoder {ctx.decoder.name} on the batch of {', '.join(r[2]['key'] for r in ready)}"):
+        _decode_ready(ctx, ready)
+    return [record for _, _, record, _, _ in started]
+
+
+def _decode_ready(ctx: RunContext, ready: list) -> None:
+    """run_batch's decoding of the rows that can run, their records finished in place."""
     if ready:
         lm = ctx.lm
         rows = [ids for *_, ids, _ in ready]
@@ -194,7 +213,6 @@ def run_batch(ctx: RunContext, units: list, log) -> list[dict]:
         for (prompt, turn, record, ids, _), gen in zip(ready, gens):
             finish_unit(ctx, record, prompt, turn, ids, gen, latency=latencies([gen])[0])
             record["batch"] = batch
-    return [record for _, _, record, _, _ in started]
 
 
 def start_unit(ctx: RunContext, prompt, turn: int, previous: list[str]):
@@ -273,20 +291,26 @@ def run(cfg: DictConfig, run_dir: Path, logger=None, hydra: DictConfig | None = 
         dataset.check_scoring()  # e.g. HumanEval's sandbox: refuse now, not after the first generation
 
     rundir.check_resume(run_dir, cfg, cfg.resume, key)  # a refused run writes nothing
+    identity = run_identity(prompts)
+    rundir.check_identity(run_dir, identity, key)  # the prompts and the code, before the model loads
     # Loaded before the claim, so that a target that does not fit (the decoder's widest step and
     # add-ons counted) or a draft, heads or n-gram file that does not load or match is refused with
     # nothing written.
     lm = build(cfg.model, "model").load(batch=cfg.gen.batch_size, add_ons=addon_bytes(decoder),
                                         step=widest_step(decoder))
+    identity["model"] = model_identity(lm)
+    rundir.check_identity(run_dir, {"model": identity["model"]}, key)
     load_addons(decoder, lm)
+    check_finite_logits(lm)
     rundir.claim(run_dir)
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
     log = RecordLog(run_dir / "records.jsonl", resume=cfg.resume, keys={f"{p.id}#{t}" for p, t in units},
-                    settings=record_settings(cfg))
+                    settings=record_settings(cfg), prompts=identity["dataset"]["prompts"])
     try:
         if logger is not None:  # now, not before: wandb writes into the directory
             logger.start(cfg, run_dir)
         rundir.write_run_files(run_dir, cfg, hydra)
+        rundir.write_identity(run_dir, identity)
     except BaseException:
         log.close()
         raise
@@ -324,9 +348,50 @@ def _groups(units: list, log: RecordLog, size: int):
             yield wave[i:i + size]
 
 
+PROBE = "The quick brown fox jumps over the lazy dog."
+
+
+def check_finite_logits(lm) -> None:
+    """One forward of a short text once the model is loaded, before a run claims its directory: a model
+    whose logits are not finite (NaN in its weights) is refused now, not decoded into token 0 at every
+    step and judged lossless against a reference as broken."""
+    ids = list(lm.tokenizer(PROBE)["input_ids"]) if lm.tokenizer is not None else []
+    with torch.inference_mode():
+        try:
+            argmax(lm.forward(ids or [0], lm.new_cache(), last_only=True)[-1])
+        except NonFiniteLogits as e:
+            raise BenchError(non_finite(lm, f"model {lm.name}, a forward of {len(ids or [0])} tokens", e)) from None
+
+
+def non_finite(lm, where: str, e: NonFiniteLogits) -> str:
+    return (f"{where}: {e}; the weights of {lm.name} or of its draft hold NaN or inf, or {str(lm.dtype)[6:]} "
+            "overflows: check the model's files (a damaged cached copy: delete it and it is made again), or run "
+            "with dtype=float32")
+
+
+@contextlib.contextmanager
+def finite_logits(ctx: RunContext, where: str, ids=None):
+    """NonFiniteLogits inside: the run stops in one line naming where. A decoder's own loop does not say
+    at which step; autoregressive greedy along the same prompt then does."""
+    try:
+        yield
+    except NonFiniteLogits as e:
+        if e.step is None and ids is not None:
+            try:
+                autoregressive_decode(ctx.lm, ids, budget(ctx, ids), Sampling(), ctx.lm.stop_ids)
+            except NonFiniteLogits as first:
+                e = first
+        raise BenchError(non_finite(ctx.lm, where, e)) from None
+
+
 def warmup(ctx: RunContext, units: list) -> None:
     """One short untimed generation per method (and of the lossless check's autoregressive), so
     first-call costs (allocator growth, kernel selection) are not charged to the first prompt."""
+    with finite_logits(ctx, f"decoder {ctx.decoder.name}'s warm-up"):
+        _warmup(ctx, units)
+
+
+def _warmup(ctx: RunContext, units: list) -> None:
     lm, decoder, cfg, sampling = ctx.lm, ctx.decoder, ctx.cfg, ctx.sampling
     rows = [prepare(lm.tokenizer, prompt, 0, [], ctx.rendering, lm.max_context)
             for prompt, _ in units[:cfg.gen.batch_size]]
@@ -389,7 +454,8 @@ def prepare_decoder(ctx: RunContext, scored: list) -> dict | None:
         if len(prompts) == wanted:
             break
     sampling = sampling_from(cfg)  # calibrate at the run's own settings: acceptance at T > 0 is not greedy's
-    decoder.prepare(lm, prompts, lm.stop_ids, sampling)
+    with finite_logits(ctx, f"decoder {decoder.name}'s calibration"):
+        decoder.prepare(lm, prompts, lm.stop_ids, sampling)
     return {"prompt_ids": ids, "overlaps_scored": overlaps,
             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}}
 

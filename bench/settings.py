@@ -6,6 +6,9 @@ runner.check_config runs them again beside the checks that build the decoder and
 from __future__ import annotations
 
 import math
+import os
+import tempfile
+from pathlib import Path
 
 from .datasets import check_limit
 from .errors import BenchError
@@ -25,8 +28,9 @@ def check_settings(cfg) -> None:
     size = cfg.gen.get("batch_size", 1)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise BenchError(f"gen.batch_size must be an integer >= 1, got {size!r}")
-    if cfg.threads is not None and not (isinstance(cfg.threads, int) and cfg.threads >= 1):
-        raise BenchError(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
+    check_threads(cfg)
+    if cfg.get("cache_dir") is not None:
+        check_writable_dir("cache_dir", cfg.cache_dir, "set BENCH_CACHE_DIR (or cache_dir=) to a writable directory")
     check_limit(cfg.dataset.get("limit"))
     if not isinstance(cfg.get("prompt_format", "auto"), str) or cfg.get("prompt_format", "auto") not in FORMATS:
         raise BenchError(f"prompt_format={cfg.prompt_format!r} is not one of {', '.join(FORMATS)}")
@@ -53,3 +57,30 @@ def check_seed(seed) -> None:
         raise BenchError(f"seed must be an integer, got {seed!r}")
     if not 0 <= seed < 2**64:
         raise BenchError(f"seed must be an integer from 0 to 2**64 - 1, got {seed}")
+
+
+def check_threads(cfg) -> None:
+    """threads: null or a positive integer up to this machine's cores (100000 threads ran out of
+    memory after the model loaded). A sweep that SLURM runs is bounded by its nodes, inside the task."""
+    threads, cores = cfg.threads, os.cpu_count() or 1
+    if threads is None:
+        return
+    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+        raise BenchError(f"threads must be a positive integer or null (torch's default), got {threads!r}")
+    slurm = "SlurmLauncher" in str(cfg.get("hydra", {}).get("launcher", {}).get("_target_", ""))
+    if threads > cores and not slurm:
+        raise BenchError(f"threads must be a positive integer or null (torch's default), at most this machine's "
+                         f"{cores} cores, got {threads}")
+
+
+def check_writable_dir(key: str, path, hint: str) -> None:
+    """`path` is a directory this process may write in, or can be made one (its nearest existing
+    parent takes files): else one line naming `key`, not a traceback where it is first used."""
+    target = Path(str(path)).expanduser().absolute()
+    existing = next(p for p in (target, *target.parents) if os.path.exists(p))
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "a file stands in the path")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise BenchError(f"{key}={path}: cannot write under {existing} ({e.strerror or e}); {hint}") from None

@@ -5,7 +5,8 @@ many that pass committed (1 = plain, as autoregressive; 2, 3, 4+ = stronger colo
 lookahead decoding blog shows its demo: where a method speeds up, long coloured runs; where it
 stalls, single plain tokens. Writes a self-contained HTML page (RUN_DIR/show/<prompt>_<turn>.html
 by default; an id that is not a plain short file name gets a hash) and prints the same to the terminal
-with ANSI colours.
+with ANSI colours. A page is written only as a new file or over a page of bench.show's own, never
+through a symbolic link: --out cannot replace a run's records or any other file.
 
 `--prompt-ids` prints instead the exact prompt text and token ids the run fed the model for that
 prompt and turn (the record's text, encoded as the runner encodes it), to check a rendering
@@ -17,10 +18,12 @@ import argparse
 import hashlib
 import html
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
+from . import rundir
 from .errors import BenchError, fail
 from .prompts import encode
 from .records import read_records, records_path
@@ -29,6 +32,8 @@ from .runner import recorded_spec
 # tokens committed by one pass -> (HTML background, ANSI 256-colour background)
 COLOURS = {1: ("#eeeeee", None), 2: ("#c6e9ff", 153), 3: ("#9fd99f", 114), 4: ("#ffd27f", 222)}
 LEGEND = {1: "1 token (as autoregressive)", 2: "2 tokens", 3: "3 tokens", 4: "4+ tokens"}
+# What marks a page as this command's own: only such a page may be written over.
+GENERATOR = '<meta name="generator" content="decoding-bench show">'
 
 
 def colour(n: int) -> tuple[str, int | None]:
@@ -120,7 +125,8 @@ def render_html(record: dict, steps: list[tuple[str, int, int]]) -> str:
             f"{record['tokens_per_s']:.1f} tokens/s")
     return f"""<!doctype html>
 <html><head>
-<meta charset="utf-8"><title>{html.escape(str(record['decoder']))} {html.escape(str(record['prompt_id']))}</title>
+<meta charset="utf-8">{GENERATOR}
+<title>{html.escape(str(record['decoder']))} {html.escape(str(record['prompt_id']))}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
 pre{{white-space:pre-wrap;font-size:14px;line-height:1.6}}
 .step{{border-right:1px solid #fff}} .prompt{{color:#666}}</style></head><body>
@@ -130,6 +136,28 @@ pre{{white-space:pre-wrap;font-size:14px;line-height:1.6}}
 <h4>Output</h4><pre>{''.join(spans)}</pre>
 </body></html>
 """
+
+
+def check_page(path: Path, default: bool) -> None:
+    """A page goes to a new file or over a page of this command's own, and never through a symbolic
+    link (the page's, or the show/ directory a run holds): else one line naming the file."""
+    where = "RUN_DIR/show/" if default else "--out"
+    for link in ([path.parent] if default else []) + [path]:
+        if link.is_symlink():
+            raise BenchError(f"{link} is a symbolic link; bench.show writes only files it makes, never through a "
+                             f"link: remove it, or give --out a new file")
+    if default and path.parent.exists() and not path.parent.is_dir():
+        raise BenchError(f"{path.parent} is not a directory; bench.show writes its pages into {where}: remove it, "
+                         "or give --out a new file")
+    if not os.path.lexists(path):
+        return
+    try:
+        ours = path.is_file() and GENERATOR.encode() in path.read_bytes()[:4096]
+    except OSError as e:
+        raise BenchError(f"cannot read {path} ({e.strerror or e}); give --out a new file") from None
+    if not ours:
+        raise BenchError(f"{path} exists and is not a page of bench.show; a page is written only as a new file or "
+                         f"over an earlier page: give --out a new file")
 
 
 def render_terminal(steps: list[tuple[str, int, int]], use_colour: bool) -> str:
@@ -151,11 +179,8 @@ def show(run_dir: str | Path, prompt_id: str, turn: int = 0, out: str | Path | N
     record = load_record(run_dir, prompt_id, turn)
     steps = step_texts(record, tokenizer_for(run_dir))
     path = Path(out) if out else run_dir / "show" / page_name(prompt_id, turn)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_html(record, steps))
-    except OSError as e:
-        raise BenchError(f"cannot write {path} ({e.strerror or e}); give a writable --out FILE") from None
+    check_page(path, default=not out)
+    rundir.write_atomic(path, render_html(record, steps), hint="give a writable --out FILE")
     if use_colour is None:
         use_colour = sys.stdout.isatty()
     print(render_terminal(steps, use_colour))

@@ -33,6 +33,7 @@ from hydra.utils import instantiate
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from bench import provenance  # noqa: E402
 from bench.prompts import render, rendering_for  # noqa: E402
@@ -123,7 +124,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
                         help="cost curve: tokens per row")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (interleaved)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "batching")
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     if min(args.batch_sizes + [args.prompts, args.max_new_tokens, args.repeats]) < 1:
         parser.error("--prompts, --max-new-tokens, --repeats and every batch size must be >= 1")
     if "autoregressive" not in args.decoders:

@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from decoders.core.kernels import KernelAttention, KernelRMSNorm  # noqa: E402
 from decoders.tuning.profile import primed_cache, timed_forward  # noqa: E402
@@ -31,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", choices=("norm", "rotary"), help="switch only these (default: both)")
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.threads:

@@ -49,6 +49,9 @@ def compare(a: dict, b: dict) -> tuple[tuple, bool]:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     if len(argv) != 2:
         raise BenchError(f"expected 2 directories, got {len(argv)}; {USAGE}")
     before, after = runs(Path(argv[0])), runs(Path(argv[1]))

@@ -22,6 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from decoders.core.weights_file import VOCAB_FORMAT  # noqa: E402
 from training_corpus import OWN_WEIGHT, corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument("--out", default=None,
                         help="default: adapters/<model>-vocab.json (what readout_vocab=auto reads)")
     add_target_args(parser)
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     if args.size < 1:
         raise SystemExit(f"error: --size must be >= 1, got {args.size}")
     cfg, lm = frozen_target(target_overrides(args, overrides), seed=0)

@@ -24,6 +24,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from bench.prompts import render, rendering_for  # noqa: E402
 from decoders.methods.draft_model import build_draft  # noqa: E402
@@ -41,7 +42,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--K", type=int, default=8, help="children drafted per node")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/acceptance/...)")
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     if args.prompts < 1 or args.K < 1 or args.max_new_tokens < 1:
         parser.error(f"--prompts, --K and --max-new-tokens must be >= 1, got {args.prompts}, {args.K}, "
                      f"{args.max_new_tokens}")

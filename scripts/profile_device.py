@@ -45,6 +45,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from bench import provenance  # noqa: E402
 from decoders.tuning.profile import (  # noqa: E402
@@ -103,7 +104,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
                         help="also split forwards of these widths (comma-separated, e.g. 1,8,16,32) on each eager "
                              "path into linears, attention and the rest, the linears set against the read "
                              "bandwidth and a large matmul's rate: what holds each back (split.csv with --out)")
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     paths = [p for p in args.paths.split(",") if p]
     try:
         choices = [(p, parse_candidate(p.removesuffix("+inductor"))) for p in paths]

@@ -44,6 +44,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from bench import provenance  # noqa: E402
 from bench.errors import BenchError, fail  # noqa: E402
@@ -64,7 +65,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--context", default="64,256", help="cached positions, comma-separated")
     parser.add_argument("--repeats", type=int, default=7)
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = script_args(parser, argv, config=None)  # leaderboard overrides: compose_all checks them
     if args.max_tokens < 1 or args.repeats < 1:
         parser.error("--max-tokens and --repeats must be at least 1")
     try:

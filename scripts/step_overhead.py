@@ -46,6 +46,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from bench import provenance  # noqa: E402
 from bench.errors import fail  # noqa: E402
@@ -165,7 +166,7 @@ def main() -> None:
     parser.add_argument("--untrained", action="store_true",
                         help="random drafts and heads in the published layouts, as the GPU kit's big target has "
                              "(for a model no shipped add-on fits, e.g. tiny-random)")
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     every = [d for d in decoder_configs() if not d.startswith("hf_")]
     names = every if args.decoders == "all" else args.decoders.split(",")
     if unknown := [d for d in names if d not in every]:

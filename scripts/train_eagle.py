@@ -59,6 +59,7 @@ from transformers import DynamicCache
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from loss_curve import save_loss_curve  # noqa: E402
 from decoders.core.kv_cache import KVCache  # noqa: E402
@@ -281,7 +282,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
                         help="train nothing: print each DRAFT's held-out accuracy by depth and request family "
                              "(our file or an EAGLE-1/2/3 directory), then their top-1 by depth side by side")
     add_target_args(parser)
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     for key in ("chunks", "epochs", "unroll", "batch", "depth"):
         if getattr(args, key) < 1:
             raise SystemExit(f"error: --{key} must be >= 1, got {getattr(args, key)}")

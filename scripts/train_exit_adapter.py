@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.__main__ import script_args  # noqa: E402
 
 from loss_curve import save_loss_curve  # noqa: E402
 from training_target import (add_target_args, grad_scaler, load_target, optimizer_step, precision, request_ids,  # noqa: E402
@@ -136,7 +137,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--out", default=None, help="default: adapters/<model>-self<k>.safetensors")
     parser.add_argument("--seed", type=int, default=0)
     add_target_args(parser)
-    return parser.parse_known_args()
+    return script_args(parser)
 
 
 def target_and_exit_layer(args: argparse.Namespace, overrides: list[str]):

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from loss_curve import save_loss_curve  # noqa: E402
 from decoders.methods.heads import new_heads, save_heads  # noqa: E402
@@ -101,7 +102,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
                         help="bfloat16 autocast for the matmuls of a float32 target (about 2x faster on CPUs with "
                              "AVX-512 BF16); a half-precision target runs in its own dtype")
     add_target_args(parser)
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     if args.heads < 1 or args.steps < 1:
         raise SystemExit(f"error: --heads and --steps must be >= 1, got {args.heads} and {args.steps}")
     return args, overrides

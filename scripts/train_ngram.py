@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.__main__ import script_args  # noqa: E402
 
 from decoders.methods.ngram_lm import NgramLM  # noqa: E402
 from training_corpus import corpus, split_answers  # noqa: E402
@@ -45,7 +46,7 @@ def main() -> None:
     parser.add_argument("--max-train-tokens", type=int, default=None,
                         help="count n-grams over the corpus's first N tokens only (a quick run; default: all)")
     parser.add_argument("--out", default=None)
-    args, overrides = parser.parse_known_args()
+    args, overrides = script_args(parser)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     lm = instantiate(cfg.model, compile="none").load()

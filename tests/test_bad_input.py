@@ -284,6 +284,28 @@ def test_report_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message
     assert message in _report_exit(capsys, str(path))
 
 
+def test_report_searches_a_bounded_tree(tmp_path, monkeypatch, capsys):
+    """bench.report / walked the whole machine, /proc included, for minutes. The search stays on the
+    root's file system, follows no link to a directory, and stops with one line past
+    MAX_SEARCHED_DIRS directories."""
+    import bench.records
+
+    run = tmp_path / "elsewhere" / "run"
+    run.mkdir(parents=True)
+    (run / "records.jsonl").write_text("")
+    root = tmp_path / "root"
+    (root / "deep" / "er").mkdir(parents=True)
+    (root / "link").symlink_to(tmp_path / "elsewhere")
+    assert run_dirs(root) == [] and run_dirs(tmp_path) == [run]
+    monkeypatch.setattr(bench.records, "MAX_SEARCHED_DIRS", 2)
+    assert "holds more than 2 directories to search for runs" in _report_exit(capsys, str(root))
+    monkeypatch.setattr(bench.records, "MAX_SEARCHED_DIRS", 2000)
+    for place in ("/", "/proc"):  # stopped at the bound, or done: never a walk of every process's files
+        with pytest.raises(SystemExit) as e:
+            report.main([place])
+        assert e.value.code == 2 and "error: " in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("out", ["a file", "/proc/bench-report"])
 def test_report_unwritable_out_is_one_line_and_exit_2(run_dir, tmp_path, capsys, out):
@@ -334,7 +356,8 @@ def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeyp
     monkeypatch.setattr(report.metrics, "summarize",
                         lambda records, **kw: taken.append(records) or summarize(records, **kw))
     read = []
-    monkeypatch.setattr(report, "iter_records", lambda path: (read.append(r) or r for r in iter_records(path)))
+    monkeypatch.setattr(report, "iter_records",
+                        lambda path, **rule: (read.append(r) or r for r in iter_records(path, **rule)))
     table, _ = report.report([str(run_dir)])
     assert table.loc[0, "records"] == 3 and table.loc[0, "skipped"] == 2 and len(read) == 5
     assert len(taken[0]) == 5 and not {"tokens", "text", "trace", "prompt_text"} & set(taken[0].columns)
@@ -364,6 +387,52 @@ def test_show_skips_a_record_whose_tokens_are_a_string(run_copy, capsys):
     with pytest.raises(SystemExit) as e:
         main([str(run_copy), "--prompt", "a_b"])
     assert e.value.code == 2 and "invalid record (tokens is" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["records.jsonl", "config.yaml", "a file of the user's"])
+def test_show_out_never_replaces_a_file_that_is_not_its_page(run_copy, tmp_path, capsys, target):
+    """--out may name a new file or an earlier page of bench.show: a run's records, its config or
+    any other file is refused in one line and left as it was."""
+    from bench.show import main
+
+    out = tmp_path / "mine.txt" if target == "a file of the user's" else run_copy / target
+    if not out.exists():
+        out.write_text("mine")
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as e:
+        main([str(run_copy), "--prompt", "a_b", "--out", str(out), "--no-color"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "is not a page of bench.show" in err[0], err
+    assert out.read_bytes() == before
+    table, _ = report.report([str(run_copy)])
+    assert table.loc[0, "records"] == 3
+    page = tmp_path / "page.html"
+    for _ in range(2):  # a new file, then its own page again
+        main([str(run_copy), "--prompt", "a_b", "--out", str(page), "--no-color"])
+        assert "a_b" in page.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("link", ["show", "show/a_b_0.html"])
+def test_show_writes_nothing_through_a_planted_link(run_copy, tmp_path, capsys, link):
+    """A `show` directory, or a page, that is a symbolic link planted in the run directory is
+    refused in one line; nothing is written where it leads."""
+    from bench.show import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(run_copy / "show", ignore_errors=True)  # pages another test showed from the run
+    if link == "show":
+        (run_copy / "show").symlink_to(elsewhere)
+    else:
+        (run_copy / "show").mkdir()
+        (run_copy / link).symlink_to(elsewhere / "page.html")
+    with pytest.raises(SystemExit) as e:
+        main([str(run_copy), "--prompt", "a_b", "--no-color"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "is a symbolic link" in err[0], err
+    assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.slow
@@ -402,12 +471,41 @@ def test_seed_and_device_are_checked_before_the_run(capsys, override, message):
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+@pytest.mark.parametrize("override,env,message", [
+    ("gen.temperature=1e-300", None, "gen.temperature must be 0 (greedy) or at least 1e-06, got 1e-300"),
+    ("threads=100000", None, "threads must be a positive integer or null (torch's default), at most this machine's"),
+    ("seed=0", "a file", "cache_dir={cache}: cannot write under {cache} (a file stands in the path); set "
+                         "BENCH_CACHE_DIR"),
+    ("seed=0", "/proc/nope", "cache_dir=/proc/nope: cannot write under /proc"),
+])
+def test_settings_that_fail_mid_run_are_refused_before_it(tmp_path, monkeypatch, capsys, override, env, message):
+    """A temperature whose division overflows (NaN probabilities mid-run), more threads than the machine
+    has cores (out of memory after the model loaded), and a cache directory that is a file or cannot be
+    made (a traceback at the model's load): one line naming the key and what is allowed, before the run
+    directory is claimed."""
+    from bench.__main__ import precheck
+
+    cache = tmp_path / "cache"
+    if env is not None:
+        if env == "a file":
+            cache.write_text("not a directory")
+            env = str(cache)
+        monkeypatch.setenv("BENCH_CACHE_DIR", env)
+    with pytest.raises(SystemExit) as e:
+        precheck(["model=tiny-random", "gen.temperature=1.0", override, f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message.format(cache=cache) in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("override,message", [
     ("+preset=nope", "unknown preset 'nope'; choose one of: baselines, heads"),
     ("leaderboard.nokey=1", "Could not override 'leaderboard.nokey'"),
     ("nokey=1", "Could not override 'nokey'"),
     ("seed=-1", "seed must be an integer from 0"),
     ("gen.batch_size=2", "gen.batch_size must be 1 for the leaderboard, got 2"),
+    ("leaderboard.datasets=[]", "leaderboard.datasets must be a non-empty list of datasets (of gsm8k, humaneval,"),
+    ("leaderboard.datasets=humaneval", "leaderboard.datasets must be a non-empty list of datasets"),
 ])
 def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, override, message):
     from bench.leaderboard import main
@@ -416,6 +514,51 @@ def test_leaderboard_bad_overrides_are_one_line_and_exit_2(tmp_path, capsys, ove
         main(["model=tiny-random", override, f"leaderboard.out_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["decoder=lookahead", "decoder.window=auto", "decoder.auto_windows=[]"],
+     "decoder: decoder.auto_windows must be a non-empty list of integers >= 1, got []"),
+    (["decoder=lookahead", "decoder.ngram=auto", "decoder.auto_ngrams=[]"],
+     "decoder: decoder.auto_ngrams must be a non-empty list of integers >= 2, got []"),
+    (["decoder=lookahead", "decoder.auto_windows=[1,x]"], "decoder: decoder.auto_windows[] must be an integer >= 1"),
+    (["decoder=sequoia", "decoder.tree=auto", "decoder.auto_budgets=[4,x]"],
+     "decoder: decoder.auto_budgets[] must be an integer >= 1, got 'x'"),
+    (["decoder=medusa", "decoder.auto_sizes=[]"], "decoder: decoder.auto_sizes must be a non-empty list"),
+])
+def test_an_auto_tuners_candidates_are_named_when_bad(capsys, overrides, message):
+    """An empty list of candidates left auto nothing to choose from: "max() arg is an empty sequence",
+    naming no key. Every auto's candidate list is checked by one helper (contract.check_list)."""
+    from bench.__main__ import precheck
+
+    with pytest.raises(SystemExit) as e:
+        precheck(["model=tiny-random", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_a_slurm_sweep_without_slurm_is_refused_before_hydra_writes(tmp_path, monkeypatch, capsys):
+    """hydra/launcher=slurm_cpu where sbatch and srun are missing was submitit's RuntimeError, after
+    Hydra had written multirun.yaml into the sweep directory: one line, and nothing written."""
+    from bench.__main__ import precheck
+
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch, no srun
+    sweep = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as e:
+        precheck(["-m", "hydra/launcher=slurm_cpu", "model=tiny-random", "seed=0,1", f"hydra.sweep.dir={sweep}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "no sbatch or srun on its PATH" in err[0], err
+    assert not sweep.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["-m", "bench.leaderboard"], [REPO / "scripts" / "compare_leaderboards.py"]])
+def test_help_prints_the_manual(command):
+    """--help answers with the command's manual and exit 0 (compare_leaderboards said "expected 2
+    directories, got 1"; the leaderboard took it for an override)."""
+    out = run_python(*command, "--help")
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr[-2000:]
+    assert "python " in out.stdout and len(out.stdout.splitlines()) > 5, out.stdout
 
 
 # Issue 45, item 5: what needs only the composed config is refused before torch is imported, which
@@ -485,12 +628,13 @@ def test_a_duplicate_id_is_named(tmp_path):
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"id": "a", "prompt": "x"}\n{"id": "q7", "prompt": "y"}\n{"id": "q7", "prompt": "z"}\n')
-    with pytest.raises(BenchError, match="not unique: 'q7' appears twice"):
+    with pytest.raises(BenchError, match="prompts.jsonl:3: field 'id' repeats id 'q7' of .*prompts.jsonl:2"):
         JsonlPrompts(path=str(path)).load()
     # Issue 43, item 11: a line without an id is named by its position; a later id equal to that
     # position was a bare "duplicate", naming neither line.
     path.write_text('{"prompt": "x"}\n{"id": "0", "prompt": "y"}\n')
-    with pytest.raises(BenchError, match="lines 1 and 2.*line 1 has no 'id' field, so it is named '0' by its position"):
+    with pytest.raises(BenchError, match="jsonl:2: field 'id' repeats id '0' of .*jsonl:1; .*jsonl:1 has no 'id' "
+                                         "field, so it is named '0' by its position"):
         JsonlPrompts(path=str(path)).load()
 
 

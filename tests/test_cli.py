@@ -219,7 +219,7 @@ ERRORS = [
     (["seed=abc"], "seed must be an integer, got 'abc'"),
     (["model.fast_path=fast"], "model.fast_path='fast' is not allowed; use auto, none, prepacked"),
     (["model.compile=max"], "model.compile='max' is not allowed; use auto, none, inductor"),
-    (["gen.temperature=-1"], "gen.temperature must be >= 0"),
+    (["gen.temperature=-1"], "gen.temperature must be 0 (greedy) or at least 1e-06, got -1.0"),
     (["gen.top_p=1.5"], "gen.top_p must be in (0, 1]"),
     (["decoder=hf_pld", "decoder.num_tokens=0"], "decoder.num_tokens must be an integer >= 1"),
     (["-m", "decoder=hf_pld", "decoder.num_tokens=4,0"], "decoder.num_tokens must be an integer >= 1"),
@@ -279,9 +279,13 @@ ERRORS = [
     (["model.max_context=-1"], "model: model.max_context must be a positive integer or null (the model's own "
                                "context), got -1"),
     (["model.max_context=0"], "model: model.max_context must be a positive integer or null"),
-    (["dataset.timeout=-5"], "dataset: dataset.timeout must be a finite number of seconds > 0, got -5"),
-    (["dataset.timeout=nan"], "dataset: dataset.timeout must be a finite number of seconds > 0, got nan"),
-    (["dataset.timeout=inf"], "dataset: dataset.timeout must be a finite number of seconds > 0, got inf"),
+    (["dataset.timeout=-5"], "dataset: dataset.timeout must be a finite number of seconds > 0, at most 86400 "
+                             "(a day), got -5"),
+    (["dataset.timeout=nan"], "dataset: dataset.timeout must be a finite number of seconds > 0, at most 86400 "
+                              "(a day), got nan"),
+    (["dataset.timeout=inf"], "dataset: dataset.timeout must be a finite number of seconds > 0"),
+    (["dataset.timeout=1e300"], "dataset: dataset.timeout must be a finite number of seconds > 0, at most 86400 "
+                                "(a day), got 1e+300"),
 ]
 
 

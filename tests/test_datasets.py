@@ -207,7 +207,7 @@ def test_mt_bench_hub_rows(monkeypatch, rows):
 
 def test_mt_bench_row_without_turns(tmp_path):
     path = _write_jsonl(tmp_path / "q.jsonl", [{"question_id": 1, "category": "x"}])
-    with pytest.raises(BenchError, match="without turns"):
+    with pytest.raises(BenchError, match="q.jsonl:1: field 'turns' is missing"):
         MTBench(path=str(path)).load()
 
 
@@ -344,7 +344,7 @@ def test_jsonl_bad_prompt_field(tmp_path, value):
 
 def test_jsonl_duplicate_ids(tmp_path):
     path = _write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}])
-    with pytest.raises(BenchError, match="not unique"):
+    with pytest.raises(BenchError, match="p.jsonl:2: field 'id' repeats id '1' of .*p.jsonl:1"):
         JsonlPrompts(path=str(path)).load()
 
 
@@ -358,8 +358,80 @@ def test_jsonl_invalid_json_names_line(tmp_path):
 def test_jsonl_bad_field_reports_file_line(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": 1, "prompt": "a"}\n\n\n{"id": 2, "prompt": 3}\n', encoding="utf-8")
-    with pytest.raises(BenchError, match="line 4"):
+    with pytest.raises(BenchError, match=r"p\.jsonl:4: field 'prompt' must be a string or a non-empty list"):
         JsonlPrompts(path=str(path)).load()
+
+
+# ---- every loader against hostile rows -----------------------------------------------------
+
+# Per loader: a valid row; a value of a wrong type for each field (the first string becomes five
+# one-letter turns where turns are read as a list, a list of numbers failed at rendering); the fields
+# a row must have; the id field (None: ids are positions, unique by construction).
+LOADERS = {
+    "mt_bench": (MTBench, {"question_id": 81, "category": "writing", "turns": ["Write.", "Shorter."]},
+                 {"turns": ["Hello", [1, 2], []], "question_id": [[81], True, ""], "category": [["x"]]},
+                 ["turns", "question_id"], "question_id"),
+    "humaneval": (HumanEval, {"task_id": "T/0", "prompt": "def f():\n", "entry_point": "f",
+                              "test": "def check(c):\n    pass\n"},
+                  {"task_id": [None, 7.5], "prompt": [["def f():"]], "entry_point": [5, "not a name"],
+                   "test": [{"a": 1}]},
+                  ["task_id", "prompt", "entry_point", "test"], "task_id"),
+    "gsm8k": (GSM8K, {"question": "What is 2+3?", "answer": "2+3=5\n#### 5"},
+              {"question": [5], "answer": [["#### 5"], "no final answer"]}, ["question", "answer"], None),
+    "spec_bench": (ds.SpecBench, {"question_id": 1, "category": "qa", "turns": ["Who?"]},
+                   {"turns": ["Who?", [1]], "question_id": [{"id": 1}], "category": [[1], False]},
+                   ["turns", "question_id", "category"], "question_id"),
+    "jsonl": (JsonlPrompts, {"id": "a", "prompt": "Hello", "category": "greeting"},
+              {"prompt": [5, [1, 2], []], "id": [[1], 2.5], "category": [{"a": 1}]}, ["prompt"], "id"),
+}
+
+
+def _hostile_cases():
+    for name, (_, row, wrong, required, ident) in LOADERS.items():
+        for field, values in wrong.items():
+            for value in values:
+                yield name, f"{field} = {json.dumps(value)}", field, json.dumps({**row, field: value})
+        for field in required:
+            yield name, f"no {field}", field, json.dumps({k: v for k, v in row.items() if k != field})
+        if ident:
+            yield name, "a duplicate id", ident, json.dumps(row)
+        field = ident or "answer"
+        for number in ("1e400", "9" * 5000, "NaN", "-Infinity"):
+            yield name, f"{field} = {number[:8]}", field, json.dumps(row).replace(
+                json.dumps(row[field]), number, 1)
+
+
+@pytest.mark.parametrize("loader, case, field, line", list(_hostile_cases()),
+                         ids=[f"{n}: {c}" for n, c, _, _ in _hostile_cases()])
+def test_every_loader_names_file_line_and_field_of_a_hostile_row(tmp_path, monkeypatch, loader, case, field, line):
+    """A row with a wrong type in a field, a missing field, a repeated id or a number Python cannot
+    hold (more digits than int() reads, beyond a double, NaN) is refused when the dataset loads:
+    one line naming the file, the line and the field. Each had been a traceback, or a wrong prompt,
+    after generation had begun."""
+    cls, row, *_ = LOADERS[loader]
+    monkeypatch.setattr(ds, "_from_hub", _hub_must_not_be_called)
+    path = tmp_path / ("test.jsonl" if loader == "gsm8k" else "rows.jsonl")
+    path.write_text(json.dumps(row) + "\n" + line + "\n", encoding="utf-8")
+    (tmp_path / "ok").mkdir()
+    assert len(cls(path=str(_write_jsonl(tmp_path / "ok" / path.name, [row]))).load()) == 1  # the valid row loads
+    with pytest.raises(BenchError) as e:
+        cls(path=str(path)).load()
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{path}:2: field {field!r}"), message
+
+
+def test_gsm8k_scores_numbers_of_any_length(tmp_path, monkeypatch):
+    """A gold answer or an output holding a number of 400 digits (or more than int() reads) scores
+    exactly; it raised OverflowError at scoring, at every resume."""
+    monkeypatch.setattr(ds, "_from_hub", _hub_must_not_be_called)
+    big = "1" * 399 + "2"
+    path = _write_jsonl(tmp_path / "test.jsonl", [{"question": "Big?", "answer": f"So\n#### {big}"}])
+    dataset = GSM8K(path=str(path))
+    prompt = dataset.load()[0]
+    assert prompt.meta["answer"] == big
+    assert dataset.score(prompt, 0, f"#### {big}", "chat")["correct"] is True
+    assert dataset.score(prompt, 0, f"#### {big[:-1]}3", "chat")["correct"] is False  # a float made these equal
+    assert dataset.score(prompt, 0, "#### " + "9" * 10_000, "chat")["correct"] is False
 
 
 # ---- rendering ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import torch
 
 import decoders.methods.specinfer as specinfer_module
 import decoders.core.loop as loop_module
+import decoders.core.sampling as sampling_module
 import decoders.core.verify as verify_module
 from decoders.methods.draft_model import SelfDraft
 from decoders.core.sampling import Sampling
@@ -91,7 +92,8 @@ class _ScriptedTorch:
 
 def exact_distribution(run) -> dict:
     """{outcome: probability} of `run(oracle)` over every branch of the oracle's choices,
-    with decoders.core.verify's randomness answered by the same oracle."""
+    with decoders.core.verify's randomness (its draw of the bonus token in sampling.draw) answered by
+    the same oracle."""
     out: dict = defaultdict(float)
     stack: list[tuple[int, ...]] = [()]
     real = verify_module.torch
@@ -99,7 +101,7 @@ def exact_distribution(run) -> dict:
         while stack:
             script = stack.pop()
             oracle = Oracle(script)
-            verify_module.torch = _ScriptedTorch(oracle)
+            verify_module.torch = sampling_module.torch = _ScriptedTorch(oracle)
             outcome = run(oracle)
             out[outcome] += math.prod(probs[c] for c, probs in oracle.log)
             for i in range(len(script), len(oracle.log)):  # branches first taken in this run
@@ -107,7 +109,7 @@ def exact_distribution(run) -> dict:
                 c, probs = oracle.log[i]
                 stack += [prefix + (j,) for j, w in enumerate(probs) if w > 0 and j != c]
     finally:
-        verify_module.torch = real
+        verify_module.torch = sampling_module.torch = real
     assert abs(sum(out.values()) - 1) < 1e-12
     return dict(out)
 

@@ -286,6 +286,7 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     ("roofline with a bad value", "bandwidth_gb_s must be a number > 0, not 'fast'"),
     ("roofline with an unknown key", "has unknown key bandwith_gb_s"),
     ("roofline without the run's model", "needs the target's model_flops_spec"),
+    ("roofline whose peak is 1e-300 FLOP/s", "prices a forward of"),  # inf ms, then nan and 0 tok/s: exit 0
     ("a fast path the profile lacks", "--path prepacked is not in"),
     ("a draft's step.csv without host work", "needs context and host_ms_per_depth columns"),
     ("a draft's step.csv with a bad value", "column host_ms_per_depth must hold numbers in every row"),
@@ -318,6 +319,8 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, capsys,
     elif case == "roofline without the run's model":
         (board / "provenance.json").unlink()
         args[2] = write_roofline(tmp_path / "roof.yaml")
+    elif case == "roofline whose peak is 1e-300 FLOP/s":
+        args[2] = write_roofline(tmp_path / "roof.yaml", peak_flops=1e-300)
     elif case == "a fast path the profile lacks":
         args += ["--path", "prepacked"]
     elif case.startswith("a draft's step.csv"):

@@ -202,6 +202,28 @@ def test_a_rerun_with_other_settings_is_refused_and_changes_nothing(board):
 
 
 @pytest.mark.slow
+def test_a_rerun_by_other_code_is_refused_and_changes_nothing(board, tmp_path):
+    """Each entry is a run directory with the same contract as a run's: records made by other code (or
+    from other prompts, or other weights) are not continued. Here one entry's recorded commit differs
+    and it lacks a prompt: the rerun is refused in one line, and nothing changes."""
+    out, _ = board
+    copy = tmp_path / "board"
+    shutil.copytree(out, copy)
+    entry = copy / "gsm8k" / "jacobi"
+    identity = json.loads((entry / "identity.json").read_text())
+    identity["code"] = {"commit": "0" * 40, "dirty": False, "changes_sha256": None}
+    (entry / "identity.json").write_text(json.dumps(identity))
+    lines = (entry / "records.jsonl").read_text().splitlines(keepends=True)
+    (entry / "records.jsonl").write_text("".join(lines[:-1]))
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    result = run_module("bench.leaderboard", *TINY, f"leaderboard.out_dir={copy}")
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert f"{entry} holds records made by code 000000000000; this is" in lines[0], lines[0]
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.slow
 def test_a_smaller_limit_tables_only_its_prompts(board, tmp_path):
     out, _ = board
     copy = tmp_path / "board"

@@ -3,6 +3,7 @@ package default, tiny-random, and the conf/model/*.yaml configs. Never touches t
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,31 @@ def test_a_fresh_cache_reads_the_tokenizer_without_dequantizing_the_weights(smol
     spec.load_tokenizer()
     assert "once into" not in capsys.readouterr().out  # the second read is the cached copy
     assert TinyRandomModel(tokenizer=spec).load_tokenizer().get_vocab() == smollm.tokenizer.get_vocab()
+
+
+def test_a_damaged_cached_tokenizer_is_made_again_or_named_in_one_line(tmp_path, capsys):
+    """A cached tokenizer.json cut short (a full disk, a kill mid-copy) raised JSONDecodeError at every
+    load; the entry is set aside and made again from the GGUF, and one that still fails is one line."""
+    import shutil
+
+    spec = GGUFPackageModel(cache_dir=str(tmp_path))
+    entry = spec._cached(spec.gguf_path())
+    entry = entry.with_name(entry.name + "-tokenizer")
+    session = Path(CACHE_DIR).expanduser() / entry.relative_to(tmp_path)
+    if (session / "tokenizer_config.json").is_file():  # the session's copy: no second read of the GGUF here
+        shutil.copytree(session, entry)
+    else:
+        spec.tokenizer_dir()
+    good = spec.load_tokenizer().get_vocab()
+    capsys.readouterr()
+    tokenizer_json = entry / "tokenizer.json"
+    tokenizer_json.write_bytes(tokenizer_json.read_bytes()[:1000])
+    assert spec.load_tokenizer().get_vocab() == good
+    err = capsys.readouterr().err
+    assert "did not load" in err and "made again" in err and len(list(tmp_path.rglob("*.damaged-*"))) == 1
+    with pytest.raises(BenchError, match="does not load .*reinstall it") as e:
+        spec._from_cache(spec.tokenizer_dir, lambda path: json.loads("{"))
+    assert "\n" not in str(e.value)
 
 
 def test_gguf_load_tokenizer_chat_template_override(smollm):

@@ -442,6 +442,23 @@ def test_a_sweep_refused_changes_nothing(tmp_path):
         rundir.check_sweep_dir(_leaderboard_like(tmp_path))
 
 
+@pytest.mark.parametrize("overrides", [["hydra.sweep.subdir=../../x"], ["hydra.sweep.subdir=/tmp/elsewhere"],
+                                       ["dataset=jsonl", "dataset.path=../../../p.jsonl"]])
+def test_a_sweep_job_directory_outside_the_sweep_is_refused(tmp_path, capsys, overrides):
+    """hydra.sweep.subdir, given or made of an override's own path (the default subdir is the
+    overrides), must keep every job inside hydra.sweep.dir, where resume and bench.report look:
+    else one line, before anything is written."""
+    from bench.__main__ import precheck
+
+    sweep = tmp_path / "a" / "b" / "sweep"
+    with pytest.raises(SystemExit) as e:
+        precheck(["-m", *TINY, *overrides, f"hydra.sweep.dir={sweep}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "a job's directory must lie inside hydra.sweep.dir" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+    assert rundir.job_dir(sweep, "x/../y") == sweep / "y"  # a path that stays inside is the job's
+
+
 # --- the Ctrl-C hint, pasted into a shell --------------------------------------------------------
 
 def test_resume_hint_is_shell_quoted(tmp_path, monkeypatch):

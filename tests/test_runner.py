@@ -159,3 +159,94 @@ def test_calibration_prompts_are_never_scored(tmp_path):
     greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
     assert all(r["calibration"] == {"prompt_ids": ["p2", "p3"], "overlaps_scored": False, "sampling": greedy}
                for r in records)
+
+
+def _nan_from(lm, context: int) -> None:
+    """lm's logits turn NaN once its cache holds `context` tokens (a dtype that overflows mid-answer)."""
+    forward = lm.forward
+
+    def poisoned(tokens, cache, *args, **kwargs):
+        out = forward(tokens, cache, *args, **kwargs)
+        if len(cache) < context:
+            return out
+        nan = float("nan")
+        return (torch.full_like(out[0], nan), *out[1:]) if isinstance(out, tuple) else torch.full_like(out, nan)
+
+    lm.forward = poisoned
+
+
+@pytest.mark.parametrize("decoder", ["autoregressive", "prompt_lookup"])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logits_that_turn_non_finite_stop_the_run_naming_prompt_and_step(lm, decoder, temperature):
+    """NaN logits were read as token 0 at every step, and the output judged lossless against a
+    reference as broken. The run stops in one line naming the prompt and the first step whose logits
+    are not finite: the reference's own, or, for a decoder's loop, autoregressive greedy's along the
+    prompt. Greedy and sampled alike."""
+    from bench.errors import BenchError
+    from decoders.methods.autoregressive import Autoregressive
+    from decoders.methods.prompt_lookup import PromptLookupDecoding
+
+    ids = CharTokenizer()("hello world")["input_ids"]
+    _nan_from(lm, len(ids) + 3)
+    method = (Autoregressive(name="autoregressive") if decoder == "autoregressive"
+              else PromptLookupDecoding(name=decoder))
+    ctx = RunContext(lm, method, NoQuality(), "raw", config(check_lossless=temperature == 0),
+                     Sampling(temperature=temperature, seed=1))
+    with pytest.raises(BenchError) as e:
+        run_unit(ctx, PROMPT, 0, [])
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"decoder {decoder} on prompt p#0: logits are not finite (nan)")
+    assert "at step 3 (0: the prefill)" in message and "dtype=float32" in message, message
+
+
+def test_the_lossless_check_never_judges_against_a_non_finite_reference(lm):
+    """The output is finite and the reference breaks: no record says lossless, the run stops."""
+    from bench.errors import BenchError
+    import bench.runner
+
+    ids = CharTokenizer()("hello world")["input_ids"]
+    calls = []
+    decode = bench.runner.autoregressive_decode
+
+    def reference(lm_, *args, **kwargs):  # the decoder's generation is clean; the check's reference breaks
+        calls.append(1)
+        _nan_from(lm_, len(ids) + 1)
+        return decode(lm_, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(bench.runner, "autoregressive_decode", reference)
+        with pytest.raises(BenchError, match="on prompt p#0: logits are not finite .* at step 1"):
+            run_unit(RunContext(lm, FlipToken(at=-1), NoQuality(), "raw", config(), Sampling()), PROMPT, 0, [])
+    assert calls
+
+
+def test_nan_weights_are_refused_before_the_run_directory(tmp_path, monkeypatch):
+    """A model whose weights hold NaN (here layers.0.mlp, as a damaged checkpoint would) decoded token 0
+    at every step and passed as lossless: one forward once it loads refuses it, in one line, before
+    anything is written."""
+    from hydra import compose, initialize_config_dir
+
+    from bench import runner
+    from bench.errors import BenchError
+    from bench.models import TinyRandomModel
+    from bench.registry import CONF_DIR
+
+    build = TinyRandomModel.build
+
+    def damaged(self, *args, **kwargs):
+        model = build(self, *args, **kwargs)
+        with torch.no_grad():
+            for p in model.model.layers[0].mlp.parameters():
+                p.fill_(float("nan"))
+        return model
+
+    monkeypatch.setattr(TinyRandomModel, "build", damaged)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose("config", overrides=["model=tiny-random", "dataset=gsm8k", "dataset.limit=1", "quality=false",
+                                           "check_lossless=true", "gen.max_new_tokens=8", "progress=false",
+                                           "device=cpu"])
+    with pytest.raises(BenchError) as e:
+        runner.run(cfg, tmp_path / "run")
+    assert "\n" not in str(e.value) and str(e.value).startswith("model tiny-random, a forward of")
+    assert "logits are not finite (nan)" in str(e.value)
+    assert not (tmp_path / "run").exists()

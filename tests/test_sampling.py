@@ -204,3 +204,31 @@ def test_argmax_is_torchs_first_index_of_the_largest_in_every_dtype(dtype):
     assert argmax(logits) == expected and expected[3] == 100
     assert [argmax(row) for row in logits] == expected
     assert argmax(logits[5:9]) == expected[5:9]  # a view of other rows
+
+
+# ---- logits that are not finite --------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_token_read_from_non_finite_logits_is_refused(bad):
+    """argmax lands on a NaN or +inf wherever a row holds one (NaN weights made every token 0): the
+    chosen entry's value says so, on the host and in the GPU path's one read alike, for a row, a
+    table of rows, verification's ArgmaxRows and a draw."""
+    from decoders.core.sampling import ArgmaxRows, NonFiniteLogits, argmax_in_one_read, draw
+
+    rows = torch.randn(4, 50)
+    assert argmax_in_one_read(rows) == argmax(rows) and argmax_in_one_read(rows[1]) == argmax(rows[1])
+    assert draw(torch.tensor([0.0, 1.0, 0.0]), None) == 1
+    rows[2, 17] = bad
+    for read in (lambda: argmax(rows), lambda: argmax(rows[2]), lambda: argmax_in_one_read(rows),
+                 lambda: ArgmaxRows(rows)[2], lambda: next_token(rows[2], Sampling(), None)):
+        with pytest.raises(NonFiniteLogits, match=f"logits are not finite \\({bad}\\)"):
+            read()
+    assert argmax(rows[[0, 1, 3]]) == argmax_in_one_read(rows[[0, 1, 3]])  # the other rows are untouched
+    on_device = ArgmaxRows(rows, top_k=2, also=torch.tensor([1.0]))
+    on_device.on_host = False  # the GPU's one read: argmax, the chosen logits, the top tokens, the tree
+    with pytest.raises(NonFiniteLogits):
+        on_device.slice()
+    with pytest.raises(NonFiniteLogits):
+        draw(torch.softmax(rows[2] / 0.5, -1), torch.Generator().manual_seed(0))
+    with pytest.raises(NonFiniteLogits, match="-inf"):
+        argmax(torch.full((8,), float("-inf")))  # nothing to choose from

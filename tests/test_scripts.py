@@ -433,3 +433,17 @@ def test_sync_counter_counts_the_device_waits_by_line(monkeypatch):
     assert modes == ["warn", "default"]
     assert sorted(sites.values()) == [1, 3]
     assert all(site.startswith("tests/test_scripts.py:") for site in sites)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["measure_acceptance.py", "batch_speedup.py", "profile_device.py"])
+@pytest.mark.parametrize("arg, message", [("--frob", "--frob: neither an option of"),
+                                          ("/nonexistent", "/nonexistent: neither an option of"),
+                                          ("nokey=1", "nokey=1: Could not override 'nokey'")])
+def test_a_script_names_an_argument_it_cannot_take(script, arg, message):
+    """What is neither a script's option nor a Hydra override, or an override the config has no key
+    for, is one line naming it and exit 2, before any model loads (Hydra's OverrideParseException
+    before)."""
+    out = run_python(REPO / "scripts" / script, "model=tiny-random", arg, timeout=300)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr[-2000:]

@@ -65,10 +65,10 @@ def test_spec_bench_missing_or_malformed_is_one_line(tmp_path, monkeypatch):
         SpecBench(data_dir=str(tmp_path), hub_id="org/none").load()  # the hub is tried last, and named
     bad = tmp_path / "question.jsonl"
     bad.write_text(json.dumps({"question_id": 1, "turns": ["hi"]}) + "\n")
-    with pytest.raises(BenchError, match=r"Spec-Bench row 1 needs question_id, category and turns"):
+    with pytest.raises(BenchError, match=r"question.jsonl:1: field 'category' is missing"):
         SpecBench(path=str(bad)).load()
     bad.write_text("".join(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n" for _ in range(2)))
-    with pytest.raises(BenchError, match="not unique"):
+    with pytest.raises(BenchError, match="question.jsonl:2: field 'question_id' repeats id '1'"):
         SpecBench(path=str(bad)).load()
 
 

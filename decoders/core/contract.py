@@ -158,6 +158,16 @@ def check(key: str, value: Any, *, at_least: int | None = None, one_of: Sequence
         raise ValueError(f"decoder.{key} must be an integer >= {at_least}{extra}, got {value!r}")
 
 
+def check_list(key: str, values: Any, *, at_least: int) -> tuple:
+    """A non-empty list of integers >= at_least (auto's candidates), each checked as key[]; as a tuple.
+    An empty one left auto nothing to choose from (max() of an empty sequence, naming no key)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise ValueError(f"decoder.{key} must be a non-empty list of integers >= {at_least}, got {values!r}")
+    for value in values:
+        check(f"{key}[]", value, at_least=at_least)
+    return tuple(values)
+
+
 # The most tokens one step may feed the target. Published methods feed tens (EAGLE-2's 60, Medusa's 64,
 # lookahead's largest W=15, N=5, G=15: 121); a wider step would not fit a model's context, and its
 # masks and logits grow with its square and the vocabulary: decoder.window=1000000 asked for 1 TB.

@@ -275,8 +275,8 @@ class LM:
         dense = "dense: every matmul parameter once a token" + (
             f" (of the experts, the {routed} of {experts} a token is routed to)" if experts else "")
         sliding = self.flops_spec().get("sliding")
-        attention = ("attention: every layer over the whole context" if not sliding else "attention: " + ", ".join(
-            f"{n} sliding layers over their {w}-token window" for w, n in sliding) + ", the rest over the whole context")
+        attention = "attention: every layer over the whole context" if not sliding else "attention: " + ", ".join(
+            f"{n} sliding layers over their {w}-token window" for w, n in sliding) + ", the rest over the whole context"
         return f"{dense}; {attention}"
 
     def widened(self) -> nn.Module | None:

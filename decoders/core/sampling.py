@@ -5,8 +5,10 @@ hf_* peers sample from the same distribution by construction.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -14,6 +16,11 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+
+# Logits divided by a temperature below this overflow float32 (1e-300 made every row inf, then NaN):
+# a temperature this small is greedy in all but name.
+MIN_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -24,8 +31,9 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"gen.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE):
+            raise ValueError(f"gen.temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                             f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"gen.top_p must be in (0, 1], got {self.top_p}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
@@ -54,13 +62,37 @@ class Sampling:
         return torch.Generator(device=device).manual_seed(self.seed)
 
 
+class NonFiniteLogits(ValueError):
+    """Logits that hold NaN or inf where a token is read from them: broken weights (every token would
+    be 0 and every output "lossless"), or a dtype that overflowed. `step`: the generation's step, where
+    the caller knows it (0: the prefill)."""
+
+    def __init__(self, value: float, step: int | None = None):
+        self.value, self.step = value, step
+        where = "" if step is None else f" at step {step} (0: the prefill)"
+        super().__init__(f"logits are not finite ({value}){where}")
+
+
+def _finite(values) -> None:
+    """argmax and max both land on a NaN or +inf wherever a row holds one (and a row all -inf has
+    nothing else), so the chosen entries' values tell whether the rows were finite: no extra pass
+    over the vocabulary, and on a GPU no extra read."""
+    for value in values:
+        if not math.isfinite(value):
+            raise NonFiniteLogits(value)
+
+
 def argmax(logits: torch.Tensor):
     """Each row's largest entry's index (the first on ties, as torch.argmax and transformers), as Python
-    ints: an int for a 1-D tensor, a list for 2-D. On a CPU numpy finds it: torch's CPU argmax took 44 us
-    for one 49,152-logit row against numpy's 4 (float32; other dtypes widen exactly to it first)."""
+    ints: an int for a 1-D tensor, a list for 2-D; NonFiniteLogits where a row is not finite. On a CPU
+    numpy finds it: torch's CPU argmax took 44 us for one 49,152-logit row against numpy's 4 (float32;
+    other dtypes widen exactly to it first). On a GPU the chosen values come in the indices' read."""
     if logits.device.type != "cpu":
-        return torch.argmax(logits, dim=-1).tolist()
-    return logits.detach().to(torch.float32).numpy().argmax(-1).tolist()
+        return argmax_in_one_read(logits)
+    rows = logits.detach().to(torch.float32).numpy()
+    index = rows.argmax(-1)
+    _finite(np.take_along_axis(rows, np.expand_dims(index, -1), -1).ravel().tolist())
+    return index.tolist()
 
 
 class ArgmaxRows:
@@ -84,17 +116,17 @@ class ArgmaxRows:
             if self.on_host or not (self.top_k or self.also_rows is not None):
                 self._all = argmax(self.rows)
                 return self._all
-            # One read: (n, 1 + top_k) the argmax, then the top tokens; then `also` (float64 holds every id)
-            table = torch.argmax(self.rows, -1, keepdim=True)
-            if self.top_k:
-                table = torch.cat([table, torch.topk(self.rows, self.top_k).indices], 1)
-            if self.also_rows is None:
-                read = table.tolist()
-            else:
-                cut, width = table.numel(), table.shape[1]
-                both = torch.cat([table.view(-1).double(), self.also_rows.to(table.device).double()]).tolist()
-                ids, self._also = [int(v) for v in both[:cut]], both[cut:]
-                read = [ids[i:i + width] for i in range(0, cut, width)]
+            # One read: (n, 2 + top_k) the argmax, its logit (finite?), then the top tokens; then `also`
+            # (float64 holds every id)
+            index = torch.argmax(self.rows, -1, keepdim=True)
+            table = torch.cat([index, torch.topk(self.rows, self.top_k).indices], 1) if self.top_k else index
+            chosen = self.rows.gather(-1, index).view(-1).double()
+            cut, width = table.numel(), table.shape[1]
+            also = [] if self.also_rows is None else [self.also_rows.to(table.device).double()]
+            both = torch.cat([table.view(-1).double(), chosen, *also]).tolist()
+            _finite(both[cut:cut + len(index)])
+            ids, self._also = [int(v) for v in both[:cut]], both[cut + len(index):] if also else None
+            read = [ids[i:i + width] for i in range(0, cut, width)]
             self._all = [row[0] for row in read]
             self._top = [row[1:] for row in read] if self.top_k else None
         return self._all
@@ -138,13 +170,44 @@ def probs(logits: torch.Tensor, sampling: Sampling, warpers: LogitsProcessorList
     return torch.softmax(scores, dim=-1)
 
 
+def argmax_in_one_read(logits: torch.Tensor):
+    """argmax's way on a GPU, where each read makes the host wait: the indices and their values in one."""
+    index = torch.argmax(logits, dim=-1, keepdim=True)
+    read = torch.cat([index.reshape(-1).double(), logits.gather(-1, index).reshape(-1).double()]).tolist()
+    n = len(read) // 2
+    _finite(read[n:])
+    return np.array(read[:n], dtype=np.int64).reshape(index.shape[:-1]).tolist()
+
+
+def draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token drawn from the distribution `p` (V,); NonFiniteLogits where p is not one (logits that
+    held NaN or inf). torch refuses such a p on a CPU; on a GPU the drawn token's probability comes in
+    the token's read and says it."""
+    if p.device.type == "cpu":
+        try:
+            return int(torch.multinomial(p, 1, generator=generator))
+        except RuntimeError:
+            bad = p[~torch.isfinite(p)]
+            if len(bad):
+                raise NonFiniteLogits(float(bad[0])) from None
+            raise
+    return draw_in_one_read(p, generator)
+
+
+def draw_in_one_read(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """draw's way on a GPU: the token and its probability in one read."""
+    token = torch.multinomial(p, 1, generator=generator)
+    index, chance = torch.cat([token.double(), p[token].double()]).tolist()
+    _finite([chance])
+    return int(index)
+
+
 def next_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
                warpers: LogitsProcessorList | None = None) -> int:
     """Greedy argmax (first index on ties, as transformers) or one sample."""
     if sampling.greedy:
         return argmax(logits_row)
-    p = probs(logits_row[None], sampling, warpers)[0]
-    return int(torch.multinomial(p, 1, generator=generator))
+    return draw(probs(logits_row[None], sampling, warpers)[0], generator)
 
 
 class Sampler:

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .sampling import ArgmaxRows
+from .sampling import ArgmaxRows, draw
 from .tree import TokenTree
 
 
@@ -79,6 +79,6 @@ def verify_sampling(tree: TokenTree, target_probs: torch.Tensor, draft_probs: to
                 q_shared[x] = 0
                 q_shared = q_shared / q_shared.sum() if q_shared.sum() > 0 else q_shared
         if accepted is None:
-            return path, int(torch.multinomial(p, 1, generator=generator))
+            return path, draw(p, generator)
         path.append(accepted)
         node = accepted

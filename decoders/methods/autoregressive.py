@@ -9,7 +9,7 @@ import torch
 from ..core.lm import LM
 from ..core.loop import Proposal
 from ..core.tree import TokenTree
-from ..core.sampling import Sampling, next_token
+from ..core.sampling import NonFiniteLogits, Sampling, next_token
 from ..core.trace import Generation, new_tracer
 
 
@@ -25,7 +25,10 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
         context = len(cache)
         with tracer.target():
             logits = lm.forward(feed, cache, last_only=True)[-1]
-        token = next_token(logits, sampling, generator, warpers)
+        try:
+            token = next_token(logits, sampling, generator, warpers)
+        except NonFiniteLogits as e:  # the reference's own step: named, so a run says where it broke
+            raise NonFiniteLogits(e.value, step=len(tokens)) from None
         tokens.append(token)
         tracer.end_step(committed=1, forward_tokens=len(feed), context_tokens=context)
         if token in stop_ids or len(tokens) >= max_new_tokens:

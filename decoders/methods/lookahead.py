@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.contract import check, check_step, decode_one
+from ..core.contract import check, check_list, check_step, decode_one
 from ..core.lm import LM
 from ..core.loop import Proposal, Scores, SideBranch
 from ..core.sampling import Sampler, Sampling
@@ -112,11 +112,8 @@ class Lookahead:
         check("ngram", self.ngram, at_least=2, also=(AUTO,))
         check("guess_set_size", self.guess_set_size, at_least=0, also=(-1, AUTO))
         check("init", self.init, one_of=GUESS_INITS)
-        self.auto_windows, self.auto_ngrams = tuple(self.auto_windows), tuple(self.auto_ngrams)
-        for w in self.auto_windows:
-            check("auto_windows[]", w, at_least=1)
-        for n in self.auto_ngrams:
-            check("auto_ngrams[]", n, at_least=2)
+        self.auto_windows = check_list("auto_windows", self.auto_windows, at_least=1)
+        self.auto_ngrams = check_list("auto_ngrams", self.auto_ngrams, at_least=2)
         check("auto_prompts", self.auto_prompts, at_least=1)
         check("auto_tokens", self.auto_tokens, at_least=1)
         # the widest step its settings allow ("auto" at its largest candidate; G = -1 counted as W)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.contract import PerTarget, check, check_step, decode_one
+from ..core.contract import PerTarget, check, check_list, check_step, decode_one
 from ..core.lm import LM
 from ..core.sampling import Sampler, Sampling
 from ..core.tree import drafted_tree
@@ -46,13 +46,10 @@ class Sequoia:
         for key in ("budget", "depth", "K", "auto_prompts", "auto_tokens"):
             check(key, getattr(self, key), at_least=1)
         check("tree", self.tree, one_of=("fixed", "auto"))
-        budget = max(self.budget, *self.auto_budgets) if self.tree == "auto" and self.auto_budgets else self.budget
-        self.widest_step = check_step(1 + budget, f"1 + budget {budget}")
         for key in ("auto_budgets", "auto_depths"):
-            if not getattr(self, key):
-                raise ValueError(f"decoder.{key} must be a non-empty list of integers >= 1, got {getattr(self, key)!r}")
-            for value in getattr(self, key):
-                check(f"{key}[]", value, at_least=1)
+            check_list(key, getattr(self, key), at_least=1)
+        budget = max(self.budget, *self.auto_budgets) if self.tree == "auto" else self.budget
+        self.widest_step = check_step(1 + budget, f"1 + budget {budget}")
         check("draft", self.draft, required=DRAFT_REQUIRED)
         if self.acceptance_file is not None and not Path(self.acceptance_file).expanduser().is_file():
             raise ValueError(f"decoder.acceptance_file: no acceptance vector at {self.acceptance_file}; "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..core.contract import check
+from ..core.contract import check, check_list
 from ..core.tree import best_paths
 
 
@@ -16,10 +16,7 @@ def check_sizes(tree_size, auto_sizes) -> int:
     """Checks a decoder's tree_size (an integer >= 1 or auto) and auto_sizes; returns the widest tree
     it may verify (auto: the largest of auto_sizes)."""
     check("tree_size", tree_size, at_least=1, also=("auto",))
-    if not auto_sizes:
-        raise ValueError(f"decoder.auto_sizes must be a non-empty list of integers >= 1, got {auto_sizes!r}")
-    for value in auto_sizes:
-        check("auto_sizes[]", value, at_least=1)
+    check_list("auto_sizes", auto_sizes, at_least=1)
     return max(auto_sizes) if tree_size == "auto" else tree_size
 
 
