@@ -14,7 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 kit=${KIT:-.gpu}  # KIT=DIR: elsewhere (the test of this script); check.sh reads .gpu/
-LIMIT_MIB=64  # what the device tool sends at most: tracked + untracked-not-ignored files + carried paths
+LIMIT_MIB=${LIMIT_MIB:-64}  # what the device tool sends at most: tracked + untracked-not-ignored files + carried
+# paths (a test sets less to see the refusal). tests/test_layout.py keeps the tracked tree under 64 MiB
+# less this kit's size (GPU_KIT: the bytes printed below).
 
 # The project's packages the GPU image lacks, and those they need that it lacks too.
 PACKAGES="hydra-core omegaconf antlr4-python3-runtime hydra-joblib-launcher hydra-submitit-launcher submitit
@@ -50,10 +52,11 @@ echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!results' || echo ' + 
 
 # What would travel: the working tree's tracked and untracked-not-ignored files, and the kit.
 tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
-kitsize=$(du -sb "$kit" | cut -f1)
-total=$(( (tree + kitsize) / 1048576 ))
-echo "prepare.sh: $(ls "$kit/wheels" | wc -l) wheels; working tree $((tree / 1048576)) MiB + $kit $((kitsize / 1048576)) MiB = $total MiB (limit $LIMIT_MIB)"
-if [ "$total" -ge "$LIMIT_MIB" ]; then
-  echo "prepare.sh: over the device tool's $LIMIT_MIB MiB: it would refuse the call" >&2
+kitsize=$(find "$kit" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+echo "prepare.sh: $(ls "$kit/wheels" | wc -l) wheels; working tree $tree bytes + kit $kitsize bytes" \
+  "= $(( (tree + kitsize) / 1048576 )) MiB (limit $LIMIT_MIB)"
+if [ $(( tree + kitsize )) -ge $(( LIMIT_MIB * 1048576 )) ]; then
+  echo "prepare.sh: over the device tool's $LIMIT_MIB MiB: it would refuse the call; ship less" \
+    "(adapters/README.md: bytes per benefit)" >&2
   exit 1
 fi
