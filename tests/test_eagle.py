@@ -282,6 +282,36 @@ def test_eagle3_draft_trained_here_round_trips_in_the_authors_layout(tmp_path):
     assert dec.tuning["source"] == "measured"  # the static tree came from the file's accuracy
 
 
+
+def test_eagle3_draft_for_a_gemma_target(tmp_path):
+    """A new EAGLE-3 draft for a Gemma 3 target (scripts/train_eagle.py --layout eagle3 on gemma3-270m):
+    its config names Gemma's activation (hidden_activation) and the full-attention layers' rotary base;
+    its norm starts as the target's final norm applies it (Gemma scales by 1 + weight); it round-trips
+    through the authors' layout and drafts exactly."""
+    import json
+
+    from bench.models import TinyRandomModel
+    from decoders.core.lm import LM
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.methods.published import new_eagle3, save_eagle3
+
+    lm = LM(TinyRandomModel(family="gemma3", num_layers=8, sliding_window=8).build(64), name="gemma-like")
+    text = lm.config.get_text_config()
+    draft = new_eagle3(lm, vocab=[1, 5, 9, 20, 33, 60])
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        assert not torch.allclose(lm.final_norm.weight, torch.ones(64))  # 1 + weight differs from weight
+        assert torch.allclose(draft.norm(x), lm.final_norm(x), atol=1e-5)
+    save_eagle3(draft, tmp_path / "e3", {"model": "gemma-like"}, "gemma-like")
+    config = json.loads((tmp_path / "e3" / "config.json").read_text())
+    assert config["hidden_act"] == text.hidden_activation
+    assert config["rope_theta"] == text.rope_parameters["full_attention"]["rope_theta"] != \
+        text.rope_parameters["sliding_attention"]["rope_theta"]
+    reference = autoregressive_decode(lm, [3, 4, 5] * 4, 20, Sampling(), set()).tokens
+    dec = Eagle(draft_weights=str(tmp_path / "e3"), tree_size=8, depth=3, top_k=3)
+    assert dec.generate(lm, [3, 4, 5] * 4, 20, Sampling(), set()).tokens == reference
+
+
 CASES = {
     # untrained drafts; top_k = 8 (the whole vocabulary) at depth 1 so that candidates are accepted often
     "eagle-dynamic-12-3-8-t0.8": (Eagle(draft_weights=None, tree_size=12, depth=3, top_k=8), dict(temperature=0.8),

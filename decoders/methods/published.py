@@ -259,10 +259,13 @@ def eagle3_config(lm: LM, draft_vocab: int, base: str) -> dict:
     settings for one decoder layer, its vocabulary and the draft's; `base` names the target."""
     cfg = lm.config.get_text_config()
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    if isinstance(rope.get("full_attention"), dict):  # one table per layer type (Gemma 3): the draft attends fully
+        rope = dict(rope["full_attention"])
     theta = rope.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    act = getattr(cfg, "hidden_act", None) or cfg.hidden_activation  # Gemma's configs name it hidden_activation
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": cfg.hidden_size,
               "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
-              "num_key_value_heads": cfg.num_key_value_heads, "num_hidden_layers": 1, "hidden_act": cfg.hidden_act,
+              "num_key_value_heads": cfg.num_key_value_heads, "num_hidden_layers": 1, "hidden_act": act,
               "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": theta,
               "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": lm.vocab_size,
               "draft_vocab_size": draft_vocab, "target_hidden_size": cfg.hidden_size, "torch_dtype": "float16",
@@ -282,8 +285,13 @@ def new_eagle3(lm: LM, vocab: Sequence[int] | None = None) -> Eagle3Draft:
     size = len(vocab) if vocab is not None else lm.vocab_size
     draft = Eagle3Draft(lm, eagle3_config(lm, size, lm.name), None, "a new draft", vocab)
     head = lm.model.get_output_embeddings()
+    norm = lm.final_norm
     with torch.no_grad():
-        draft.norm.weight.copy_(lm.final_norm.weight)
+        # The gain the target's final norm applies (to ones, whose RMS is 1 up to eps): its weight for
+        # Llama's RMSNorm, 1 + weight for Gemma's; taken exactly where it is one of those.
+        gain = norm(torch.ones(norm.weight.shape, dtype=norm.weight.dtype, device=norm.weight.device))
+        exact = [w for w in (norm.weight, 1 + norm.weight) if torch.allclose(gain, w, rtol=1e-4)]
+        draft.norm.weight.copy_(exact[0] if exact else gain)
         draft.lm_head.weight.copy_(head.weight[draft.vocab.to(head.weight.device)])
     draft.info = {"layout": "eagle3"}
     draft.requires_grad_(False)  # trained only by scripts/train_eagle.py, which turns this back on
