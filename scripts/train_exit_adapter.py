@@ -1,7 +1,7 @@
 """Train the self-draft's exit adapter: self-distillation with the backbone frozen.
 
     python scripts/train_exit_adapter.py [--steps 300] [--seq-len 128] [--batch 4] [--lr 1e-3]
-        [--generated 16] [--out adapters/smollm2-135m-self4.safetensors] [--device auto] [--dtype auto]
+        [--generated 16] [--out adapters/<model>-self<k>.safetensors] [--bf16] [--device auto] [--dtype auto]
         [model=... draft.layers=4]
 
 The draft is the target's first k layers + its final norm and head; the adapter
@@ -113,11 +113,11 @@ def draft_logits(lm, adapter, hidden: torch.Tensor) -> torch.Tensor:
     return lm.model.get_output_embeddings()(base.norm(adapter(hidden) if adapter is not None else hidden)).float()
 
 
-def agreement(lm, adapter, data: list[list[int]], layers: int, batch: int) -> float:
+def agreement(lm, adapter, data: list[list[int]], layers: int, batch: int, bf16: bool = False) -> float:
     hits = total = 0
     for i in range(0, len(data), batch):
         ids = torch.tensor(data[i:i + batch], device=lm.device)
-        with torch.no_grad(), precision(lm):
+        with torch.no_grad(), precision(lm, bf16):
             target, hidden = teacher(lm, ids, layers)
             draft = draft_logits(lm, adapter, hidden)
         hits += int((draft.argmax(-1) == target.argmax(-1)).sum())
@@ -136,6 +136,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--heldout", type=int, default=16, help="held-out chunks")
     parser.add_argument("--out", default=None, help="default: adapters/<model>-self<k>.safetensors")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False,
+                        help="bfloat16 autocast for a float32 target's matmuls (a large vocabulary's two readouts "
+                             "per step are most of the cost); a half-precision target runs in its own dtype")
     add_target_args(parser)
     return script_args(parser)
 
@@ -184,7 +187,7 @@ def train(lm, layers: int, data: list[list[int]], args: argparse.Namespace):
     bar = tqdm(range(args.steps), desc=f"exit adapter, layer {layers}")
     for _ in bar:
         batch = torch.tensor(random.sample(data, args.batch), device=lm.device)
-        with precision(lm):
+        with precision(lm, args.bf16):
             target, hidden = teacher(lm, batch, layers)
             logits = draft_logits(lm, adapter, hidden)
             loss = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), F.log_softmax(target, -1).flatten(0, 1),
@@ -204,15 +207,15 @@ def main() -> None:
 
     start = time.perf_counter()
     data, heldout = training_text(lm, args)
-    before = agreement(lm, None, heldout, layers, args.batch)
+    before = agreement(lm, None, heldout, layers, args.batch, args.bf16)
     adapter, losses = train(lm, layers, data, args)
-    after = agreement(lm, adapter, heldout, layers, args.batch)
+    after = agreement(lm, adapter, heldout, layers, args.batch, args.bf16)
     seconds = time.perf_counter() - start
     print(f"held-out top-1 agreement with the full model: {before:.3f} without the adapter, {after:.3f} with it "
           f"({seconds / 60:.1f} min in all)", flush=True)
 
     info = {"model": cfg.model.name, "layers": layers, "steps": args.steps, "batch": args.batch,
-            "seq_len": args.seq_len, "lr": args.lr, "train_chunks": len(data),
+            "seq_len": args.seq_len, "lr": args.lr, "bf16": args.bf16, "train_chunks": len(data),
             "data": "Python stdlib source (train split) + self-distilled answers",
             "seconds": round(seconds, 1), "final_kl": round(sum(losses[-20:]) / len(losses[-20:]), 4),
             "heldout_agreement_before": round(before, 4), "heldout_agreement_after": round(after, 4),

@@ -1,7 +1,7 @@
 """Train Medusa-style heads on a frozen target (self-distillation), for decoder=medusa and decoder=bpd.
 
     python scripts/train_heads.py [--heads 4] [--steps 400] [--seq-len 128] [--batch 4] [--lr 1e-3]
-        [--out adapters/smollm2-135m-heads4.safetensors] [--device auto] [--dtype auto] [model=...]
+        [--readout-vocab full] [--out adapters/<model>-heads4.safetensors] [--device auto] [--dtype auto] [model=...]
 
 Head i (decoders/methods/heads.py) reads the hidden state at position t and predicts the token at
 t + i + 2. Loss: KL(target's distribution for that token || head's), where the target's
@@ -9,6 +9,10 @@ distribution is its own next-token prediction at position t + i + 1 (so the head
 the model would say, which is what verification accepts), weighted 0.8^i as in Medusa. One
 frozen forward per batch gives both the hidden states and the teacher's logits; only the
 heads' residual blocks train (the output projection is the model's own, tied and frozen).
+With --readout-vocab (auto: adapters/<model>-vocab.json, as decoder.readout_vocab=auto reads it) the
+heads train and are measured over those tokens only, as they then decode: both distributions are
+renormalised over its rows (a 262k-token vocabulary's four readouts per position cost more than
+the target's forward).
 
 Data (scripts/training_corpus.py): stdlib source, GSM8K's train split and the target's own
 answers to requests written for the script; none of it is from the benchmark test sets.
@@ -34,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench.__main__ import script_args  # noqa: E402
 
 from loss_curve import save_loss_curve  # noqa: E402
-from decoders.methods.heads import new_heads, save_heads  # noqa: E402
+from decoders.core.lm import soft_cap  # noqa: E402
+from decoders.core.weights_file import load_vocab  # noqa: E402
+from decoders.methods.heads import new_heads, restrict_readout, save_heads  # noqa: E402
 from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  # noqa: E402
 from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
 
@@ -42,22 +48,26 @@ RANKS = 10  # top-r accuracy recorded per head
 MIX = {"generated": 0.5, "stdlib": 0.25, "gsm8k": 0.25}  # what decoding sees most: the model's own answers
 
 
-def teacher(lm, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frozen forward: the teacher's log-probabilities (B, L, V) and last hidden states (B, L, d)."""
+def teacher(lm, batch: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frozen forward: the teacher's log-probabilities (B, L, V), over `rows` of the vocabulary when
+    given, and last hidden states (B, L, d)."""
     with torch.no_grad():
         out = lm.model(input_ids=batch, output_hidden_states=True, use_cache=False)
-    return F.log_softmax(out.logits.float(), -1), out.hidden_states[-1]
+    logits = out.logits if rows is None else out.logits[..., rows.to(out.logits.device)]
+    return F.log_softmax(logits.float(), -1), out.hidden_states[-1]
 
 
 def head_loss(heads, hidden: torch.Tensor, teacher_logp: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-    """sum_i 0.8^i KL(teacher at t+i+1 || head i at t), over positions t with a target."""
+    """sum_i 0.8^i KL(teacher at t+i+1 || head i at t), over positions t with a target; over the
+    heads' readout vocabulary where it is restricted (teacher_logp then over the same rows)."""
     total, parts = 0.0, []
     length = hidden.shape[1]
+    readout = heads.readout[0] if heads.readout else heads.lm_head[0]
     for i, block in enumerate(heads.blocks):
         span = length - i - 1
         if span <= 0:
             break
-        logits = heads.lm_head[0](block(hidden[:, :span])).float()
+        logits = soft_cap(readout(block(hidden[:, :span])), heads.cap).float()
         kl = F.kl_div(F.log_softmax(logits, -1).flatten(0, 1), teacher_logp[:, i + 1:].flatten(0, 1),
                       log_target=True, reduction="batchmean")
         total = total + 0.8 ** i * kl
@@ -96,6 +106,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--gsm8k-questions", type=int, default=48, help="GSM8K train questions answered by the model")
     parser.add_argument("--answer-tokens", type=int, default=192)
+    parser.add_argument("--readout-vocab", default="full",
+                        help="full, auto (adapters/<model>-vocab.json) or a scripts/draft_vocab.py file: the tokens "
+                             "the heads are trained and measured over (decoder.readout_vocab's)")
     parser.add_argument("--out", default=None, help="default: adapters/<model>-heads<K>.safetensors")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
@@ -130,7 +143,7 @@ def train(lm, heads, sources: dict[str, list[list[int]]], args: argparse.Namespa
         names = rng.choices(list(MIX), weights=list(MIX.values()), k=args.batch)
         batch = torch.tensor([rng.choice(sources[n]) for n in names], device=lm.device)
         with precision(lm, args.bf16):
-            logp, hidden = teacher(lm, batch)
+            logp, hidden = teacher(lm, batch, heads.readout_ids)
             loss, parts = head_loss(heads, hidden.float(), logp)
         optimizer_step(scaler, optimizer, loss)
         schedule.step()
@@ -148,9 +161,11 @@ def print_gains(before: list[list[float]], after: list[list[float]]) -> None:
 
 
 def heads_info(model: str, args: argparse.Namespace, sources: dict[str, list[list[int]]], losses: list[list[float]],
-               *, seconds: float, before: list[list[float]], after: list[list[float]]) -> dict:
-    """What the heads file records of its making: settings, data, time, held-out accuracy and final KL."""
+               *, seconds: float, before: list[list[float]], after: list[list[float]], readout: dict) -> dict:
+    """What the heads file records of its making: settings, data, time, held-out accuracy (over the
+    readout vocabulary `readout` names, load_vocab's) and final KL."""
     return {"model": model, "heads": args.heads, "steps": args.steps, "batch": args.batch,
+            "readout_vocab": readout["readout_vocab"],
             "seq_len": args.seq_len, "lr": args.lr, "mix": MIX, "chunks": {k: len(v) for k, v in sources.items()},
             "data": "Python stdlib source (train split), GSM8K train split, the model's own greedy answers to "
                     "requests written for scripts/training_corpus.py (every 10th held out)",
@@ -175,6 +190,9 @@ def main() -> None:
           + f"; held out: {len(heldout)} self-distilled answers", flush=True)
 
     heads = new_heads(lm, args.heads).float()  # float32 master weights; forwards run under precision()
+    tokens, readout = load_vocab(lm, args.readout_vocab, "--readout-vocab")
+    if tokens is not None:
+        restrict_readout(lm, heads, tokens)
     before = accuracy(lm, heads, heldout)
     losses = train(lm, heads, sources, args, rng)
     heads.eval()
@@ -184,7 +202,7 @@ def main() -> None:
     print(f"{seconds / 60:.1f} min in all", flush=True)
 
     save_heads(heads, out, heads_info(cfg.model.name, args, sources, losses, seconds=seconds, before=before,
-                                      after=after))
+                                      after=after, readout=readout))
     save_loss_curve(out, {f"head {i} (t+{i + 2})": [p[i] for p in losses] for i in range(args.heads)},
                     "KL(target || head)", f"{cfg.model.name}: Medusa heads")
 

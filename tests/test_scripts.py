@@ -75,6 +75,11 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     assert out.returncode == 0, out.stderr[-2000:]
     vocab = json.loads((tmp_path / "vocab.json").read_text())
     assert len(vocab["tokens"]) == 300 and 0 <= vocab["heldout_coverage"] <= 1 and vocab["model"] == "tiny-random"
+    # Heads trained and measured over that vocabulary, as decoder.readout_vocab then reads them.
+    out = run_script("train_heads.py", "--steps", "2", "--heads", "2", "--seq-len", "32", "--batch", "2",
+                     "--device", "cpu", "--readout-vocab", str(tmp_path / "vocab.json"),
+                     "--out", str(tmp_path / "heads300.safetensors"), *common, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
     from decoders.methods.autoregressive import autoregressive_decode
     from decoders.methods.bpd import BPD
     from decoders.methods.heads import load_heads
@@ -85,6 +90,8 @@ def test_train_heads_and_ngram_on_tiny_random(tmp_path, base_tokenizer):
     lm = tiny_lm(seed=0, vocab=49152, name="tiny-random")  # the files record the model they were trained for
     heads = load_heads(lm, tmp_path / "heads.safetensors")
     assert heads.k == 2 and len(heads.info["accuracy"]) == 2 and heads.info["steps"] == 2
+    assert heads.info["readout_vocab"] == 49152 and load_heads(lm, tmp_path / "heads300.safetensors").info[
+        "readout_vocab"] == 300
     info = NgramLM.load(tmp_path / "ngram.json.gz").info
     assert info["order"] == 3 and info["train_tokens"] == 20000
     reference = autoregressive_decode(lm, [5, 6, 7], 6, Sampling(), set()).tokens
@@ -100,7 +107,7 @@ def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_t
     """scripts/train_exit_adapter.py end to end (2 steps, float32 target), its self-distilled requests
     rendered raw, and its file loads into draft=self."""
     out = run_script("train_exit_adapter.py", "--steps", "2", "--seq-len", "32", "--batch", "2", "--generated", "2",
-                     "--heldout", "2", "--device", "cpu", "--dtype", "float32",
+                     "--heldout", "2", "--device", "cpu", "--dtype", "float32", "--bf16",
                      "--out", str(tmp_path / "self1.safetensors"),
                      "model=tiny-random", "draft.layers=1", f"cache_dir={tmp_path}", *base_tokenizer, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -111,6 +118,9 @@ def test_train_exit_adapter_for_a_model_without_a_chat_template(tmp_path, base_t
     draft = SelfDraft(layers=1, adapter=str(tmp_path / "self1.safetensors")).build(
         tiny_lm(seed=0, vocab=49152, name="tiny-random"))
     assert draft.model.base_model.norm[0].proj.weight.dtype == torch.float32
+    from decoders.core.weights_file import load_weights
+    meta, _ = load_weights(tmp_path / "self1.safetensors", "exit-adapter-v1", "draft.adapter", "exit adapter", "")
+    assert json.loads(meta["info"])["bf16"] is True  # bfloat16 autocast over a float32 target
 
 
 @pytest.mark.slow
