@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import sys
 import time
 import zlib
@@ -13,7 +14,8 @@ import pandas as pd
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError
 from tqdm.auto import tqdm
 
 from decoders.core.batch import decode_batch, latencies
@@ -37,7 +39,10 @@ from .targets import check_targets
 def build(node: DictConfig, what: str):
     """hydra.utils.instantiate, with invalid hyper-parameters reported as one line; only this
     project's classes may be built (bench/targets.py)."""
-    check_targets(node, f"{what}.", resolve=True)
+    try:
+        check_targets(node, f"{what}.", resolve=True)
+    except InterpolationKeyError as e:
+        raise BenchError(f"{what}: {unset_key(node, e)}") from None
     try:
         return instantiate(node, _convert_="all")
     except InstantiationException as e:
@@ -45,6 +50,23 @@ def build(node: DictConfig, what: str):
         if isinstance(cause, (ValueError, TypeError, BenchError)):
             raise BenchError(f"{what}: {cause}") from None
         raise
+
+
+def unset_key(node: DictConfig, e: InterpolationKeyError) -> str:
+    """A setting that reads a key its config does not set, in words: an add-on's default
+    (${model.drafts.<kind>}: the model config's file) where the model names none of that kind."""
+    root = node._get_root()
+    raw = OmegaConf.to_container(root, resolve=False)
+    for part in str(e.full_key).split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    kind = re.search(r"\$\{model\.drafts\.([\w-]+)\}", str(raw))
+    if kind is None:
+        return f"{e.full_key}={raw}: {e.msg}"
+    model = root.get("model") or {}
+    drafts = ", ".join(model.get("drafts") or {}) or "none"
+    return (f"{e.full_key} is the model's {kind.group(1)} add-on (model.drafts.{kind.group(1)}), and model "
+            f"{model.get('name')} names none (its drafts: {drafts}); give {e.full_key}=FILE or a published "
+            "checkpoint, or null for an untrained one")
 
 
 def recorded_spec(run_dir: Path, group: str, **overrides):

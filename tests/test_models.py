@@ -424,3 +424,48 @@ def test_gguf_is_parsed_once_while_dequantizing_and_gguf_is_restored(monkeypatch
     assert first is again and other is not first and read == ["a.gguf", "b.gguf"]
     assert gguf.GGUFReader is Reader and gguf.get_tensor_name_map is name_map
     assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+
+
+# Where each add-on default of a decoder comes from: the model config's drafts.<kind>.
+ADDON_KEYS = {"eagle": ("decoder=eagle", "decoder.draft_weights"), "medusa": ("decoder=medusa", "decoder.heads"),
+              "ngram": ("decoder=bpd", "decoder.ngram"), "exit_adapter": ("decoder=spec_chain", "draft.adapter")}
+
+
+def _composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("choice", ["smollm2-135m"])
+def test_the_decoders_read_the_add_ons_their_model_config_names(choice):
+    """decoder=eagle / medusa / bpd and draft=self default to the files the model config names, each
+    a tracked file made for this model (its name says so); bpd's heads are medusa's."""
+    from omegaconf import OmegaConf
+
+    tracked = set(subprocess.run(["git", "ls-files", "adapters"], cwd=REPO, capture_output=True, text=True,
+                                 check=True).stdout.split())
+    drafts = _composed(f"model={choice}").model.drafts
+    for kind, (decoder, key) in ADDON_KEYS.items():
+        path = drafts.get(kind)
+        assert path and path.startswith(f"adapters/{choice}-"), (kind, path)
+        assert path in tracked or any(t.startswith(path + "/") for t in tracked), (kind, path)
+        assert OmegaConf.select(_composed(f"model={choice}", decoder), key) == path, kind
+    assert _composed(f"model={choice}", "decoder=bpd").decoder.heads == drafts.medusa
+
+
+def test_a_model_without_an_add_on_leaves_the_optional_ones_out_and_names_the_others():
+    """The n-gram LM and the exit adapter are optional (null: bpd's rescore=ngram asks for one; draft=self
+    truncates plainly); a decoder whose default is an add-on the model names none of is refused in one
+    line before anything loads, naming the model's drafts (the leaderboard entry's check says the same)."""
+    from bench.runner import check_config
+
+    cfg = _composed("model=codellama-7b", "decoder=bpd")
+    assert cfg.decoder.ngram is None and cfg.draft.adapter is None
+    for model, drafts in (("codellama-7b", "none"), ("llama-3.1-8b-instruct", "eagle3")):
+        with pytest.raises(BenchError) as e:
+            check_config(_composed(f"model={model}", "decoder=eagle"))
+        assert str(e.value) == ("decoder: decoder.draft_weights is the model's eagle add-on (model.drafts.eagle), "
+                                f"and model {model} names none (its drafts: {drafts}); give decoder.draft_weights=FILE "
+                                "or a published checkpoint, or null for an untrained one")
