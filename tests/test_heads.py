@@ -184,6 +184,55 @@ def test_heads_file_round_trip_and_errors(tmp_path):
         load_heads(tiny_lm(seed=0, hidden=32), tmp_path / "h.safetensors")
 
 
+def test_add_ons_stored_in_int8_load_within_half_a_step_and_decode_exactly(tmp_path, capsys):
+    """scripts/store_int8.py: heads, an EAGLE draft and an exit adapter with their weight matrices in
+    int8 (one float16 scale per row) take about half the float16 file's bytes; every loader reads them
+    back within half a step of each row's scale (norms and biases untouched), and decoding with them is
+    exact. A file whose metadata names an int8 matrix it does not hold is one line."""
+    from safetensors.torch import save_file
+    from store_int8 import main as store_int8
+
+    from decoders.core.weights_file import load_weights
+    from decoders.methods.draft_model import new_exit_adapter, save_adapter
+    from decoders.methods.eagle import Eagle
+    from decoders.methods.eagle_draft import load_draft, new_draft, save_draft
+    from decoders.methods.spec_chain import SpecChain
+
+    lm = tiny_lm(seed=0, fast_path="none")
+    adapter = new_exit_adapter(lm.model, 1)
+    torch.nn.init.normal_(adapter.proj.weight, std=0.2)
+    made = {"heads": (new_heads(lm, 2, seed=5), lambda m, p: save_heads(m, p, {}), "medusa-heads-v1"),
+            "eagle": (new_draft(lm, seed=3), lambda m, p: save_draft(m, p, {}), "eagle-draft-v1"),
+            "adapter": (adapter, lambda m, p: save_adapter(m, p, 1, {}), "exit-adapter-v1")}
+    reference = autoregressive_decode(lm, [3, 4, 5] * 3, 16, Sampling(), set()).tokens
+    for name, (module, save, fmt) in made.items():
+        round_to_half(module)
+        half, int8 = tmp_path / f"{name}.safetensors", tmp_path / f"{name}-int8.safetensors"
+        save(module, half)
+        store_int8([str(half), "--out", str(int8)])
+        assert int8.stat().st_size < 0.6 * half.stat().st_size, name
+        meta, back = load_weights(int8, fmt, "key", "file", "")
+        quantized = json.loads(meta["int8"])
+        for key, value in module.state_dict().items():
+            if key in quantized:
+                step = value.float().abs().amax(1, keepdim=True) / 127
+                assert ((back[key] - value.float()).abs() <= step / 2 + 1e-3 * step).all(), (name, key)
+                assert not torch.equal(back[key], value.float()), (name, key)  # rounded: the check has power
+            else:
+                assert torch.equal(back[key], value), (name, key)
+        assert quantized, name
+    decoders = {"heads": Medusa(heads=str(tmp_path / "heads-int8.safetensors"), readout_vocab="full"),
+                "eagle": Eagle(draft_weights=str(tmp_path / "eagle-int8.safetensors"), tree_size=8, depth=3),
+                "adapter": SpecChain(draft=SelfDraft(layers=1, adapter=str(tmp_path / "adapter-int8.safetensors")))}
+    for name, decoder in decoders.items():
+        assert decoder.generate(lm, [3, 4, 5] * 3, 16, Sampling(), set()).tokens == reference, name
+    assert load_draft(lm, tmp_path / "eagle-int8.safetensors").fuse.weight.dtype == torch.float32
+    state = {"blocks.0.linear.weight": torch.zeros(64, 64, dtype=torch.int8)}
+    save_file(state, str(tmp_path / "bad.safetensors"), metadata={"format": "medusa-heads-v1", "int8": '["x"]'})
+    with pytest.raises(ValueError, match="records int8 matrices it does not hold with their scales"):
+        load_weights(tmp_path / "bad.safetensors", "medusa-heads-v1", "decoder.heads", "heads file", "")
+
+
 def test_untrained_heads_repeat_the_models_next_token_prediction():
     lm = tiny_lm(seed=1)
     logits, hidden = lm.forward([1, 2, 3], lm.new_cache(), hidden=True)

@@ -55,21 +55,50 @@ def hub_weights_bytes(repo_id: str) -> int:
     return max((f.size or 0 for f in info.siblings or [] if Path(f.rfilename).suffix in WEIGHT_SUFFIXES), default=0)
 
 
-def save_weights(module: nn.Module, path: str | Path, fmt: str, meta: dict[str, str]) -> None:
+def save_weights(module: nn.Module, path: str | Path, fmt: str, meta: dict[str, str], int8: bool = False) -> None:
     """Floating-point tensors in float16, as the EAGLE and Medusa authors publish theirs: half the
     bytes of float32 (the shipped add-ons must travel to a GPU machine in a small checkout), and
-    loaders cast to the run's dtype. Measured on SmolLM2's add-ons: results/reference/adapters_fp16/."""
+    loaders cast to the run's dtype. Measured on SmolLM2's add-ons: results/reference/adapters_fp16/.
+    int8: weight matrices in 8 bits (int8_state), half the bytes again."""
+    save_state(module.state_dict(), path, fmt, meta, int8)
+
+
+def save_state(state: dict, path: str | Path, fmt: str, meta: dict[str, str], int8: bool = False) -> None:
     from safetensors.torch import save_file
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).contiguous()
-             for k, v in module.state_dict().items()}
+             for k, v in state.items()}
+    if int8:
+        state, quantized = int8_state(state)
+        meta = {**meta, INT8: json.dumps(quantized)}
     save_file(state, str(path), metadata={"format": fmt, **meta})
 
 
+INT8 = "int8"  # metadata: the names of the matrices stored in 8 bits, each with <name>.scale beside it
+INT8_MIN_ELEMENTS = 4096  # smaller tensors (norms, biases) stay float16: a few bytes, rounded for nothing
+
+
+def int8_state(state: dict) -> tuple[dict, list[str]]:
+    """Every floating weight matrix of INT8_MIN_ELEMENTS or more as int8 with one float16 scale per
+    output row (symmetric: the row's largest magnitude is 127), and the names of those matrices; the
+    rest as given. Each value is then off by at most half a step, 1/254 of its row's largest."""
+    out, quantized = {}, []
+    for name, v in state.items():
+        if v.is_floating_point() and v.dim() == 2 and v.numel() >= INT8_MIN_ELEMENTS:
+            scale = (v.float().abs().amax(1) / 127).clamp(min=torch.finfo(torch.float16).tiny).to(torch.float16)
+            out[name] = (v.float() / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+            out[f"{name}.scale"] = scale.contiguous()
+            quantized.append(name)
+        else:
+            out[name] = v
+    return out, quantized
+
+
 def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[dict[str, str], dict]:
-    """(metadata, state dict) of a file written by save_weights with this format; `key` (the config
-    key that named the file), `kind` and `hint` (how to get one) word the errors."""
+    """(metadata, state dict) of a file written by save_weights with this format, matrices stored in
+    int8 back in float32; `key` (the config key that named the file), `kind` and `hint` (how to get
+    one) word the errors."""
     from safetensors import safe_open
 
     if not path.is_file():
@@ -84,6 +113,13 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
     if meta.get("format") != fmt:
         article = "an" if kind[0].lower() in "aeiou" else "a"
         raise ValueError(f"{key}: {path} is not {article} {kind} (format {meta.get('format')!r})")
+    quantized = meta_json(meta, INT8, key, path, "[]")
+    if not isinstance(quantized, list) or any(
+            not isinstance(n, str) or state.get(n, torch.empty(0)).dtype != torch.int8 or f"{n}.scale" not in state
+            for n in quantized):
+        raise ValueError(f"{key}: {path} records int8 matrices it does not hold with their scales; replace the file")
+    for name in quantized:
+        state[name] = state[name].float() * state.pop(f"{name}.scale").float()[:, None]
     return meta, state
 
 
