@@ -185,10 +185,10 @@ def test_heads_file_round_trip_and_errors(tmp_path):
 
 
 def test_add_ons_stored_in_int8_load_within_half_a_step_and_decode_exactly(tmp_path, capsys):
-    """scripts/store_int8.py: heads, an EAGLE draft and an exit adapter with their weight matrices in
-    int8 (one float16 scale per row) take about half the float16 file's bytes; every loader reads them
-    back within half a step of each row's scale (norms and biases untouched), and decoding with them is
-    exact. A file whose metadata names an int8 matrix it does not hold is one line."""
+    """scripts/store_int8.py: heads, an EAGLE draft, an exit adapter (and an EAGLE-3 directory) with
+    their weight matrices in int8 (one float16 scale per row) take about half the float16 file's bytes;
+    every loader reads them back within half a step of each row's scale (norms and biases untouched),
+    and decoding with them is exact. A file whose metadata names an int8 matrix it lacks is one line."""
     from safetensors.torch import save_file
     from store_int8 import main as store_int8
 
@@ -227,6 +227,24 @@ def test_add_ons_stored_in_int8_load_within_half_a_step_and_decode_exactly(tmp_p
     for name, decoder in decoders.items():
         assert decoder.generate(lm, [3, 4, 5] * 3, 16, Sampling(), set()).tokens == reference, name
     assert load_draft(lm, tmp_path / "eagle-int8.safetensors").fuse.weight.dtype == torch.float32
+    # An EAGLE-3 draft trained here, in the authors' layout: its model.safetensors in int8, config.json copied.
+    from decoders.methods.published import new_eagle3, save_eagle3
+
+    deep = tiny_lm(seed=0, layers=8, fast_path="none")
+    draft = new_eagle3(deep, vocab=[1, 5, 9, 20, 33, 60])
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape) * 0.3)
+    round_to_half(draft)
+    save_eagle3(draft, tmp_path / "e3", {"accuracy": [[0.5]]}, "model")
+    store_int8([str(tmp_path / "e3"), "--out", str(tmp_path / "e3-int8")])
+    assert (tmp_path / "e3-int8" / "config.json").read_text() == (tmp_path / "e3" / "config.json").read_text()
+    back = load_draft(deep, tmp_path / "e3-int8")
+    step = draft.fc.weight.float().abs().amax(1, keepdim=True) / 127
+    assert ((back.fc.weight - draft.fc.weight).abs() <= step / 2 + 1e-3 * step).all() and back.accuracy() == [[0.5]]
+    reference = autoregressive_decode(deep, [3, 4, 5] * 3, 16, Sampling(), set()).tokens
+    assert Eagle(draft_weights=str(tmp_path / "e3-int8"), tree_size=8, depth=3).generate(
+        deep, [3, 4, 5] * 3, 16, Sampling(), set()).tokens == reference
     state = {"blocks.0.linear.weight": torch.zeros(64, 64, dtype=torch.int8)}
     save_file(state, str(tmp_path / "bad.safetensors"), metadata={"format": "medusa-heads-v1", "int8": '["x"]'})
     with pytest.raises(ValueError, match="records int8 matrices it does not hold with their scales"):

@@ -113,6 +113,11 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
     if meta.get("format") != fmt:
         article = "an" if kind[0].lower() in "aeiou" else "a"
         raise ValueError(f"{key}: {path} is not {article} {kind} (format {meta.get('format')!r})")
+    return meta, dequantized(meta, state, key, path)
+
+
+def dequantized(meta: dict, state: dict, key: str, path) -> dict:
+    """`state` with the matrices its metadata stores in int8 (int8_state) back in float32."""
     quantized = meta_json(meta, INT8, key, path, "[]")
     if not isinstance(quantized, list) or any(
             not isinstance(n, str) or state.get(n, torch.empty(0)).dtype != torch.int8 or f"{n}.scale" not in state
@@ -120,7 +125,7 @@ def load_weights(path: Path, fmt: str, key: str, kind: str, hint: str) -> tuple[
         raise ValueError(f"{key}: {path} records int8 matrices it does not hold with their scales; replace the file")
     for name in quantized:
         state[name] = state[name].float() * state.pop(f"{name}.scale").float()[:, None]
-    return meta, state
+    return state
 
 
 def whole_number(value, name: str, key: str, path) -> int:
@@ -191,8 +196,9 @@ def read_config(directory: Path, key: str) -> dict:
 
 
 def read_state(directory: Path, names: list[str], key: str) -> dict:
-    """The state dict of the first of `names` present in `directory` (safetensors, or a pickled torch
-    state dict loaded with weights_only=True: tensors, never code)."""
+    """The state dict of the first of `names` present in `directory` (safetensors, its int8 matrices
+    back in float32 (an EAGLE-3 draft trained here may store them so), or a pickled torch state dict
+    loaded with weights_only=True: tensors, never code)."""
     import torch
 
     path = next((directory / n for n in names if (directory / n).is_file()), None)
@@ -200,12 +206,15 @@ def read_state(directory: Path, names: list[str], key: str) -> dict:
         raise ValueError(f"{key}: {directory} holds none of {', '.join(names)}")
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            return load_file(str(path))
-        return torch.load(path, map_location="cpu", weights_only=True)
+            from safetensors import safe_open
+            with safe_open(str(path), "pt") as f:
+                meta, state = f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()}
+        else:
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         reason = " ".join(str(e).split())[:200] or type(e).__name__
         raise ValueError(f"{key}: {path} could not be read ({reason})") from None
+    return dequantized(meta, state, key, path)
 
 
 def _base_name(name: str) -> str:
