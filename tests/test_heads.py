@@ -171,11 +171,11 @@ def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypat
 
 
 # How each shipped add-on is stored (adapters/README.md's table): int8 where that measured neutral for
-# acceptance (the heads, Gemma's exit adapter), float16 elsewhere (the EAGLE draft lost 2% of its
+# acceptance (the heads, the exit adapters), float16 elsewhere (the EAGLE draft lost 2% of its
 # tokens per step in int8).
-STORED_INT8 = ["adapters/smollm2-135m-heads4.safetensors", "adapters/gemma3-270m-heads4.safetensors",
-               "adapters/gemma3-270m-self4.safetensors"]
-STORED_HALF = ["adapters/smollm2-135m-eagle.safetensors", "adapters/smollm2-135m-self4.safetensors"]
+STORED_INT8 = ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-self4.safetensors",
+               "adapters/gemma3-270m-heads4.safetensors", "adapters/gemma3-270m-self4.safetensors"]
+STORED_HALF = ["adapters/smollm2-135m-eagle.safetensors"]
 
 
 @pytest.mark.parametrize("shipped", STORED_INT8 + STORED_HALF)
