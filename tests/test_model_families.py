@@ -99,12 +99,15 @@ def test_masks_without_the_window_are_caught(family, monkeypatch):
     assert autoregressive_decode(lm, prompt(), NEW, GREEDY, stop_ids=set()).tokens != theirs
 
 
+@pytest.mark.parametrize("path", ["kernel", "prepacked"])
 @pytest.mark.parametrize("family", family_params())
-def test_fast_path_forward_equals_native(family):
-    """The fast path the matrix runs on computes the family's own formulas (its norms, rotary and
-    attention kernels are swapped only where a probe shows them bitwise the model's): the logits of a
+def test_fast_path_forward_equals_native(family, path):
+    """Each fast path computes the family's own formulas (our kernel's norms, rotary and attention are
+    swapped only where a probe shows them bitwise the model's; oneDNN's packed linears): the logits of a
     prompt past the window and of a tree fed after it match the native path's."""
-    native, fast = family_lm(family, "none"), family_lm(family)
+    native, fast = family_lm(family, "none"), family_lm(family, path)
+    if fast.fast_path != path:
+        pytest.skip(f"{path} does not run here: {fast.fast_path_note}")
     ids = prompt() * 2
     caches = [native.new_cache(), fast.new_cache()]
     outs = [lm.forward(ids, c) for lm, c in zip((native, fast), caches)]
@@ -126,9 +129,16 @@ DEEP = ["eagle-dynamic-40-8-3-seed3", "recycling-40-10-3", "lookahead-7-3-unboun
 VARIANT_CASES = [pytest.param("gemma3", label, marks=pytest.mark.slow) for label in DEEP]
 
 
-@pytest.mark.parametrize("family,decoder", DEFAULT_CASES + VARIANT_CASES)
-def test_every_decoder_equals_autoregressive(family, decoder):
-    lm = family_lm(family)
+# The other fast path (the suite's runs on FAST_PATH) for methods of each kind of forward, on the hybrid family.
+OTHER_PATH = "prepacked" if FAST_PATH != "prepacked" else "kernel"
+PATH_CASES = [pytest.param("gemma3", m, OTHER_PATH, marks=pytest.mark.slow)
+              for m in ["lookahead", "eagle", "recycling", "medusa", "sequoia"]]
+
+
+@pytest.mark.parametrize("family,decoder,path", [pytest.param(*p.values, FAST_PATH, marks=p.marks)
+                                                 for p in DEFAULT_CASES + VARIANT_CASES] + PATH_CASES)
+def test_every_decoder_equals_autoregressive(family, decoder, path):
+    lm = family_lm(family, path)
     reference = autoregressive_decode(lm, prompt(), NEW, GREEDY, stop_ids=set())
     out = DECODERS[decoder].generate(lm, prompt(), NEW, GREEDY, set())
     assert out.tokens == reference.tokens
