@@ -26,6 +26,7 @@ test cluster, more on a loaded machine), time in which SLURM still counts the jo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -67,6 +68,20 @@ def _exit_at_once(failed: list[bool]) -> None:
         except (OSError, ValueError):
             pass
     os._exit(1 if failed else 0)
+
+
+@contextlib.contextmanager
+def signals_held(signums=(signal.SIGTERM, signal.SIGINT)):
+    """A stop (scancel, the time limit, Ctrl-C) that comes inside the block is delivered after it.
+    Only the main thread may hold signals; elsewhere none come to Python anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class StopOnSlurmSignal(Callback):
