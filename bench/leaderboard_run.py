@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decoders.core.contract import carried_copy, carry, widest_step
+from decoders.core.contract import CarriesState, carried_copy, carry, widest_step
 from decoders.core.weights_file import addon_bytes
 
 from . import drift, provenance, rundir
@@ -22,8 +23,8 @@ from .leaderboard_tables import machine, markdown, write_summaries, write_tables
 from .prompts import encode, rendering_for
 from .records import RecordLog
 from .registry import REFERENCE
-from .runner import (Pace, RunContext, build, check_config, judge_lossless, load_addons, prepare_decoder,
-                     record_settings, run_unit, sampling_from, skipped_turn, warmup)
+from .runner import (Pace, RunContext, budget, build, check_config, judge_lossless, load_addons, prepare_decoder,
+                     record_settings, run_unit, sampling_from, skipped_turn, start_unit, warmup)
 from .slurm import signals_held
 
 
@@ -115,6 +116,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
             bar = tqdm(total=total, initial=total - todo * repeats, unit="run", desc=f"leaderboard | {ds}",
                        dynamic_ncols=True, disable=not cfgs[REFERENCE].progress)
             entries = Entries(ctxs, logs, calibration, repeats, bar, {label: Pace() for label in labels})
+            replay_carried(entries, units)
             timed = [key for key in keys if key not in logs[REFERENCE]]  # the reference's prompts timed now
             with torch.inference_mode():
                 start_ms = drift.step_ms(lm_cache["lm"])
@@ -167,6 +169,33 @@ def prepare_entries(ctxs: dict[str, RunContext], prompts: list, units: list) -> 
             if ctxs[REFERENCE].cfg.warmup:
                 warmup(ctx, units)
     return calibration
+
+
+def replay_carried(entries: Entries, units: list) -> None:
+    """An entry that carries state between prompts (recycling's hot table, suffix's trie), resumed
+    after some of its prompts, first decodes those again, untimed and in order: it then drafts on from
+    the state the uninterrupted run reached, and its steps and acceptance are that run's. An output
+    that comes out otherwise than its record (another device's rounding) is said."""
+    for label, ctx in entries.ctxs.items():
+        log = entries.logs[label]
+        done = [(p, t) for p, t in units if f"{p.id}#{t}" in log]
+        if not isinstance(ctx.decoder, CarriesState) or not done or len(done) == len(units):
+            continue
+        print(f"[bench] {label}: {len(done)} finished turns decoded again (untimed) to rebuild what it carries "
+              "between prompts", file=sys.stderr, flush=True)
+        departed = 0
+        with torch.inference_mode():
+            for prompt, turn in done:
+                earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
+                if skipped_turn(ctx.cfg, prompt, turn, earlier) is not None:
+                    continue
+                record, ids, sampling = start_unit(ctx, prompt, turn, [r["text"] for r in earlier])
+                if record["status"] == "ok":
+                    gen = ctx.decoder.generate(ctx.lm, ids, budget(ctx, ids), sampling, ctx.lm.stop_ids)
+                    departed += gen.tokens != log.get(f"{prompt.id}#{turn}")["tokens"]
+        if departed:
+            print(f"[bench] warning: {label}: {departed} of {len(done)} turns decoded again differ from their records, "
+                  "so its state between prompts differs from the interrupted run's", file=sys.stderr, flush=True)
 
 
 def time_prompt(entries: Entries, prompt, turn: int, order: int) -> tuple[dict[str, dict], dict[str, list[float]]]:

@@ -165,7 +165,9 @@ def unit_job(cfg: DictConfig) -> str:
     try:
         run_unit(Path(cfg.leaderboard.out_dir), index)
         return "done"
-    except (BenchError, Stopped) as e:
+    except Stopped:
+        reason = f"unit {index}: stopped by SIGTERM (scancel, or the job's time limit); its finished records are kept"
+    except BenchError as e:
         reason = f"unit {index}: {' '.join(error_reason(e).split())}"
     except Exception as e:  # a bug: its traceback in the job's log, the reason in the summary
         traceback.print_exc()

@@ -36,7 +36,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 def _say(message: str) -> None:
@@ -97,8 +97,11 @@ class StopOnSlurmSignal(Callback):
         run_dir = hc.runtime.output_dir
         where = (f"hydra.sweep.dir={os.path.abspath(hc.sweep.dir)}" if hc.mode == RunMode.MULTIRUN
                  else f"hydra.run.dir={run_dir}")
-        resume = (f"the finished records of {run_dir} are kept. Once no task of SLURM job {job} runs "
-                  f"(squeue -j {job} lists none), finish the run with the same command plus resume=true {where}")
+        kept = f"the finished records of {run_dir}"
+        how = f"finish the run with the same command plus resume=true {where}"
+        if OmegaConf.select(config, "leaderboard.cluster.unit") is not None:  # a sharded leaderboard's unit
+            kept, how = "the unit's finished records", "rerun the leaderboard's command: each unit left resumes"
+        resume = f"{kept} are kept. Once no task of SLURM job {job} runs (squeue -j {job} lists none), {how}"
 
         pid = os.getpid()
 

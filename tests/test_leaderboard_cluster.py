@@ -295,3 +295,36 @@ def test_joblib_runs_the_units_and_merges_the_one_process_table(tmp_path):
                              env=cluster_env(), timeout=600)
         lines = refused.stderr.strip().splitlines()
         assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_resumed_entry_rebuilds_what_it_carries_between_prompts(tmp_path, monkeypatch):
+    """Recycling drafts from a table its earlier prompts filled: resumed after its first question, it
+    decodes that question again (untimed) before going on, so that every later question starts from
+    the table the run that was not interrupted had there (it started from an empty one)."""
+    from bench import leaderboard, leaderboard_run
+    from decoders.methods.recycling import Recycling
+
+    starts = []  # (prompt, the table as the prompt starts)
+    generate = Recycling.generate
+
+    def logged(self, lm, prompt_ids, *args):
+        starts.append((tuple(prompt_ids), {k: list(v) for k, v in self.carried(lm).items()}))
+        return generate(self, lm, prompt_ids, *args)
+
+    monkeypatch.setattr(Recycling, "generate", logged)
+    _, labels, runs = leaderboard.compose_all(
+        ["model=tiny-random", "device=cpu", f"leaderboard.only=[{REFERENCE},recycling]", "leaderboard.datasets=[gsm8k]",
+         "leaderboard.limit=3", "gen.max_new_tokens=24", "quality=false", "progress=false", "warmup=false"])
+    whole = leaderboard_run.run_dataset("gsm8k", labels, runs, tmp_path / "whole", {})
+    uninterrupted = list(starts)
+    resumed = tmp_path / "resumed" / "gsm8k"
+    shutil.copytree(tmp_path / "whole" / "gsm8k", resumed)
+    for label in labels:  # as if stopped after the first question
+        records = resumed / label / "records.jsonl"
+        records.write_text(records.read_text().splitlines()[0] + "\n")
+    starts.clear()
+    again = leaderboard_run.run_dataset("gsm8k", labels, runs, tmp_path / "resumed", {})
+    assert len(uninterrupted) == 3 and uninterrupted[1][1]  # the second question starts from a filled table
+    assert starts == uninterrupted  # the first decoded again, untimed; the others from the same tables
+    assert [r["tokens"] for r in again["recycling"]] == [r["tokens"] for r in whole["recycling"]]
