@@ -328,3 +328,38 @@ def test_a_resumed_entry_rebuilds_what_it_carries_between_prompts(tmp_path, monk
     assert len(uninterrupted) == 3 and uninterrupted[1][1]  # the second question starts from a filled table
     assert starts == uninterrupted  # the first decoded again, untimed; the others from the same tables
     assert [r["tokens"] for r in again["recycling"]] == [r["tokens"] for r in whole["recycling"]]
+
+
+def test_a_stop_waits_for_a_prompts_records_to_be_written_together():
+    """SIGTERM (scancel) during a prompt's appends is raised once every entry's record of it is written:
+    a unit resumed elsewhere never pairs an entry's record with a reference timed on another node."""
+    import signal
+    from types import SimpleNamespace
+
+    from bench.leaderboard_run import record_prompt
+    from bench.slurm import Stopped
+
+    written = []
+
+    class Log:
+        def __init__(self, label):
+            self.label = label
+
+        def append(self, record):
+            if not written:
+                os.kill(os.getpid(), signal.SIGTERM)  # the stop comes during the first append
+            written.append(self.label)
+
+    def stop(signum, frame):
+        raise Stopped("stopped")
+
+    labels = [REFERENCE, "prompt_lookup-n3"]
+    entries = SimpleNamespace(ctxs={REFERENCE: SimpleNamespace(sampling=SimpleNamespace(greedy=False))},
+                              logs={label: Log(label) for label in labels}, calibration=dict.fromkeys(labels))
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stopped):
+            record_prompt(entries, "q#0", {label: {"status": "ok"} for label in labels}, dict.fromkeys(labels, [1.0]))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert written == labels
