@@ -9,6 +9,9 @@ records.jsonl, summary.csv), so `python -m bench.show` and `python -m bench.repo
 and a rerun with the same out_dir resumes: finished records are skipped, none is duplicated.
 Settings are checked, one line and exit code 2 for a bad one, before torch is imported (here and
 bench/settings.py); bench/leaderboard_run.py runs the entries, bench/leaderboard_tables.py tables them.
+With hydra/launcher=<slurm, slurm_cpu, joblib, ...> the board runs as units (entries x a slice of
+questions), a job each beside its own autoregressive reference, merged into the same tables
+(bench/leaderboard_cluster.py); --dry-run prints the plan (units, expected tokens, forwards, time).
 
 Presets (conf/preset/<name>.yaml, `+preset=<name>`) are focused comparisons: each adds its
 labelled entries to leaderboard.decoders, selects them with leaderboard.only (autoregressive,
