@@ -31,7 +31,7 @@ from decoders.core.weights_file import addon_bytes
 
 from . import metrics, rundir
 from .errors import BenchError
-from .forecast import forecast, load_profile, load_run
+from .forecast import forecast, load_profile, load_run, pick_path
 from .models import GiB, resolve_device
 from .records import read_records, records_path
 from .registry import REFERENCE
@@ -188,12 +188,20 @@ def pilot_figures(pilot: Path | None, profile_path: Path | None, runs: dict) -> 
     return figures
 
 
-def one_token_ms(profile, context: float) -> float:
-    """The profile's autoregressive step after `context` tokens (NaN for a roofline: it prices a model
-    by its FLOPs spec, which only a run's provenance holds)."""
+def one_token_ms(profile, context: float, fast_path: str) -> float:
+    """The profile's autoregressive step after `context` tokens on model.fast_path's curve (auto: the
+    fastest, as auto chooses); NaN for a roofline, which prices a model by its FLOPs spec, which only a
+    run's provenance holds."""
     if profile.roofline is not None or not profile.curves:
         return math.nan
-    return next(iter(profile.curves.values())).forward_ms(1, context)
+    if fast_path == "auto":
+        return min(curve.forward_ms(1, context) for curve in profile.curves.values())
+    try:
+        path = pick_path(profile.curves, {"fast_path": fast_path}, None, profile.source)
+    except BenchError:
+        raise BenchError(f"leaderboard.cluster.profile={profile.source} profiles {', '.join(profile.curves)}, not "
+                         f"model.fast_path={fast_path}: give a profile of it, or set model.fast_path") from None
+    return profile.curves[path].forward_ms(1, context)
 
 
 def expected(units: list[Unit], base: DictConfig, runs: dict) -> pd.DataFrame:
@@ -202,7 +210,9 @@ def expected(units: list[Unit], base: DictConfig, runs: dict) -> pd.DataFrame:
     cluster, repeats = base.leaderboard.cluster, base.leaderboard.repeats
     profile = Path(str(cluster.profile)) if cluster.get("profile") else None
     pilot = pilot_figures(Path(str(cluster.pilot)) if cluster.get("pilot") else None, profile, runs)
-    step_ms = one_token_ms(load_profile(profile), runs[next(iter(runs))].gen.max_new_tokens / 2) if profile else None
+    first = runs[next(iter(runs))]
+    step_ms = one_token_ms(load_profile(profile), first.gen.max_new_tokens / 2, first.model.fast_path) if profile \
+        else None
     rows = []
     for u in units:
         budget = runs[u.dataset, REFERENCE].gen.max_new_tokens
