@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from . import rundir
 from .errors import BenchError
 from .leaderboard_plan import Unit, reference_units
-from .leaderboard_tables import markdown, write_tables
+from .leaderboard_tables import markdown, tuned_choice, write_tables
 from .leaderboard_unit import KEY, Plan, differs, finished, load_plan, read_provenance, unit_dir
 from .records import read_records, records_path
 from .registry import REFERENCE
@@ -128,6 +128,17 @@ def setup(infos: dict[str, dict]) -> dict:
             "fast path": values("fast_path"), "threads": values("torch_threads")}
 
 
+def tuning_notes(records: dict) -> str:
+    """Entries whose auto-tuning chose differently in different units (each tunes on its own node)."""
+    notes = []
+    for (ds, label), recs in records.items():
+        choices = list(dict.fromkeys(tuned_choice(r["tuned"]) for r in recs if r.get("tuned")))
+        if len(choices) > 1:
+            notes.append(f"\n{label} on {ds} tuned itself differently in its units (each on its node): "
+                         f"{' / '.join(choices)}; its figures pool them\n")
+    return "".join(notes)
+
+
 def merge(out_dir: Path) -> str:
     """Writes the merged tables, plots and provenance into out_dir; returns leaderboard.md's text."""
     out_dir = Path(out_dir)
@@ -152,5 +163,6 @@ def merge(out_dir: Path) -> str:
     rundir.write_atomic(out_dir / "provenance.json", json.dumps(info, indent=2))
     rundir.write_atomic(out_dir / "leaderboard.yaml", OmegaConf.to_yaml(plan.base, resolve=True))
     md = markdown(df, {f"node {node}": cost for node, cost in costs.items()}, plan.base, setup(infos), paired=PAIRED)
+    md += tuning_notes(records)
     rundir.write_atomic(out_dir / "leaderboard.md", md)
     return md

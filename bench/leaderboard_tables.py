@@ -185,6 +185,14 @@ def category_table(records: dict, datasets: list[str], labels: list[str], refere
     return ordering_marks(pd.DataFrame(rows), within=("dataset", "category"))
 
 
+FORECASTS = ("predicted_speedup", "predicted_tokens_per_s", "expected_tokens", "latency_profile", "acceptance")
+
+
+def tuned_choice(tuned: dict) -> str:
+    """What an auto-tuner chose (a record's `tuned`, its forecasts left out), as JSON."""
+    return json.dumps({k: v for k, v in tuned.items() if k not in FORECASTS})
+
+
 def tuning_table(df: pd.DataFrame, records: dict) -> pd.DataFrame:
     """Per self-tuning entry and dataset: what it chose, what it forecast (predicted_speedup,
     expected_tokens) and what was measured (speedup, mean_accepted_tokens) on the scored prompts."""
@@ -194,9 +202,7 @@ def tuning_table(df: pd.DataFrame, records: dict) -> pd.DataFrame:
         if not tuned:
             continue
         measured = df[(df["decoder"] == label) & (df["dataset"] == ds)].iloc[0]
-        choice = {k: v for k, v in tuned.items() if k not in ("predicted_speedup", "predicted_tokens_per_s",
-                                                               "expected_tokens", "latency_profile", "acceptance")}
-        rows.append({"decoder": label, "dataset": ds, "choice": json.dumps(choice),
+        rows.append({"decoder": label, "dataset": ds, "choice": tuned_choice(tuned),
                      "predicted_speedup": tuned.get("predicted_speedup", math.nan), "speedup": measured["speedup"],
                      "expected_tokens": tuned.get("expected_tokens", math.nan),
                      "mean_accepted_tokens": measured["mean_accepted_tokens"]})

@@ -82,7 +82,10 @@ def template(tmp_path_factory):
             (run / "config.yaml").write_text(OmegaConf.to_yaml(runs[u.dataset, label], resolve=True))
             latency = slower / SPEEDUP.get(label, 1.0)
             steps = 10 if label == REFERENCE else 5
-            lines = [json.dumps(fake_record(p, t, label, latency, steps, node))
+            # lookahead "tuned" itself per unit: a window of its node's (its forecast differs anyway)
+            window = 2 if node == "slow" else 5
+            tuned = {"window": window, "predicted_speedup": slower} if "lookahead" in label else None
+            lines = [json.dumps({**fake_record(p, t, label, latency, steps, node), "tuned": tuned})
                      for p in prompts[u.start:u.stop] for t in range(len(p.turns))]
             (run / "records.jsonl").write_text("\n".join(lines) + "\n")
         (where / "provenance.json").write_text(json.dumps({**BUILD, "node": node, "device_name": f"{node} cpu",
@@ -145,6 +148,8 @@ def test_merged_speedups_are_taken_within_a_node(board):
     md = (board / "leaderboard.md").read_text()
     assert "nodes 2 (fast, slow)" in md and "each prompt's pair timed in one unit, on one node" in md
     assert "verification cost on node fast" in md and "verification cost on node slow" in md
+    assert ('lookahead-n5w7g7 on spec_bench tuned itself differently in its units (each on its node): '
+            '{"window": 2} / {"window": 5}') in md and "prompt_lookup-n3 on spec_bench tuned" not in md
     info = json.loads((board / "provenance.json").read_text())
     assert info["git_commit"] == "c0ffee" and set(info["units"]) == set(NODES)
     assert (board / "plots" / "speedup.png").is_file() and (board / "spec_bench.md").is_file()
