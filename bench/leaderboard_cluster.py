@@ -93,7 +93,6 @@ def launch(out_dir: Path, units: list[int], overrides: list[str]) -> list[str]:
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
     from hydra.core.global_hydra import GlobalHydra
-
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from .__main__ import _is_hydra

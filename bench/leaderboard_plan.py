@@ -32,7 +32,7 @@ from decoders.core.weights_file import addon_bytes
 from . import metrics, rundir
 from .errors import BenchError
 from .forecast import forecast, load_profile, load_run, pick_path
-from .models import GiB, resolve_device
+from .models import GiB, free_bytes, resolve_device
 from .records import read_records, records_path
 from .registry import REFERENCE
 from .runner import build, check_config
@@ -126,11 +126,9 @@ def node_of(base: DictConfig, launcher: DictConfig, choice: str) -> Node:
     given = base.leaderboard.cluster.get("memory_gb")
     if choice in LOCAL:
         device = resolve_device(base.device)
-        memory = given * GiB if given else None
-        from .models import free_bytes
-
-        return Node(device, memory or free_bytes(device) or math.inf,
-                    "leaderboard.cluster.memory_gb" if given else "this machine's free memory")
+        if given:
+            return Node(device, given * GiB, "leaderboard.cluster.memory_gb")
+        return Node(device, free_bytes(device) or math.inf, "this machine's free memory")
     gpus = launcher.get("gpus_per_node") or launcher.get("gpus_per_task") or 0
     device = torch.device("cuda" if base.device == "auto" and gpus else "cpu" if base.device == "auto" else
                           base.device)
@@ -162,11 +160,10 @@ def check_fit(units: list[Unit], runs: dict, node: Node) -> dict[str, float]:
     return need
 
 
-def pilot_figures(pilot: Path | None, profile_path: Path | None, runs: dict) -> dict:
+def pilot_figures(pilot: Path | None, profile, runs: dict) -> dict:
     """(dataset, label) -> the pilot's tokens a turn, tokens per step and, with a profile, forecast
     tokens/s on it (bench/forecast.py), where the pilot ran that entry on that dataset."""
     figures = {}
-    profile = load_profile(profile_path) if profile_path and pilot else None
     for (ds, label), cfg in runs.items():
         run_dir = Path(pilot) / ds / label if pilot else None
         if run_dir is None or not records_path(run_dir).is_file():
@@ -208,11 +205,10 @@ def expected(units: list[Unit], base: DictConfig, runs: dict) -> pd.DataFrame:
     """A row per (unit, label): runs, tokens, forwards (forwards_bound: at most), seconds (NaN without a
     profile)."""
     cluster, repeats = base.leaderboard.cluster, base.leaderboard.repeats
-    profile = Path(str(cluster.profile)) if cluster.get("profile") else None
+    profile = load_profile(Path(str(cluster.profile))) if cluster.get("profile") else None
     pilot = pilot_figures(Path(str(cluster.pilot)) if cluster.get("pilot") else None, profile, runs)
     first = runs[next(iter(runs))]
-    step_ms = one_token_ms(load_profile(profile), first.gen.max_new_tokens / 2, first.model.fast_path) if profile \
-        else None
+    step_ms = one_token_ms(profile, first.gen.max_new_tokens / 2, first.model.fast_path) if profile else None
     rows = []
     for u in units:
         budget = runs[u.dataset, REFERENCE].gen.max_new_tokens

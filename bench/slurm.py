@@ -72,16 +72,22 @@ def _exit_at_once(failed: list[bool]) -> None:
 
 @contextlib.contextmanager
 def signals_held(signums=(signal.SIGTERM, signal.SIGINT)):
-    """A stop (scancel, the time limit, Ctrl-C) that comes inside the block is delivered after it.
-    Only the main thread may hold signals; elsewhere none come to Python anyway."""
+    """A stop (scancel, the time limit, Ctrl-C) that comes inside the block is raised after it, to the
+    handler there was. Held in Python, not by the thread's signal mask: a process-directed signal goes
+    to any thread not blocking it (torch's OpenMP workers), and Python runs its handler anyway. Only
+    the main thread may set handlers; elsewhere none come to Python."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    came: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: came.append(signum)) for signum in signums}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)
 
 
 class StopOnSlurmSignal(Callback):
