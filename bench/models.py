@@ -142,11 +142,11 @@ def free_bytes(device: torch.device, spread: bool = False) -> int | None:
 
 
 def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, *, batch: int, tokens: int,
-                 packed: bool, spread: bool, add_ons: int = 0, step: int = 1) -> dict | None:
+                 packed: bool, spread: bool, add_ons: int = 0, step: int = 1, free: float | None = None) -> dict | None:
     """Estimate weights (+ the CPU fast path's packed copies) + KV cache for `batch` rows of `tokens`
     positions + the decoder's add-ons + its widest step (`step` tokens a row); refuse in one line what
-    will not fit. Returns the estimate in bytes (None: a model class that cannot be built from its
-    config on the meta device goes unchecked)."""
+    will not fit in `free` bytes (default: what `device` has free here). Returns the estimate in bytes
+    (None: a model class that cannot be built from its config on the meta device goes unchecked)."""
     try:
         weights, linear = weight_bytes(config, dtype)
     except Exception:  # an architecture transformers cannot build bare; from_pretrained reports it properly
@@ -154,7 +154,7 @@ def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, *,
     need = {"weights": weights, "packed_copies": linear if packed else 0,
             "kv_cache": kv_cache_bytes(config, dtype, batch, tokens), "add_ons": add_ons,
             "step": step_bytes(config, dtype, batch, step, tokens)}
-    free = free_bytes(device, spread)
+    free = free_bytes(device, spread) if free is None else free
     if free is not None and sum(need.values()) > free:
         where = "the GPUs" if spread and device.type == "cuda" else str(device)
         parts = ", ".join(f"{k.replace('_', ' ')} {v / GiB:.1f}" for k, v in need.items() if v)
@@ -331,17 +331,17 @@ class PretrainedModel:
             raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); "
                              "without hub access, download it elsewhere and pass model.path=/local/dir") from None
 
-    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> dict | None:
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, on: tuple | None = None) -> dict | None:
         """The settings' checks and the memory estimate from the checkpoint's config alone, before
         the weights are read (load calls it first): `batch` rows at once, beside `add_ons` bytes of
         the decoder's drafts or heads, with steps of up to `step` tokens a row. Refuses in one line
-        what will not fit; returns the estimate."""
+        what will not fit; returns the estimate. on=(device, free bytes): another machine's."""
         from transformers import AutoConfig
 
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
         check_attention(self.name, self.attn_implementation)
-        device = resolve_device(self.device)
+        device, free = on or (resolve_device(self.device), None)
         local, source = self._source()
         with self._reading(local):
             config = AutoConfig.from_pretrained(source, revision=self.revision)
@@ -352,7 +352,7 @@ class PretrainedModel:
         tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
         return check_memory(self.name, config, resolve_dtype(self.dtype, device), device, batch=batch, tokens=tokens,
                             packed=device.type == "cpu" and self.fast_path != "none",
-                            spread=self.device_map is not None, add_ons=add_ons, step=step)
+                            spread=self.device_map is not None, add_ons=add_ons, step=step, free=free)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         """Load for decoding, once `fit` with the same arguments allows it."""
@@ -590,6 +590,9 @@ class GGUFPackageModel:
                                max_context=self.max_context, fast_path=self.fast_path, compile=self.compile,
                                cache_dir=self.cache_dir)
 
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, on: tuple | None = None) -> dict | None:
+        return self._dequantized().fit(batch, add_ons, step, on)
+
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         lm = self._dequantized().load(batch, add_ons, step)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
@@ -727,24 +730,25 @@ class TinyRandomModel:
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
 
-    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, tokenizer=None) -> dict | None:
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, on: tuple | None = None,
+            tokenizer=None) -> dict | None:
         """The fit check a checkpoint gets (PretrainedModel.fit): a 7B shape on a GPU is refused in
         one line, and provenance holds the estimate beside the run's measured peak."""
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
         tokenizer = tokenizer or self.load_tokenizer()
-        device = resolve_device(self.device)
+        device, free = on or (resolve_device(self.device), None)
         config = self.config(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         check_attention(self.name, self.attn_implementation, config)
         return check_memory(self.name, config,
                             resolve_dtype(self.dtype, device), device, batch=batch,
                             tokens=self.max_context or self.max_position_embeddings,
                             packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons,
-                            step=step)
+                            step=step, free=free)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         tokenizer = self.load_tokenizer()
-        memory = self.fit(batch, add_ons, step, tokenizer)
+        memory = self.fit(batch, add_ons, step, tokenizer=tokenizer)
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}
