@@ -286,3 +286,52 @@ def test_the_cli_refuses_it_in_one_line_before_claiming_the_run_directory(tmp_pa
     from bench.rundir import MARKER
 
     assert not (tmp_path / "run" / MARKER).exists() and not (tmp_path / "run" / "config.yaml").exists()
+
+
+# ---- drafts borrow what the target has ----------------------------------------------------------
+def test_drafts_and_heads_read_the_target_head_as_the_target_does():
+    """Gemma 2 soft-caps its logits after the head (cap * tanh(logits / cap)): an EAGLE draft's and
+    Medusa heads' readouts through the same head are capped the same way."""
+    from decoders.methods.eagle_draft import FeatureDraft
+    from decoders.methods.heads import new_heads
+
+    lm = family_lm("gemma2", "none")
+    cap = lm.logit_cap
+    assert cap == 30.0
+    with torch.inference_mode():
+        logits, features = lm.forward(prompt(), lm.new_cache(), features=True)
+        head = lm.model.get_output_embeddings()
+        raw = head(lm.final_norm(features))
+        torch.testing.assert_close(logits, torch.tanh(raw / cap) * cap)  # what the target itself does
+        torch.testing.assert_close(FeatureDraft(lm).logits(features), logits)
+        hidden = lm.final_norm(features)
+        torch.testing.assert_close(new_heads(lm, 2)(hidden)[0], logits)  # untrained heads repeat the head's guess
+        assert float(FeatureDraft(lm).logits(features * 100).abs().max()) <= cap
+
+
+def test_an_eagle_draft_of_a_hybrid_target_attends_fully_with_the_global_rotary():
+    """Gemma 3 keeps a rotary table per layer type (local base 10k for sliding layers, global 1M): the
+    draft's layer is a full-attention layer of the target's class, and its forward reads the
+    full-attention table (a forward with the local one differs)."""
+    from decoders.core.kv_cache import causal_mask
+    from decoders.methods.eagle_draft import FeatureDraft
+
+    lm = family_lm("gemma3", "none")
+    torch.manual_seed(0)
+    draft = FeatureDraft(lm)
+    with torch.no_grad():
+        for p in draft.layer.parameters():
+            p.normal_(0, 0.3)
+    assert draft.layer.self_attn.sliding_window is None
+    features, tokens = torch.randn(6, 64), torch.tensor([3, 9, 4, 1, 7, 2])
+    positions, mask = torch.arange(200, 206), causal_mask(6, 0)
+    with torch.inference_mode():
+        out = draft(features, tokens, positions, mask)
+        x = draft.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens)], -1))[None]
+
+        def by(kind):
+            rope = lm.model.base_model.rotary_emb(x, positions[None], kind)
+            return draft.layer(x, attention_mask=lm.mask_4d(mask), position_ids=positions[None],
+                               position_embeddings=rope)[0]
+        torch.testing.assert_close(out, by("full_attention"))
+        assert not torch.allclose(out, by("sliding_attention"), atol=1e-3)
