@@ -335,3 +335,28 @@ def test_an_eagle_draft_of_a_hybrid_target_attends_fully_with_the_global_rotary(
                                position_embeddings=rope)[0]
         torch.testing.assert_close(out, by("full_attention"))
         assert not torch.allclose(out, by("sliding_attention"), atol=1e-3)
+
+
+# ---- a 262,144-token vocabulary ------------------------------------------------------------------
+@pytest.mark.slow
+def test_tables_at_a_262k_vocabulary_hold_what_was_seen():
+    """Gemma 3's vocabulary: recycling's adjacency table, suffix decoding's global trie and lookahead's
+    n-gram pool grow with the tokens a decode saw (rows scored, text committed), never with the
+    vocabulary (a table of vocabulary x successors would be 262,144 rows before the first step)."""
+    from decoders.methods.lookahead import Lookahead
+    from decoders.methods.recycling import Recycling
+    from decoders.methods.suffix import Suffix
+
+    spec = TinyRandomModel(family="gemma3", sliding_window=WINDOW, vocab_size=262_144, hidden_size=32,
+                           intermediate_size=64)
+    lm = LM(spec.build(262_144), name="tiny-gemma3-262k", fast_path="none")
+    ids = [7, 70_000, 262_143, 5, 7, 70_000, 262_143, 5, 131_072]
+    recycling, suffix = Recycling(tree_size=16, depth=4), Suffix()
+    for decoder in (recycling, suffix, Lookahead(window=4, ngram=3, guess_set_size=4)):
+        out = decoder.generate(lm, ids, 32, GREEDY, set())
+        assert out.tokens == autoregressive_decode(lm, ids, 32, GREEDY, stop_ids=set()).tokens
+        scored = sum(s.forward_tokens for s in out.steps)
+        if decoder is recycling:
+            assert 0 < len(recycling.carried(lm)) <= scored  # a row per token scored, at most
+        if decoder is suffix:
+            assert 0 < len(suffix.global_trie(lm)) <= 1 + (len(ids) + 32) * suffix.max_depth
