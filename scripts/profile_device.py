@@ -307,7 +307,8 @@ def provenance_info(lm, args: argparse.Namespace, profiles: Profiles, floor: Flo
                 **({"autoregressive_min_s": profiles.fastest_steps} if profiles.fastest_steps else {}),
                 compile_seconds=profiles.compile_s, context=args.context, repeats=args.repeats,
                 kernel_build_seconds=round(lm.kernel_build_seconds, 1), interleaved_rounds=args.interleave or None,
-                statistic="median of interleaved rounds" if args.interleave else "fastest round, non-decreasing in k",
+                statistic=("median of interleaved rounds" if args.interleave
+                           else "fastest round, non-decreasing in k on each kernel"),
                 **({"contexts": args.contexts} if len(args.contexts) > 1 else {}),
                 command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
     return info
