@@ -4,7 +4,7 @@
         [hydra overrides: model=... dataset=... threads=...]
 
 Each decoder generates on the first --prompts prompts of the dataset (rendered as the benchmark
-renders them; a warm-up generation first), greedy, in one process. The loop's regions
+renders them; a warm-up generation first), greedy (or at --temperature), in one process. The loop's regions
 (decoders/core/loop.py) are timed by wrapping, not by editing, the functions that do them:
 
   target: model        the target's own forward (the HF model's forward)
@@ -36,8 +36,7 @@ import json
 import statistics
 import sys
 import time
-import warnings
-from collections import Counter, defaultdict
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,6 +58,7 @@ from decoders.core.contract import LoadsAddOns, foresee  # noqa: E402
 from decoders.core.kv_cache import KVCache  # noqa: E402
 from decoders.core.sampling import Sampling  # noqa: E402
 from decoders.core.trace import Tracer  # noqa: E402
+from decoders.core.transfer import sync_counter  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 REGIONS = ["target: model", "target: harness", "draft", "overhead: feed", "overhead: verify", "overhead: cache",
@@ -118,25 +118,6 @@ def instrument(clock: Clock, lm) -> None:
     Tracer.target = flagged
 
 
-@contextmanager
-def sync_counter():
-    """Counter of the code lines that made the host wait for a CUDA device, by "path:line", while
-    the block runs. Each synchronising operation warns under set_sync_debug_mode("warn"); the
-    warning is attributed to the Python line that called it."""
-    sites = Counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield sites
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            for w in caught:
-                if "synchroniz" in str(w.message):
-                    path = Path(w.filename)
-                    sites[f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{w.lineno}"] += 1
-
-
 def per_step(gen, spent: dict) -> dict:
     steps = gen.steps
     n = len(steps)
@@ -163,6 +144,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, help="directory for step_overhead.csv")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (default 0: greedy); above 0 the sampled verification runs")
     parser.add_argument("--untrained", action="store_true",
                         help="random drafts and heads in the published layouts, as the GPU kit's big target has "
                              "(for a model no shipped add-on fits, e.g. tiny-random)")
@@ -185,6 +168,7 @@ def main() -> None:
     where = (f"{lm.name} {info['dtype']} on {info['device_name']}, {info['torch_threads']} threads, "
              f"fast path {info['fast_path']}, {len(ids)} prompts x {args.max_new_tokens} tokens")
     print(where)
+    sampling = Sampling(temperature=args.temperature)
     clock = Clock(lm.sync)
     # The loop's tracer on the host's clock too while timing: these regions are the host's. The syncs are
     # counted under the decode's own timer, as a run times it (on one GPU, events: trace.DeviceTracer).
@@ -201,12 +185,12 @@ def main() -> None:
                 decoder.load_addons(lm)
             except ValueError as e:  # a draft or heads file for another model: one line, as a run says it
                 raise BenchError(str(e)) from None
-        decoder.generate(lm, ids[0], 8, Sampling(), lm.stop_ids)  # warm-up
+        decoder.generate(lm, ids[0], 8, sampling, lm.stop_ids)  # warm-up
         measured = []
         for prompt in ids:
             foresee(decoder, lm, prompt, args.max_new_tokens, lm.stop_ids)  # untimed, as the runner does
             clock.spent.clear()
-            gen = decoder.generate(lm, prompt, args.max_new_tokens, Sampling(), lm.stop_ids)
+            gen = decoder.generate(lm, prompt, args.max_new_tokens, sampling, lm.stop_ids)
             measured.append(per_step(gen, clock.spent))
         row = {"decoder": name, **{k: statistics.median(m[k] for m in measured)
                                    for k in ("steps", "tokens_per_step", *REGIONS)}}
@@ -216,8 +200,8 @@ def main() -> None:
             foresee(decoder, lm, ids[0], args.max_new_tokens, lm.stop_ids)
             clock.sync, lm.timing_event = untimed, run_timer  # this script's wrappers' waits are not the run's
             try:
-                with sync_counter() as sites:
-                    gen = decoder.generate(lm, ids[0], args.max_new_tokens, Sampling(), lm.stop_ids)
+                with sync_counter(REPO) as sites:
+                    gen = decoder.generate(lm, ids[0], args.max_new_tokens, sampling, lm.stop_ids)
             finally:
                 clock.sync, lm.timing_event = lm.sync, None
             row["syncs_per_step"] = sum(sites.values()) / len(gen.steps)

@@ -31,16 +31,18 @@ def test_check_runs_every_stage_in_cpu_mode(tmp_path):
                          timeout=600, env=check_env(tmp_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = (tmp_path / "summary.md").read_text()
-    for stage in ("env", "pytest", "profile", "big", "syncs"):
+    for stage in ("env", "pytest", "profile", "big", "syncs", "sampled"):
         assert f"## {stage}: exit 0 " in summary, summary
     with tarfile.open(tmp_path / "gpu_check.tar.gz") as tar:
         big = pd.read_csv(io.BytesIO(tar.extractfile("gpu_check/big/big_target.csv").read()))
         overhead = pd.read_csv(io.BytesIO(tar.extractfile("gpu_check/syncs/step_overhead.csv").read()))
+        sampled = pd.read_csv(io.BytesIO(tar.extractfile("gpu_check/sampled/step_overhead.csv").read()))
         names = tar.getnames()
     assert sorted(big["decoder"]) == sorted(decoder_configs())  # every method ran ...
     assert (big["lossless_up_to_ties"] == 1.0).all() and (big["real_divergences"] == 0).all()  # ... lossless
     assert (big["overhead_ms_per_step"] > 0).all() and (big["estimate_gib"] > 0).all()
     assert sorted(overhead["decoder"]) == sorted(d for d in decoder_configs() if not d.startswith("hf_"))
+    assert list(sampled["decoder"]) == ["spec_chain", "specinfer", "sequoia", "eagle", "medusa", "lookahead"]
     assert "gpu_check/profile/profile.csv" in names and (tmp_path / "log.txt").stat().st_size > 0
 
 

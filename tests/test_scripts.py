@@ -415,17 +415,16 @@ def test_step_overhead_splits_the_step_by_region(tmp_path):
 
 
 def test_sync_counter_counts_the_device_waits_by_line(monkeypatch):
-    """step_overhead.sync_counter, which the GPU kit reads for issue 42's one wait per step: every
-    synchronising operation's warning counted at the line that made it, other warnings not, and the
-    debug mode set for the block only. (On a CPU no operation warns: the warnings are made here.)"""
+    """transfer.sync_counter, which the GPU kit reads for one wait per step: every synchronising operation's
+    warning counted at the line that made it, other warnings not, and the debug mode set for the block only.
+    (On a CPU no operation warns: the warnings are made here.)"""
     import warnings
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    import step_overhead
+    from decoders.core.transfer import sync_counter
 
     modes = []
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
-    with step_overhead.sync_counter() as sites:
+    with sync_counter(REPO) as sites:
         for _ in range(3):
             warnings.warn("called a synchronizing CUDA operation")  # one line, three waits
         warnings.warn("called a synchronizing CUDA operation")
