@@ -32,16 +32,14 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench import provenance  # noqa: E402
-from bench.prompts import render, rendering_for  # noqa: E402
-from decoders.core.batch import decode_batch  # noqa: E402
-from decoders.core.contract import LoadsAddOns  # noqa: E402
-from decoders.core.hf_trace import hf_generate_batch  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
+from bench import provenance
+from bench.__main__ import script_args
+from bench.prompts import render, rendering_for
+from decoders.core.batch import decode_batch
+from decoders.core.contract import LoadsAddOns
+from decoders.core.hf_trace import hf_generate_batch
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"

@@ -34,10 +34,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decoders.core import kernels  # noqa: E402
-from decoders.core.fast_path import linear_problem  # noqa: E402
+from decoders.core import kernels
+from decoders.core.fast_path import linear_problem
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 ROWS = (1, 2, 4, 8, 16, 32)

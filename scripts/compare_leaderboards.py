@@ -10,10 +10,8 @@ if anything differs, 2 for bad input (a path that is not a leaderboard directory
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.errors import BenchError, fail  # noqa: E402
-from bench.records import iter_records, records_path, run_dirs  # noqa: E402
+from bench.errors import BenchError, fail
+from bench.records import iter_records, records_path, run_dirs
 
 FIELDS = ("committed", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "draft_forward_tokens", "info")
 USAGE = "usage: python scripts/compare_leaderboards.py BEFORE_DIR AFTER_DIR (two leaderboard out_dirs)"

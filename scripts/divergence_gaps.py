@@ -23,16 +23,13 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.errors import fail  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
-from bench.metrics import lossless_columns  # noqa: E402
-from bench.registry import REFERENCE  # noqa: E402
-from bench.prompts import render, rendering_for  # noqa: E402
-from bench.records import read_records, records_path, run_dirs  # noqa: E402
-from bench.rundir import recorded_config  # noqa: E402
-from bench.runner import judge_lossless, recorded_spec  # noqa: E402
+from bench.errors import BenchError, fail
+from bench.metrics import lossless_columns
+from bench.prompts import render, rendering_for
+from bench.records import read_records, records_path, run_dirs
+from bench.registry import REFERENCE
+from bench.rundir import recorded_config
+from bench.runner import judge_lossless, recorded_spec
 
 COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
            "divergence_ulps", "first_real_divergence", "ties_in_wider_dtype", "divergence_tie", "dtype"]

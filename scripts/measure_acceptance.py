@@ -23,14 +23,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench.prompts import render, rendering_for  # noqa: E402
-from decoders.methods.draft_model import build_draft  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.tuning.sequoia_acceptance import acceptance_counts, save_acceptance  # noqa: E402
-from decoders.tuning.sequoia_tree import cumulative, optimal_tree  # noqa: E402
+from bench.__main__ import script_args
+from bench.prompts import render, rendering_for
+from decoders.core.sampling import Sampling
+from decoders.methods.draft_model import build_draft
+from decoders.tuning.sequoia_acceptance import acceptance_counts, save_acceptance
+from decoders.tuning.sequoia_tree import cumulative, optimal_tree
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"

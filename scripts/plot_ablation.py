@@ -11,19 +11,16 @@ conf/sweep/sampling_robustness.yaml):
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.scaling import find_runs  # noqa: E402
+from bench.scaling import find_runs
 
 DRAFT_DECODERS = ("spec_chain", "specinfer", "sequoia")
 

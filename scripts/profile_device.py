@@ -42,13 +42,12 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
 
-from bench import provenance  # noqa: E402
-from decoders.tuning.profile import (  # noqa: E402
+from bench import provenance
+from decoders.tuning.profile import (
     candidate_labels, forward_latency, measure_forward_latency, parse_candidate, profile_key)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

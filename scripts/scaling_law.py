@@ -18,9 +18,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import scaling  # noqa: E402
+from bench import scaling
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -44,21 +44,19 @@ import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench import provenance  # noqa: E402
-from bench.errors import fail  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
-from bench.prompts import render, rendering_for  # noqa: E402
-from bench.registry import decoder_configs  # noqa: E402
-from bench.runner import build  # noqa: E402
-from decoders.core import loop  # noqa: E402
-from decoders.core.contract import LoadsAddOns, foresee  # noqa: E402
-from decoders.core.kv_cache import KVCache  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.core.trace import Tracer  # noqa: E402
-from decoders.core.transfer import sync_counter  # noqa: E402
+from bench import provenance
+from bench.__main__ import script_args
+from bench.errors import BenchError, fail
+from bench.prompts import render, rendering_for
+from bench.registry import decoder_configs
+from bench.runner import build
+from bench.shapes import untrained
+from decoders.core import loop
+from decoders.core.contract import LoadsAddOns, foresee
+from decoders.core.kv_cache import KVCache
+from decoders.core.sampling import Sampling
+from decoders.core.trace import Tracer
+from decoders.core.transfer import sync_counter
 
 REPO = Path(__file__).resolve().parent.parent
 REGIONS = ["target: model", "target: harness", "draft", "overhead: feed", "overhead: verify", "overhead: cache",
@@ -131,13 +129,6 @@ def per_step(gen, spent: dict) -> dict:
             **{k: 1e3 * v / n for k, v in ms.items()}}
 
 
-def untrained() -> dict[str, list[str]]:
-    """Per decoder, the overrides for random add-ons in the published layouts (the GPU kit's big target's)."""
-    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    from big_target import UNTRAINED
-    return {d: ["draft.layers=1", "draft.adapter=null", *UNTRAINED.get(d, [])] for d in decoder_configs()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decoders", default="all", help="comma-separated, or all (the hf_* peers left out)")
@@ -155,8 +146,8 @@ def main() -> None:
     if unknown := [d for d in names if d not in every]:
         parser.error(f"unknown decoders {', '.join(unknown)}; allowed: {', '.join(every)}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        extra = untrained() if args.untrained else {}
-        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides, *extra.get(d, [])]) for d in names}
+        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides, *(untrained(d) if args.untrained else [])])
+                 for d in names}
     cfg = next(iter(specs.values()))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

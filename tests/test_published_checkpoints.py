@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shutil
 import math
-import sys
 
 import pytest
 import torch
@@ -29,12 +28,11 @@ from decoders.methods.eagle import Eagle
 from decoders.methods.eagle_draft import load_draft
 from decoders.methods.heads import load_heads
 from decoders.methods.medusa import Medusa
-from helpers import REPO, chi2_pvalue, tiny_lm
+from helpers import chi2_pvalue, tiny_lm
 from test_lookahead import LENGTH, VOCAB, ALPHA, cycle_prompt, exact_joint, sample_counts
 from transformers import DynamicCache
 
-sys.path.insert(0, str(REPO / "scripts"))
-from eagle1_layout import write_eagle1  # noqa: E402  the authors' EAGLE-1 module, shared with a script
+from decoders.methods.eagle1_layout import write_eagle1
 
 GREEDY = Sampling()
 N_PUBLISHED = 200  # samples per exact-distribution case
@@ -56,7 +54,7 @@ def perturbed(shape, gen, scale=0.3, base=0.0):
 
 
 # ---- checkpoints in the authors' layouts -----------------------------------------------------------
-# EAGLE-1/2's is written by the authors' own module: scripts/eagle1_layout.py (write_eagle1).
+# EAGLE-1/2's is written by the authors' own module: decoders/methods/eagle1_layout.py (write_eagle1).
 def write_eagle3(path, lm, seed: int, draft_vocab: int | None = None, embed: bool = False):
     """An EAGLE-3 draft in cnets.py's layout: fc (3d -> d), midlayer.*, norm, lm_head over a draft
     vocabulary with d2t (draft id -> target id offset) and t2d."""

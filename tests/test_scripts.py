@@ -3,12 +3,11 @@ tests/test_leaderboard.py)."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import CACHE_DIR, DATA_DIR, REPO, SESSION_TOKENIZER, run_python, writable_copy
+from helpers import CACHE_DIR, DATA_DIR, REPO, SESSION_TOKENIZER, run_python, script_module, writable_copy
 
 
 def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -363,8 +362,7 @@ def test_batch_speedup_prediction_reads_the_cost_curve():
     interpolated in tokens per row and extended along its last segment."""
     import pandas as pd
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from batch_speedup import predicted_speedup
+    predicted_speedup = script_module("scripts/batch_speedup.py").predicted_speedup
 
     curve = pd.DataFrame({"batch_size": [2, 2, 2], "tokens_per_row": [1, 2, 4], "seconds": [1.0, 2.0, 3.0]})
     table = pd.DataFrame({"batch_size": [2, 2, 2, 2], "decoder": ["autoregressive", "a", "b", "hf_generate"],
@@ -377,19 +375,17 @@ def test_batch_speedup_prediction_reads_the_cost_curve():
 
 @pytest.mark.slow
 def test_repetition_by_position_counts_ngrams_seen_earlier_in_the_output(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    from repetition_by_position import repeated
+    script = script_module("results/reference/long_outputs/repetition_by_position.py")
+    repeated, repetition_table = script.repeated, script.repetition_table
 
     # 1 2 3 1 2 3 1: the 2-grams (3, 1) and (1, 2) ... recur from the fifth token on
     assert repeated([1, 2, 3, 1, 2, 3, 1], 2) == [False, False, False, False, True, True, True]
     assert repeated([5, 5, 5], 1) == [False, True, True] and repeated([1, 2], 3) == [False, False]
-    from repetition_by_position import repetition_table
-
     ok = {"status": "ok", "tokens": [1, 2, 3, 1, 2, 3, 1, 2]}
     table = repetition_table([ok, {"status": "skipped"}], 2, 4)
     assert table.to_dict("records") == [{"position": 0, "tokens": 4, "repeated_share": 0.0},
                                         {"position": 4, "tokens": 4, "repeated_share": 1.0}]
-    out = run_script("repetition_by_position.py", str(tmp_path / "nowhere"))
+    out = run_python(REPO / "results/reference/long_outputs/repetition_by_position.py", str(tmp_path / "nowhere"))
     assert out.returncode == 2 and out.stderr.strip() == f"error: no records.jsonl in {tmp_path / 'nowhere'}"
 
 

@@ -18,25 +18,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 
+from big_target import COMMON
+
+from bench.metrics import departure_ulps, ulp
+from bench.models import borrow_tokenizer
+from bench.runner import build, judge_lossless
+from bench.shapes import SHAPES, untrained
+from decoders.core.kv_cache import causal_mask
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-
-from big_target import COMMON, SHAPES, UNTRAINED  # noqa: E402
-
-from bench.models import borrow_tokenizer  # noqa: E402
-from bench.runner import build, judge_lossless  # noqa: E402
-from bench.metrics import departure_ulps, ulp  # noqa: E402
-from decoders.core.kv_cache import causal_mask  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
 
 # Sets of scaled_dot_product_attention kernels torch may choose from (its math kernel always can);
 # the harness's own choice on a GPU is decoders/core/lm.py's use_attention_kernels, set at load.
@@ -117,7 +115,7 @@ def decoder_configs(args: argparse.Namespace, extra: list[str]) -> dict:
     specs = {}
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for d in args.decoders.split(","):
-            specs[d] = compose("config", overrides=[f"decoder={d}", *model, *COMMON, *UNTRAINED.get(d, [])])
+            specs[d] = compose("config", overrides=[f"decoder={d}", *model, *COMMON, *untrained(d)])
     return specs
 
 
