@@ -76,14 +76,16 @@ from .__main__ import CONF_DIR, GROUPS, check_writable, config_choices, error_re
 from .errors import BenchError
 from .registry import REFERENCE
 from .settings import check_seed, check_settings
+from .usage import asks_help, config_block
 
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
 
 
 def main(argv: list[str] | None = None) -> None:
     overrides = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in overrides):  # overrides are Hydra's; these two are the manual
-        print(__doc__.strip())
+    if asks_help(overrides):  # overrides are Hydra's; these two are the manual, then the options
+        print(f"{__doc__.strip()}\n\nOptions (key=value, beside any of python -m bench --help), "
+              f"conf/leaderboard.yaml:\n\n{config_block(CONF_DIR / 'leaderboard.yaml', 'leaderboard')}")
         return
     try:
         base, labels, runs = compose_all(overrides)

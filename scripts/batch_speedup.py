@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from bench import provenance
 from bench.__main__ import script_args
 from bench.prompts import render, rendering_for
+from bench.usage import Parser
 from decoders.core.batch import decode_batch
 from decoders.core.contract import LoadsAddOns
 from decoders.core.hf_trace import hf_generate_batch
@@ -112,7 +113,7 @@ def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, title: str) -> No
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/batch_speedup.py", overrides=True)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])

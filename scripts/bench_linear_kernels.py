@@ -19,7 +19,6 @@ verification feeds them (profile.timed_forward). Median and fastest per build (f
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -34,6 +33,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from bench.usage import Parser
 from decoders.core import kernels
 from decoders.core.fast_path import linear_problem
 
@@ -134,7 +134,7 @@ def forward_table(lm, libraries: dict[str, kernels.Library], rows: list[int], re
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/bench_linear_kernels.py")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))

@@ -17,7 +17,6 @@ real_divergences.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from bench.records import read_records, records_path, run_dirs
 from bench.registry import REFERENCE
 from bench.rundir import recorded_config
 from bench.runner import judge_lossless, recorded_spec
+from bench.usage import Parser
 
 COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
            "divergence_ulps", "first_real_divergence", "ties_in_wider_dtype", "divergence_tie", "dtype"]
@@ -85,7 +85,7 @@ def per_decoder(root: Path, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/divergence_gaps.py")
     parser.add_argument("root", help="a leaderboard out_dir: <dataset>/<decoder>/records.jsonl")
     parser.add_argument("--out", help="CSV file (default ROOT/divergences.csv)")
     args = parser.parse_args(argv)

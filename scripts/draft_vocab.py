@@ -11,7 +11,6 @@ the held-out self-distilled answers, that the vocabulary holds (train_eagle.py's
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 from bench.__main__ import script_args
 from bench.training.corpus import OWN_WEIGHT, corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers
 from bench.training.target import add_target_args, target_overrides
+from bench.usage import Parser
 from decoders.core.weights_file import VOCAB_FORMAT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def greedy_coverage(lm, vocab: list[int], sequences: list[list[int]]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__, prog="python scripts/draft_vocab.py", overrides=True)
     parser.add_argument("--size", type=int, default=8192, help="tokens kept (the EAGLE draft's is 8192)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--gsm8k-questions", type=int, default=48, help="GSM8K train questions answered by the model")

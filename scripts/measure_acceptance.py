@@ -14,7 +14,6 @@ the cumulative acceptance and the expected tokens per step of Sequoia's optimal 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from hydra.utils import instantiate
 
 from bench.__main__ import script_args
 from bench.prompts import render, rendering_for
+from bench.usage import Parser
 from decoders.core.sampling import Sampling
 from decoders.methods.draft_model import build_draft
 from decoders.tuning.sequoia_acceptance import acceptance_counts, save_acceptance
@@ -35,7 +35,7 @@ CONF = REPO / "conf"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/measure_acceptance.py", overrides=True)
     parser.add_argument("--prompts", type=int, default=4, help="first N prompts of the dataset")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--K", type=int, default=8, help="children drafted per node")

@@ -10,7 +10,6 @@ conf/sweep/sampling_robustness.yaml):
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import matplotlib
@@ -21,6 +20,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from bench.scaling import find_runs
+from bench.usage import Parser
 
 DRAFT_DECODERS = ("spec_chain", "specinfer", "sequoia")
 
@@ -92,7 +92,7 @@ def plot_sampling(df: pd.DataFrame, out: Path) -> Path | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/plot_ablation.py")
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--out", default=None, help="default: the first path")
     args = parser.parse_args()

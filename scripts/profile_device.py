@@ -47,6 +47,7 @@ import matplotlib.pyplot as plt
 from bench.__main__ import script_args
 
 from bench import provenance
+from bench.usage import Parser
 from decoders.tuning.profile import (
     candidate_labels, forward_latency, measure_forward_latency, parse_candidate, profile_key)
 
@@ -87,7 +88,7 @@ STEP_GOAL = 1.3  # issue 32: the 1-token step within 1.3x of its weight-read flo
 
 def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]]:
     """This script's options, the Hydra overrides after them, and each --paths entry with its fast-path choice."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/profile_device.py", overrides=True)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", default="256",

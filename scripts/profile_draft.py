@@ -48,6 +48,7 @@ from bench.__main__ import CONF_DIR, error_reason
 from bench.errors import BenchError, fail
 from bench.leaderboard import compose_all
 from bench.runner import build, load_addons
+from bench.usage import Parser
 from decoders.methods.eagle_draft import depth_timer
 
 CURVES = {"profile.csv": "target", "profile_later.csv": "draft"}  # file -> what precedes each timed depth
@@ -55,7 +56,7 @@ COMMITTED = 2  # rows a timed whole step feeds its first depth: about what a ste
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/profile_draft.py", overrides=True)
     parser.add_argument("profile", help="the profile directory (scripts/profile_device.py --out's) to add to")
     parser.add_argument("--labels", default="eagle", help="leaderboard entries drafting with an EAGLE draft, "
                         "comma-separated")

@@ -30,7 +30,6 @@ DIR/syncs.csv names the lines of code that waited and how often per step. The go
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
@@ -51,6 +50,7 @@ from bench.prompts import render, rendering_for
 from bench.registry import decoder_configs
 from bench.runner import build
 from bench.shapes import untrained
+from bench.usage import Parser
 from decoders.core import loop
 from decoders.core.contract import LoadsAddOns, foresee
 from decoders.core.kv_cache import KVCache
@@ -130,7 +130,7 @@ def per_step(gen, spent: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/step_overhead.py", overrides=True)
     parser.add_argument("--decoders", default="all", help="comma-separated, or all (the hf_* peers left out)")
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)

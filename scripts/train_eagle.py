@@ -60,6 +60,7 @@ from bench.__main__ import script_args
 from bench.training.corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers
 from bench.training.loss_curve import save_loss_curve
 from bench.training.target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides
+from bench.usage import Parser
 from decoders.core.kv_cache import KVCache
 from decoders.methods.eagle_draft import load_draft, new_draft, save_draft
 from decoders.methods.published import eagle3_reads, new_eagle3, save_eagle3
@@ -240,7 +241,7 @@ def print_accuracy(label: str, by_family: dict[str, list[float]], counts: dict[s
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_eagle.py", overrides=True)
     parser.add_argument("--layout", choices=LAYOUTS, default="eagle1",
                         help="eagle1: our FeatureDraft (a .safetensors file); eagle3: EAGLE-3's draft in the "
                              "authors' layout (a directory: config.json + model.safetensors)")

@@ -33,6 +33,7 @@ from bench.__main__ import script_args
 from bench.training.corpus import INSTRUCTIONS, generated_chunks, stdlib_files, text_chunks
 from bench.training.loss_curve import save_loss_curve
 from bench.training.target import add_target_args, grad_scaler, load_target, optimizer_step, precision, target_overrides
+from bench.usage import Parser
 from decoders.methods.draft_model import new_exit_adapter, save_adapter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ def agreement(lm, adapter, data: list[list[int]], layers: int, batch: int) -> fl
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_exit_adapter.py", overrides=True)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)

@@ -32,6 +32,7 @@ from bench.__main__ import script_args
 from bench.training.corpus import corpus, fixed_chunks, frozen_target, split_answers
 from bench.training.loss_curve import save_loss_curve
 from bench.training.target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides
+from bench.usage import Parser
 from decoders.methods.heads import new_heads, save_heads
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ def accuracy(lm, heads, sequences: list[list[int]], ranks: int = RANKS) -> list[
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_heads.py", overrides=True)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seq-len", type=int, default=128)

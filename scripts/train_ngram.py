@@ -9,7 +9,6 @@ accuracy of the n-gram LM against the target's greedy token on the held-out self
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from hydra.utils import instantiate
 
 from bench.__main__ import script_args
 from bench.training.corpus import corpus, split_answers
+from bench.usage import Parser
 from decoders.methods.ngram_lm import NgramLM
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def first_tokens(seqs: list[list[int]], n: int) -> list[list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_ngram.py", overrides=True)
     parser.add_argument("--order", type=int, default=4)
     parser.add_argument("--min-count", type=int, default=2, help="drop rarer n-grams of order >= 3")
     parser.add_argument("--gsm8k-questions", type=int, default=48)

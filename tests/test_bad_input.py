@@ -551,16 +551,6 @@ def test_a_slurm_sweep_without_slurm_is_refused_before_hydra_writes(tmp_path, mo
     assert not sweep.exists()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("command", [["-m", "bench.leaderboard"], [REPO / "scripts" / "compare_leaderboards.py"]])
-def test_help_prints_the_manual(command):
-    """--help answers with the command's manual and exit 0 (compare_leaderboards said "expected 2
-    directories, got 1"; the leaderboard took it for an override)."""
-    out = run_python(*command, "--help")
-    assert out.returncode == 0 and not out.stderr.strip(), out.stderr[-2000:]
-    assert "python " in out.stdout and len(out.stdout.splitlines()) > 5, out.stdout
-
-
 # Issue 45, item 5: what needs only the composed config is refused before torch is imported, which
 # takes seconds (the CLI cases above spent most of their time on it to print one line).
 BEFORE_TORCH = [

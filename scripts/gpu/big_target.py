@@ -15,7 +15,6 @@ Vicuna's 32000). Writes DIR/<decoder>/ (a run directory each), DIR/big_target.cs
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import sys
@@ -32,6 +31,7 @@ from bench.records import read_records
 from bench.registry import decoder_configs
 from bench.runner import run
 from bench.shapes import SHAPES, untrained
+from bench.usage import Parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def check_one(decoder: str, out: Path, overrides: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/gpu/big_target.py")
     parser.add_argument("--out")
     parser.add_argument("--print-model", action="store_true",
                         help="print the model's overrides (the shape's and the tokenizer's), one a line, and stop")

@@ -23,6 +23,7 @@
 #
 #   device run: bash scripts/gpu/check.sh          (carry [".gpu"])
 #   CI, here:   OUT=DIR bash scripts/gpu/check.sh --cpu   (tiny shapes, the same stages, seconds)
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD

@@ -11,6 +11,7 @@
 # Then, with the device tool: run `bash scripts/gpu/check.sh` with carry [".gpu"] (scripts/gpu/check.sh).
 #
 #   bash scripts/gpu/prepare.sh        (in the README's venv; about 15 s)
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 kit=${KIT:-.gpu}  # KIT=DIR: elsewhere (the test of this script); check.sh reads .gpu/

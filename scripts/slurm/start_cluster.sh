@@ -14,6 +14,7 @@
 # slurmdbd, mariadb), so a real SLURM or MariaDB on the machine is left alone.
 # Root is needed: slurmd starts jobs as their users, and missing packages are installed with
 # apt-get (Debian/Ubuntu: slurm-wlm slurmdbd munge mariadb-server).
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -Eeuo pipefail
 export PATH=$PATH:/usr/sbin:/sbin  # the daemons live there; a non-login root shell may lack it
 
