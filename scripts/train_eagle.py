@@ -57,6 +57,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from bench.__main__ import script_args
+from bench.plotting import setup_of
 from bench.training.corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers
 from bench.training.loss_curve import save_loss_curve
 from bench.training.target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides
@@ -500,15 +501,16 @@ def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab:
             "command": " ".join(["python", "scripts/train_eagle.py", *sys.argv[1:]])}
 
 
-def save_trained(draft, out: Path, info: dict, losses: list[list[float]]) -> None:
-    """The draft file (eagle3: the authors' directory) and its loss curve beside it."""
+def save_trained(draft, out: Path, info: dict, losses: list[list[float]], where: str) -> None:
+    """The draft file (eagle3: the authors' directory) and its loss curve beside it (`where`: the target's
+    setup, plotting.setup_of)."""
     if info["layout"] == "eagle3":
         save_eagle3(draft, out, info, info["model"])
     else:
         save_draft(draft, out, info)
     title = f"{info['model']}: EAGLE{'-3' if info['layout'] == 'eagle3' else ''} draft"
     save_loss_curve(out, {f"level {j} (depth {j + 1})": [p[j] if j < len(p) else float("nan") for p in losses]
-                          for j in range(len(losses[-1]))}, "KL(target || draft)", title)
+                          for j in range(len(losses[-1]))}, "KL(target || draft)", title, where)
 
 
 def main() -> None:
@@ -553,7 +555,7 @@ def main() -> None:
     info = draft_info(cfg.model.name, args, steps=train_set.steps, draft_vocab=len(vocab) if vocab else lm.vocab_size,
                       chunks=(len(own), len(other)), families=data["family"], state=state, held=held,
                       measured=measured)
-    save_trained(trainer.draft, out, info, state["losses"])
+    save_trained(trainer.draft, out, info, state["losses"], setup_of(lm))
     ckpt.unlink(missing_ok=True)  # finished: the same command trains afresh
 
 

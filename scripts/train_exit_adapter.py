@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_dir
 from tqdm.auto import tqdm
 
 from bench.__main__ import script_args
+from bench.plotting import setup_of
 from bench.training.corpus import INSTRUCTIONS, generated_chunks, stdlib_files, text_chunks
 from bench.training.loss_curve import save_loss_curve
 from bench.training.target import add_target_args, grad_scaler, load_target, optimizer_step, precision, target_overrides
@@ -155,7 +156,8 @@ def main() -> None:
             "heldout_agreement_before": round(before, 4), "heldout_agreement_after": round(after, 4),
             "command": " ".join(["python", "scripts/train_exit_adapter.py", *sys.argv[1:]])}
     save_adapter(adapter, out, layers, info)
-    save_loss_curve(out, {"loss": losses}, "KL(target || draft)", f"{cfg.model.name}: exit adapter on layer {layers}")
+    save_loss_curve(out, {"loss": losses}, "KL(target || draft)", f"{cfg.model.name}: exit adapter on layer {layers}",
+                    setup_of(lm))
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from bench.__main__ import script_args
+from bench.plotting import setup_of
 from bench.training.corpus import corpus, fixed_chunks, frozen_target, split_answers
 from bench.training.loss_curve import save_loss_curve
 from bench.training.target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides
@@ -185,7 +186,7 @@ def main() -> None:
     save_heads(heads, out, heads_info(cfg.model.name, args, sources, losses, seconds=seconds, before=before,
                                       after=after))
     save_loss_curve(out, {f"head {i} (t+{i + 2})": [p[i] for p in losses] for i in range(args.heads)},
-                    "KL(target || head)", f"{cfg.model.name}: Medusa heads")
+                    "KL(target || head)", f"{cfg.model.name}: Medusa heads", setup_of(lm))
 
 if __name__ == "__main__":
     main()
