@@ -1,4 +1,4 @@
-"""Where a decoding step's time goes outside the model, per method (issue 42, item 3).
+"""Where a decoding step's time goes outside the model, per method.
 
     python scripts/step_overhead.py [--decoders a,b] [--prompts 2] [--max-new-tokens 64] [--out DIR]
         [hydra overrides: model=... dataset=... threads=...]
@@ -25,8 +25,8 @@ the first prompt, timed as a run times it (on one GPU the loop's tracer records 
 once, at the end: trace.DeviceTracer) and not by this script's wrappers, under
 torch.cuda.set_sync_debug_mode("warn"), which warns at every operation that synchronises (a read of
 a device value: .item(), .tolist(), a bool test, nonzero, a copy to pageable host memory);
-DIR/syncs.csv names the lines of code that waited and how often per step. The goal (issue 42, item
-3) is one per step: the read of what was accepted.
+DIR/syncs.csv names the lines of code that waited and how often per step. The goal is one per step:
+the read of what was accepted.
 """
 from __future__ import annotations
 

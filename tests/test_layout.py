@@ -1,5 +1,5 @@
 """The layout is the architecture (DESIGN.md): imports go methods -> tuning -> core, never back.
-And the checkout travels (issue 42): the tracked tree stays small."""
+And the checkout travels: the tracked tree stays small."""
 import ast
 import subprocess
 from pathlib import Path
@@ -77,7 +77,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles():
-    """Issue 45: leaderboard <-> spec_bench_table, runner <-> rundir and heads <-> published imported
+    """leaderboard <-> spec_bench_table, runner <-> rundir and heads <-> published imported
     each other, some inside functions to get by."""
     assert circles(module_imports()) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check finds one
@@ -98,7 +98,7 @@ def test_every_method_config_builds_a_decoder(name):
     assert isinstance(decoder, Decoder) and decoder.name == name
 
 
-# Issue 42: a device run carries the working tree (64 MiB at most), so the tracked tree stays under
+# A device run carries the working tree (64 MiB at most), so the tracked tree stays under
 # MAX_TRACKED; a run directory checked in under results/ keeps its records gzipped (records.jsonl.gz,
 # gzip -9 -n: 4.5x smaller; every reader takes it, bench/records.py).
 MAX_TRACKED = 32 * 2**20

@@ -220,7 +220,7 @@ def test_eagle3_draft_equals_the_published_definition(tmp_path, draft_vocab, emb
 @pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
 @torch.inference_mode()
 def test_published_drafts_round_float32_rotary_tables_once(tmp_path, layout, dtype):
-    """Issue 41: a published draft cast to half precision keeps float32 rotary frequencies, so its cos
+    """A published draft cast to half precision keeps float32 rotary frequencies, so its cos
     and sin are the float32 tables rounded once, at positions up to 4096 (with a cast inv_freq they
     were off by up to 0.24 at 1000 and 0.95 at 4000); for EAGLE-1 they equal the authors' module's own
     tables (built in float32, cast with the module) wherever it caches them, below 2048; and the
@@ -483,7 +483,7 @@ def _edit_metadata(path, out, drop=(), state_edit=None, **set_meta):
 
 
 def test_a_malformed_draft_or_heads_file_is_one_line_naming_it(tmp_path):
-    """Issue 43, items 9 and 11: a file with our format tag but no hidden_size (KeyError), a
+    """A file with our format tag but no hidden_size (KeyError), a
     non-numeric one ('invalid literal for int()' naming neither key nor file), tensors of the wrong
     shape (RuntimeError), a published config.json that is a list (AttributeError) or whose
     vocab_size or hidden_size is a list (TypeError) were tracebacks. Each is now a ValueError, one

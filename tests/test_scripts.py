@@ -202,7 +202,7 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     # a token changed by hand is no tie: its logit is far below the reference's top-1
     assert df.loc[0, "divergence_ulps"] > 1e3 and not df.loc[0, "divergence_tie"]
     assert "real_divergences" in out.stdout and "lossless_up_to_ties" in out.stdout
-    # Bad input is one line and exit 2 (issue 43, item 12: it was exit 1, and a damaged or foreign
+    # Bad input is one line and exit 2 (it was exit 1, and a damaged or foreign
     # config.yaml a traceback or, with another _target_, whatever class that named).
     config = tmp_path / "gsm8k" / "autoregressive" / "config.yaml"
     good = config.read_text()
@@ -391,7 +391,7 @@ def test_repetition_by_position_counts_ngrams_seen_earlier_in_the_output(tmp_pat
 
 @pytest.mark.slow
 def test_step_overhead_splits_the_step_by_region(tmp_path):
-    """scripts/step_overhead.py (issue 42, item 3): per decoder, ms per step by region; the regions it
+    """scripts/step_overhead.py: per decoder, ms per step by region; the regions it
     wraps must be the ones the loop calls (were it to stop calling them, they would read zero)."""
     import pandas as pd
 
