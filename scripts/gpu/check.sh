@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check: run on the lent GPU machine (after scripts/gpu/prepare.sh here), within 8 minutes
-# on an H100, each stage under its own time limit so that a stuck one costs only its own share:
+# The GPU kit, step 2: on the GPU node (no network needed), after scripts/gpu/prepare.sh made .gpu/ on a
+# machine with network and the checkout was copied over with it. One script: it installs .gpu/wheels into
+# /tmp/site, points the harness at .gpu/data and .gpu/tokenizer, and runs these stages, each under its own
+# time limit (about 8 minutes in all on an H100) so that a stuck one costs only its own share:
 #   1. env       device, driver, torch, CUDA, the commit (.gpu/commit.txt)
 #   2. probe     only when STAGES names it: scripts/gpu/step_probe.py, a decode step against the
 #                same forward alone, at two CPU thread counts, cuDNN's attention on and off
@@ -19,10 +21,10 @@
 #   7. compiled  with COMPILED=1 only (minutes more): the cost curve again with model.compile=inductor
 # STAGES="env probe big" (say) runs only those, in this order; the default is env profile big syncs sampled pytest.
 # Writes to $OUT: summary.md (each stage's end), log.txt (everything), gpu_check.tar.gz (all
-# files); copy them into results/reference/gpu/<date>/ here.
+# files); copy them back into results/reference/gpu/<date>-<device>/.
 #
-#   device run: bash scripts/gpu/check.sh          (carry [".gpu"])
-#   CI, here:   OUT=DIR bash scripts/gpu/check.sh --cpu   (tiny shapes, the same stages, seconds)
+#   on the node:  OUT=DIR bash scripts/gpu/check.sh
+#   on a CPU:     OUT=DIR bash scripts/gpu/check.sh --cpu   (tiny shapes, the same stages, seconds: the test)
 case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -51,7 +53,7 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
 export BENCH_CACHE_DIR=$work/cache BENCH_COMPILE=none
 [ -d .gpu/data ] && export BENCH_DATA_DIR=$repo/.gpu/data
-# tiny-random borrows a saved tokenizer: prepare.sh's, or one the caller names (CI: its session's, read
+# tiny-random borrows a saved tokenizer: prepare.sh's, or one the caller names (the test suite: its own, read
 # once; a stage reading it from the embedded GGUF pays seconds each)
 [ -d .gpu/tokenizer ] && export BENCH_TINY_TOKENIZER=$repo/.gpu/tokenizer
 tokenizer=()
