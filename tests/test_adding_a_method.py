@@ -35,6 +35,7 @@ class RepeatLast:
 class RepeatLastDecoding:
     name: str | None = None
     lossless: bool = True
+    widest_step = 2  # the root and one draft: what the memory estimate counts (contract.DeclaresStep)
 
     def proposer(self, lm, prompt_ids, sampler, stop_ids):
         return RepeatLast(stop_ids), None
