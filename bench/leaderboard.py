@@ -76,7 +76,7 @@ from .__main__ import CONF_DIR, GROUPS, check_writable, config_choices, error_re
 from .errors import BenchError
 from .registry import REFERENCE
 from .settings import check_seed, check_settings
-from .usage import asks_help, config_block
+from .usage import asks_help, config_block, stop_if_parse_only
 
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
 
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         base, labels, runs = compose_all(overrides)
         check_directories(base, runs)
+        stop_if_parse_only()
         # Torch and the decoders, seconds to import, only once every setting that needs neither passed.
         from .leaderboard_run import run_board
 

@@ -1,9 +1,13 @@
-"""Every command's --help: its manual (the module's docstring, as written) and its options; and its bad
-input ended as every command ends it (bench/errors.py: one line, exit code 2)."""
+"""Every command's --help: its manual (the module's docstring, as written) and its options; its bad
+input ended as every command ends it (bench/errors.py: one line, exit code 2); and BENCH_PARSE_ONLY=1,
+under which a command checks its arguments (and composes its config) and stops there, running nothing:
+how the manual's examples are tested (tests/test_docs.py)."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import sys
 from pathlib import Path
 
 from .errors import fail
@@ -19,9 +23,23 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, doc: str, prog: str, overrides: bool = False, **kwargs):
         super().__init__(prog=prog, description=doc.strip(), formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=OVERRIDES if overrides else None, **kwargs)
+        self.takes_overrides = overrides
 
     def error(self, message: str):
         fail(f"{message} (see {self.prog} --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        if not self.takes_overrides:  # else script_args stops, once the config composed
+            stop_if_parse_only()
+        return parsed
+
+
+def stop_if_parse_only() -> None:
+    """Under BENCH_PARSE_ONLY=1, the arguments were checked: say so and exit 0 before anything runs."""
+    if os.environ.get("BENCH_PARSE_ONLY"):
+        print("BENCH_PARSE_ONLY: the arguments are valid; nothing was run")
+        sys.exit(0)
 
 
 def asks_help(argv: list[str]) -> bool:

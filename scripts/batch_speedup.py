@@ -298,10 +298,10 @@ def markdown(table: pd.DataFrame, curve: pd.DataFrame, decoders: list[str], head
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--replot":
-        print(f"plot: {replot(Path(sys.argv[2]))}")
-        return
     args, overrides = parse_args()
+    if args.replot:
+        print(f"plot: {replot(Path(args.replot))}")
+        return
     cfg, decoders = run_config(overrides, args.decoders)
     lm = loaded_target(cfg, decoders)
     bench = Bench(lm, decoders, dataset_prompts(lm, cfg, args.prompts), args.max_new_tokens, lm.stop_ids)

@@ -333,10 +333,10 @@ def provenance_info(lm, args: argparse.Namespace, profiles: Profiles, floor: Flo
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--replot":
-        print(f"plot: {replot(Path(sys.argv[2]))}")
-        return
     args, overrides, choices = parse_args()
+    if args.replot:
+        print(f"plot: {replot(Path(args.replot))}")
+        return
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.threads:

@@ -1,6 +1,6 @@
 """Every entry point answers --help with its manual and its options, exit code 0 and nothing on stderr:
 python -m bench (Hydra's help: the groups and every key), the bench.* modules, and every product script
-under scripts/ (found on disk, so a new one is checked too)."""
+under scripts/ (found on disk, so a new one is checked too). Every bench module with a main() is one."""
 from __future__ import annotations
 
 import subprocess
@@ -18,6 +18,7 @@ MODULES = {
                           "only: null"],
     "bench.show": ["usage: python -m bench.show", "--prompt"],
     "bench.forecast": ["usage: python -m bench.forecast", "--profile"],
+    "bench.replot": ["usage: python -m bench.replot", "--out"],
 }
 SCRIPTS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "scripts").rglob("*") if p.suffix in (".py", ".sh"))
 
@@ -47,3 +48,11 @@ def test_a_scripts_help_is_its_manual_and_options(script):
         assert "python -m bench --help" in out.stdout
     else:
         assert f"usage: python {script}" in out.stdout and "-h, --help" in out.stdout, out.stdout[:2000]
+
+
+def test_every_module_with_a_main_is_listed():
+    import re
+    inside = {"__main__", "sandbox"}  # bench itself (above); the sandbox's own child process, not a command
+    mains = {f"bench.{p.stem}" for p in (REPO / "bench").glob("*.py")
+             if re.search(r"^def main\(", p.read_text(), re.M) and p.stem not in inside}
+    assert mains <= set(MODULES), mains - set(MODULES)

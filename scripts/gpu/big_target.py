@@ -31,7 +31,7 @@ from bench.records import read_records
 from bench.registry import decoder_configs
 from bench.runner import run
 from bench.shapes import SHAPES, untrained
-from bench.usage import Parser
+from bench.usage import Parser, stop_if_parse_only
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def check_one(decoder: str, out: Path, overrides: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = Parser(__doc__, prog="python scripts/gpu/big_target.py")
+    parser = Parser(__doc__, prog="python scripts/gpu/big_target.py", overrides=True)
     parser.add_argument("--out")
     parser.add_argument("--print-model", action="store_true",
                         help="print the model's overrides (the shape's and the tokenizer's), one a line, and stop")
@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tokenizer", help="a saved tokenizer directory to borrow (the GPU kit's)")
     args, extra = parser.parse_known_args()
+    stop_if_parse_only()
     model = ["model=tiny-random", *SHAPES[args.shape], *borrow_tokenizer(args.tokenizer)]
     if args.print_model:
         print("\n".join(model))

@@ -30,7 +30,7 @@ from bench.metrics import departure_ulps, ulp
 from bench.models import borrow_tokenizer
 from bench.runner import build, judge_lossless
 from bench.shapes import SHAPES, untrained
-from bench.usage import Parser
+from bench.usage import Parser, stop_if_parse_only
 from decoders.core.kv_cache import causal_mask
 from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import autoregressive_decode
@@ -98,7 +98,7 @@ def ms(values) -> str:
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options and the Hydra overrides after them."""
-    parser = Parser(__doc__, prog="python scripts/gpu/step_probe.py")
+    parser = Parser(__doc__, prog="python scripts/gpu/step_probe.py", overrides=True)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="vicuna-7b")
     parser.add_argument("--decoders", default="autoregressive,spec_chain")
     parser.add_argument("--threads", default="0", help="torch CPU threads to try; 0 = torch's default")
@@ -107,7 +107,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tokenizer")
-    return parser.parse_known_args()
+    parsed = parser.parse_known_args()
+    stop_if_parse_only()
+    return parsed
 
 
 def decoder_configs(args: argparse.Namespace, extra: list[str]) -> dict:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node SLURM cluster on this machine (localhost), to try `hydra/launcher=slurm_cpu`
-# on a laptop; tests/test_slurm.py runs the sweeps of the README against it.
+# on a laptop; tests/test_slurm.py runs the sweeps of docs/clusters.md against it.
 #
 #   sudo scripts/slurm/start_cluster.sh [STATE_DIR]     # default /tmp/bench-slurm
 #   export SLURM_CONF=STATE_DIR/etc/slurm.conf          # then sbatch/squeue/sacct/python -m bench use it
