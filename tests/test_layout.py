@@ -99,8 +99,9 @@ def test_every_method_config_builds_a_decoder(name):
 
 
 # The checkout travels whole to an offline GPU node with the GPU kit (scripts/gpu/prepare.sh: 64 MiB
-# at most by default), so the tracked tree stays under MAX_TRACKED; a run directory checked in under results/ keeps its records gzipped (records.jsonl.gz,
-# gzip -9 -n: 4.5x smaller; every reader takes it, bench/records.py).
+# at most by default), so the tracked tree stays under MAX_TRACKED; a run directory checked in under
+# results/ keeps its records gzipped (records.jsonl.gz, gzip -9 -n: 4.5x smaller; every reader takes
+# it, bench/records.py).
 MAX_TRACKED = 32 * 2**20
 MAX_PLAIN_RECORDS = 256 * 2**10
 MiB = 2**20
