@@ -79,14 +79,16 @@ from .__main__ import CONF_DIR, GROUPS, check_writable, config_choices, error_re
 from .errors import BenchError
 from .registry import REFERENCE
 from .settings import check_seed, check_settings
+from .usage import asks_help, config_block, stop_if_parse_only
 
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):  # overrides are Hydra's; these two are the manual
-        print(__doc__.strip())
+    if asks_help(args):  # overrides are Hydra's; these two are the manual, then the options
+        print(f"{__doc__.strip()}\n\nOptions (key=value, beside any of python -m bench --help), "
+              f"conf/leaderboard.yaml:\n\n{config_block(CONF_DIR / 'leaderboard.yaml', 'leaderboard')}")
         return
     dry_run, overrides = "--dry-run" in args, [a for a in args if a != "--dry-run"]
     try:
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
         if dry_run or launcher:  # bench/leaderboard_cluster.py: the board as units, a job each
             from .leaderboard_cluster import Unfinished, run_cluster
 
+            if not dry_run:
+                stop_if_parse_only()
             try:
                 print(run_cluster(base, labels, runs, overrides, launcher, dry_run))
             except Unfinished as e:
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(1)
             return
         check_directories(base, runs)
+        stop_if_parse_only()
         # Torch and the decoders, seconds to import, only once every setting that needs neither passed.
         from .leaderboard_run import run_board
 

@@ -48,10 +48,11 @@ def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[s
     write_summaries(out_dir, records)
     df = write_tables(out_dir, records, datasets, labels, greedy=sampling_from(runs[datasets[0], REFERENCE]).greedy)
     from .leaderboard_plots import plot_all
+    from .plotting import setup_of
 
     cost = verification_cost(lm, list(board.verification_tokens))
     rundir.write_atomic(out_dir / "verification_cost.csv", cost.to_csv(index=False))
-    plot_all(out_dir, datasets, labels, df, list(board.sweeps), records)
+    plot_all(out_dir, datasets, labels, df, list(board.sweeps), records, where=setup_of(lm))
     write_provenance(lm, base, labels, overrides, speed)
     md = markdown(df, {"this device": cost}, base, machine(lm))
     rundir.write_atomic(out_dir / "leaderboard.md", md)

@@ -15,7 +15,6 @@ exit code 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -30,6 +29,7 @@ from omegaconf import OmegaConf
 from . import metrics, rundir
 from .errors import BenchError, fail
 from .records import GZIPPED, RECORDS, iter_records, records_path, run_dirs
+from .usage import Parser
 
 # What bench.metrics.summarize reads of a record. While streaming, numbers go into float64 arrays
 # (8 bytes a record each) and the rest into lists of shared objects; tokens, text and traces, the
@@ -127,7 +127,7 @@ def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, l
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python -m bench.report")
     parser.add_argument("paths", nargs="+", help="run or sweep directories")
     parser.add_argument("--out", help="directory for report.csv and report.md")
     parser.add_argument("--by-category", action="store_true",

@@ -24,7 +24,7 @@ training-time test). Level j weighs 0.8^j.
 The draft vocabulary is the `--draft-vocab` most frequent tokens of the training text (the model's
 own answers counted 10x): the readout shrinks from the whole vocabulary to these rows.
 
-Data (scripts/training_corpus.py), disjoint from the benchmark test sets: the model's own greedy
+Data (bench/training/corpus.py), disjoint from the benchmark test sets: the model's own greedy
 answers to requests written for the script (every 10th held out), stdlib source, GSM8K's train
 split. On the held-out answers the script measures acc[j][r], how often the draft's rank-r token at
 depth j + 1 (drafting along the true continuation) is the target's greedy token; it is stored in
@@ -56,17 +56,17 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
+from bench.plotting import setup_of
+from bench.training.corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers
+from bench.training.loss_curve import save_loss_curve
+from bench.training.target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides
+from bench.usage import Parser
+from decoders.core.kv_cache import KVCache
+from decoders.methods.eagle_draft import load_draft, new_draft, save_draft
+from decoders.methods.published import eagle3_reads, new_eagle3, save_eagle3
 
-from loss_curve import save_loss_curve  # noqa: E402
-from decoders.core.kv_cache import KVCache  # noqa: E402
-from decoders.methods.eagle_draft import load_draft, new_draft, save_draft  # noqa: E402
-from decoders.methods.published import eagle3_reads, new_eagle3, save_eagle3  # noqa: E402
-from training_corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
-from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RANKS = 10
 LAYOUTS = ("eagle1", "eagle3")  # --layout: our EAGLE-1-style FeatureDraft, or EAGLE-3's draft
@@ -242,7 +242,7 @@ def print_accuracy(label: str, by_family: dict[str, list[float]], counts: dict[s
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_eagle.py", overrides=True)
     parser.add_argument("--layout", choices=LAYOUTS, default="eagle1",
                         help="eagle1: our FeatureDraft (a .safetensors file); eagle3: EAGLE-3's draft in the "
                              "authors' layout (a directory: config.json + model.safetensors)")
@@ -492,7 +492,7 @@ def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab:
             "chunks": {"self_distilled": chunks[0], "self_distilled_repeats": args.generated_repeats,
                        "stdlib_gsm8k": chunks[1]},
             "requests": {name: families.count(name) for name in dict.fromkeys(families)},
-            "data": "the model's own greedy answers to requests written for scripts/training_corpus.py (every 10th "
+            "data": "the model's own greedy answers to requests written for bench/training/corpus.py (every 10th "
                     "held out), Python stdlib source (train split), GSM8K train split",
             "seconds": round(state["train_seconds"], 1), "accuracy": [[round(a, 4) for a in row] for row in after],
             "accuracy_untrained": [[round(a, 4) for a in row] for row in state["before"]],
@@ -501,15 +501,16 @@ def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab:
             "command": " ".join(["python", "scripts/train_eagle.py", *sys.argv[1:]])}
 
 
-def save_trained(draft, out: Path, info: dict, losses: list[list[float]]) -> None:
-    """The draft file (eagle3: the authors' directory) and its loss curve beside it."""
+def save_trained(draft, out: Path, info: dict, losses: list[list[float]], where: str) -> None:
+    """The draft file (eagle3: the authors' directory) and its loss curve beside it (`where`: the target's
+    setup, plotting.setup_of)."""
     if info["layout"] == "eagle3":
         save_eagle3(draft, out, info, info["model"])
     else:
         save_draft(draft, out, info)
     title = f"{info['model']}: EAGLE{'-3' if info['layout'] == 'eagle3' else ''} draft"
     save_loss_curve(out, {f"level {j} (depth {j + 1})": [p[j] if j < len(p) else float("nan") for p in losses]
-                          for j in range(len(losses[-1]))}, "KL(target || draft)", title)
+                          for j in range(len(losses[-1]))}, "KL(target || draft)", title, where)
 
 
 def main() -> None:
@@ -554,7 +555,7 @@ def main() -> None:
     info = draft_info(cfg.model.name, args, steps=train_set.steps, draft_vocab=len(vocab) if vocab else lm.vocab_size,
                       chunks=(len(own), len(other)), families=data["family"], state=state, held=held,
                       measured=measured)
-    save_trained(trainer.draft, out, info, state["losses"])
+    save_trained(trainer.draft, out, info, state["losses"], setup_of(lm))
     ckpt.unlink(missing_ok=True)  # finished: the same command trains afresh
 
 

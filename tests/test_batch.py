@@ -143,7 +143,7 @@ def test_rows_that_stop_at_once_and_a_single_row():
 
 @pytest.mark.parametrize("name", ["autoregressive", "spec_chain-4", "lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1"])
 def test_each_row_stops_at_its_own_limit(name):
-    """Issue 41, item 2: a row's max_new_tokens may be its own (a long prompt's is cut by the
+    """A row's max_new_tokens may be its own (a long prompt's is cut by the
     context); each row is then what the decoder gives its prompt alone at that limit."""
     lm, decoder = tiny_lm(seed=5), BATCHED[name]
     prompts, limits = mixed_prompts(5, 3), [3, 12, 7]

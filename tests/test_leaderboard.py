@@ -175,7 +175,7 @@ def test_a_rerun_resumes_without_duplicates(board):
     victim = out / "humaneval" / "sequoia" / "records.jsonl"
     lines = victim.read_text().splitlines()
     # as if killed after the first prompt, and the second prompt's record of another entry pasted in
-    # (issue 43, item 4: it was kept and tabled as sequoia's)
+    # (such a record was once kept and tabled as sequoia's)
     foreign = (out / "humaneval" / "spec_chain" / "records.jsonl").read_text().splitlines()[1]
     victim.write_text(lines[0] + "\n" + foreign + "\n")
     before = {p: p.read_text() for p in out.rglob("records.jsonl") if p != victim}
@@ -279,7 +279,7 @@ def test_leaderboard_errors_are_one_line(tmp_path):
                         f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 2 and "needs the autoregressive entry" in result.stderr
     # a draft file that is not there: refused before anything is claimed (it was after each entry's
-    # config.yaml and an empty records.jsonl; issue 43, item 3)
+    # config.yaml and an empty records.jsonl)
     board = tmp_path / "board"
     result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[autoregressive,eagle]",
                         'leaderboard.decoders.eagle=["decoder=eagle","decoder.draft_weights=/no/such.safetensors"]',
@@ -480,7 +480,7 @@ def test_leaderboard_records_carry_the_lossless_verdict(board):
 
 @pytest.mark.slow
 def test_timed_repeats_start_from_the_same_carried_state(tmp_path, monkeypatch):
-    """Issue 41, item 5: recycling's hot table (what a decoder carries between prompts) is, at the
+    """Recycling's hot table (what a decoder carries between prompts) is, at the
     start of each timed repeat of a prompt, what it was at the start of the first; the next prompt
     starts from the table its predecessor's first run left; the warm-up leaves it as it was (empty).
     On the old code repeats 2-3 drafted from a table holding the prompt's own continuation."""

@@ -1,4 +1,4 @@
-"""Sweeps on a real SLURM cluster, end to end (issue 20).
+"""Sweeps on a real SLURM cluster, end to end.
 
 scripts/slurm/start_cluster.sh stands up a single-node SLURM on localhost (slurmctld, slurmd,
 slurmdbd on MariaDB, munge; apt-get installs them where missing), the sweeps run through

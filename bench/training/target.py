@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.datasets import Prompt  # noqa: E402
-from bench.prompts import render, rendering_for  # noqa: E402
+from bench.datasets import Prompt
+from bench.prompts import render, rendering_for
 
 
 def add_target_args(parser: argparse.ArgumentParser) -> None:

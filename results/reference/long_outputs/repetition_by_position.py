@@ -1,7 +1,7 @@
 """How much of an output repeats itself, by position: the share of tokens whose n-gram (the token
 and the n-1 before it) already occurred earlier in the same output.
 
-    python scripts/repetition_by_position.py RUN_DIR [--ngram 4] [--bin 64] [--out FILE]
+    python results/reference/long_outputs/repetition_by_position.py RUN_DIR [--ngram 4] [--bin 64] [--out FILE]
 
 RUN_DIR is any run directory (records.jsonl, or a reference run's records.jsonl.gz), e.g. a
 leaderboard's autoregressive entry. Beside the leaderboard's accepted_by_output_position.csv it
@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.records import read_records, records_path  # noqa: E402
+from bench.records import read_records, records_path
 
 
 def repeated(tokens: list[int], n: int) -> list[bool]:

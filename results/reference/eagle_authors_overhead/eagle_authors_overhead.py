@@ -1,7 +1,8 @@
-"""EAGLE-1's time per step outside the models: ours against its authors' own code (issue 42, item 3).
+"""EAGLE-1's time per step outside the models: ours against its authors' own code.
 
-    python scripts/eagle_authors_overhead.py [--prompts 8] [--max-new-tokens 128] [--prompt-len 32]
-        [--noise 0.05] [--threads 2] [--fast-path none] [--split] [--out DIR]
+    python results/reference/eagle_authors_overhead/eagle_authors_overhead.py [--prompts 8]
+        [--max-new-tokens 128] [--prompt-len 32] [--noise 0.05] [--threads 2] [--fast-path none] [--split]
+        [--out DIR]
 
 The authors' `EaModel.eagenerate` (PyPI's eagle-llm 1.2.1: EAGLE-1 with its static mc_sim_7b_63
 tree) and ours (decoder=eagle with tree=mc_sim_7b_63, built from conf/decoder/eagle.yaml and called
@@ -16,7 +17,7 @@ fc over [embedding, features]) can copy it: the draft is that copy, fc passing t
 embedding, with relative noise (--noise) so that it agrees with the target often but not always
 (at 0.05 about 2.3 of at most 5 drafted tokens are accepted per step; even at 0 the copy is not
 exact, since the draft never sees the prompt's first token). The draft is built with the
-authors' module (scripts/eagle1_layout.py) and both sides load the same file. Prompts are random
+authors' module (decoders/methods/eagle1_layout.py) and both sides load the same file. Prompts are random
 token ids (seeded).
 
 Per method and prompt, milliseconds per verification step (the whole generate call, prefill
@@ -69,18 +70,16 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from bench import provenance
+from bench.errors import BenchError, fail
+from bench.models import TinyRandomModel
+from bench.runner import build, load_addons
+from decoders.core.lm import LM
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
+from decoders.methods.eagle1_layout import eagle1_reference_module, save_eagle1
 
-from bench import provenance  # noqa: E402
-from bench.errors import BenchError, fail  # noqa: E402
-from bench.models import TinyRandomModel  # noqa: E402
-from bench.runner import build, load_addons  # noqa: E402
-from decoders.core.lm import LM  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
-from eagle1_layout import eagle1_reference_module, save_eagle1  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
 
 TREE = "mc_sim_7b_63"
 VOCAB, HIDDEN, SEED = 256, 64, 0

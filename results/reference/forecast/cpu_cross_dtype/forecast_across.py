@@ -1,9 +1,9 @@
 """Does the forecast hold on this machine? One leaderboard's runs priced at another setting's device
-profile (bench.forecast), against the speedups that setting's own leaderboard measured (issue 46,
-item 3: fp32 records with the bf16 profile, and back).
+profile (bench.forecast), against the speedups that setting's own leaderboard measured (here: fp32
+records with the bf16 profile, and back).
 
-    python scripts/forecast_across.py RUNS_DIR --profile PROFILE --measured MEASURED_DIR [--path P]
-        [--tolerance 0.10] [--out DIR]
+    python results/reference/forecast/cpu_cross_dtype/forecast_across.py RUNS_DIR --profile PROFILE
+        --measured MEASURED_DIR [--path P] [--tolerance 0.10] [--out DIR]
 
 RUNS_DIR and MEASURED_DIR are leaderboard out_dirs over the same prompts (<dataset>/<entry>/records);
 PROFILE is what bench.forecast takes (a scripts/profile_device.py --out directory of the measured
@@ -17,17 +17,14 @@ ends in one line and exit code 2.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench import rundir  # noqa: E402
-from bench.errors import BenchError, fail  # noqa: E402
-from bench.forecast import Profile, Run, find_runs, forecast, load_profile, pick_path  # noqa: E402
-from bench.records import read_records, records_path  # noqa: E402
+from bench import rundir
+from bench.errors import BenchError, fail
+from bench.forecast import Profile, Run, find_runs, forecast, load_profile, pick_path
+from bench.records import read_records, records_path
 
 
 def measured_speedups(directory: Path) -> pd.DataFrame:

@@ -1,8 +1,9 @@
 """EAGLE-1 drafts in their authors' layout, built with the authors' own module (PyPI's eagle-llm,
-`eagle.model.cnets.Model`), for tiny targets: what tests/test_published_checkpoints.py checks our
-loader against and what scripts/eagle_authors_overhead.py runs the authors' eagenerate with.
+`eagle.model.cnets.Model`), for tiny targets: the reference tests/test_published_checkpoints.py checks
+our loader (decoders/methods/published.py) against, and the draft the authors' eagenerate runs with in
+results/reference/eagle_authors_overhead/.
 
-    from eagle1_layout import eagle1_reference_module, save_eagle1, write_eagle1  # scripts/ on sys.path
+    from decoders.methods.eagle1_layout import eagle1_reference_module, save_eagle1, write_eagle1
 
     model, config = eagle1_reference_module(lm, seed=1)    # the authors' module, random, on lm's embedding
     save_eagle1(path, model, config)                        # path/pytorch_model.bin + path/config.json

@@ -1,6 +1,7 @@
-"""Spec-Bench's A100 leaderboard beside bench.forecast's roofline (issue 46, item 4).
+"""Spec-Bench's A100 leaderboard beside bench.forecast's roofline.
 
-    python scripts/spec_bench_forecast.py [--out results/reference/forecast/spec_bench_a100]
+    python results/reference/forecast/spec_bench_a100/spec_bench_forecast.py
+        [--out results/reference/forecast/spec_bench_a100]
 
 Spec-Bench publishes, per method on Vicuna-7B-v1.3 on an A100, the mean accepted tokens per step
 (tau) and the measured speedup. What a step costs is the forecast's part: per method, one step is
@@ -34,12 +35,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import provenance, rundir
+from bench.forecast import Roofline, read_curves, read_roofline
 
-from bench import provenance, rundir  # noqa: E402
-from bench.forecast import Roofline, read_curves, read_roofline  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[4]
 PROFILES = {"a": REPO / "results/reference/forecast/a100_roofline.yaml",
             "b": REPO / "results/reference/forecast/a100_eager_host.yaml"}
 OUT = REPO / "results/reference/forecast/spec_bench_a100"
@@ -277,7 +276,7 @@ def readme(t: pd.DataFrame, rooflines: dict[str, Roofline], commit: str, dirty: 
         "of which draft (b)": (t["draft_ms_b"] / t["ar_ms_b"]).map("{:.2f}".format)})
     sources = t[["method", "width_source", "draft_source"]].rename(
         columns={"width_source": "width: source", "draft_source": "draft: source"})
-    return f"""# Spec-Bench's A100 table beside the roofline forecast (issue 46, item 4)
+    return f"""# Spec-Bench's A100 table beside the roofline forecast
 
 What `bench/forecast.py`'s pricing says Spec-Bench's methods should gain on an A100, given Spec-Bench's
 own mean accepted tokens, set beside the speedups Spec-Bench measured. Nothing here ran on a GPU; the
@@ -377,7 +376,8 @@ them, and the second table separates the two:
 
 Commit {commit}{' (with uncommitted changes)' if dirty else ''}; written by
 
-    python scripts/spec_bench_forecast.py --out results/reference/forecast/spec_bench_a100
+    python results/reference/forecast/spec_bench_a100/spec_bench_forecast.py \\
+        --out results/reference/forecast/spec_bench_a100
 
 `forecast.csv` holds every column above and the ms behind them (ar_ms, target_ms, draft_ms per roofline).
 """

@@ -1,12 +1,13 @@
-"""The text Medusa heads and the n-gram LM are trained on: nothing from the benchmark test sets.
+"""The text the trained add-ons (Medusa heads, the n-gram LM, the EAGLE draft, the exit adapter) learn
+from: nothing from the benchmark test sets.
 
 - Python standard-library source (this interpreter's own; train / held-out split by file name),
 - GSM8K's train split (question + worked answer),
 - self-distillation: the target's own greedy answers, rendered as a benchmark run renders prompts
-  (its chat template, or the raw text for a tokenizer without one), to coding requests written for this script,
-  to the exit adapter script's instructions, and to GSM8K train questions; on request (the EAGLE draft's
-  larger corpus) also to "complete this function" requests built from the standard library's own
-  train-split functions and to general requests composed from templates and topics written here.
+  (its chat template, or the raw text for a tokenizer without one), to coding requests written here, to
+  INSTRUCTIONS (general, code and arithmetic requests written here), and to GSM8K train questions; on
+  request (the EAGLE draft's larger corpus) also to "complete this function" requests built from the
+  standard library's own train-split functions and to general requests composed from templates and topics written here.
   The extra requests come after the others, so the first requests and their held-out answers stay
   the same whatever is added.
 
@@ -24,14 +25,78 @@ import itertools
 import json
 import os
 import random
+import sysconfig
 import textwrap
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from train_exit_adapter import INSTRUCTIONS, chunks, stdlib_files
-from training_target import load_target, request_ids
+from ..registry import CONF_DIR
+from .target import load_target, request_ids
+
+# Instructions for self-distillation: general chat, code and arithmetic requests written for
+# this script (none is taken from MT-Bench, HumanEval or GSM8K).
+INSTRUCTIONS = [
+    "Explain how a hash table handles collisions.", "Write a Python function that reverses the words in a sentence.",
+    "Describe the water cycle for a ten-year-old.", "What are three tips for writing clear emails?",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "A shop sells pencils at 3 for 50 cents. How much do 12 pencils cost? Explain step by step.",
+    "Summarise the causes of the French Revolution in a short paragraph.",
+    "Write a Python function that checks whether a string is a valid IPv4 address.",
+    "Give a recipe for a simple tomato soup.", "Explain the difference between a list and a tuple in Python.",
+    "A train travels 240 km in 3 hours. What is its average speed? Show your reasoning.",
+    "Write a short poem about autumn leaves.", "How does binary search work? Give an example in Python.",
+    "List the planets of the solar system with one fact about each.",
+    "Write a Python generator that yields prime numbers.", "What is the difference between weather and climate?",
+    "Tom has 5 apples and buys 3 bags of 4 apples each. How many apples does he have now?",
+    "Write a Python function that merges two sorted lists.", "Explain what recursion is with a simple example.",
+    "Give advice to someone starting to learn the guitar.", "Write a function that counts vowels in a string.",
+    "Explain photosynthesis in two paragraphs.",
+    "Write a Python script that reads a CSV file and prints the sum of a column.",
+    "If a rectangle is 7 cm by 4 cm, what are its area and perimeter?",
+]
+
+
+def stdlib_files(split: str) -> list[Path]:
+    """The interpreter's own standard-library modules (no tests), split by name hash into train / held-out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if not p.name.startswith("test"))
+    return [p for p in files if (hash_name(p.name) % 10 == 0) == (split == "heldout")]
+
+
+def hash_name(name: str) -> int:
+    return sum(ord(c) * (i + 1) for i, c in enumerate(name))  # stable across runs, unlike hash()
+
+
+def chunks(token_ids: list[int], seq_len: int) -> list[list[int]]:
+    return [token_ids[i:i + seq_len] for i in range(0, len(token_ids) - seq_len + 1, seq_len)]
+
+
+def text_chunks(tokenizer, files: list[Path], seq_len: int, limit: int) -> list[list[int]]:
+    out: list[list[int]] = []
+    for path in files:
+        out += chunks(tokenizer(path.read_text(errors="ignore"))["input_ids"], seq_len)
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def generated_chunks(lm, n: int, seq_len: int) -> list[list[int]]:
+    """The target's own greedy answers, rendered as in a benchmark run (chat template, or raw text without one)."""
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.core.sampling import Sampling
+
+    out = []
+    for text in tqdm(INSTRUCTIONS[:n], desc="self-distillation answers", leave=False):
+        ids = request_ids(lm.tokenizer, text)
+        gen = autoregressive_decode(lm, ids, seq_len, Sampling(), lm.stop_ids)
+        seq = (ids + gen.tokens)[-seq_len:]
+        if len(seq) == seq_len:
+            out.append(seq)
+    return out
+
+
 
 CODE_TASKS = [
     "returns the n-th Fibonacci number iteratively", "checks whether a word is a palindrome",
@@ -217,7 +282,7 @@ def frozen_target(overrides: list[str], seed: int):
     set, torch seeded, the target loaded with every parameter frozen."""
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

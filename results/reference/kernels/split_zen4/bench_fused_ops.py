@@ -3,7 +3,8 @@ process: the same model on model.fast_path=kernel, its norms and attention modul
 their fused and their own classes every round (the order alternating), forwards of 1, 8 and 32 tokens
 after 256 cached ones; medians of the rounds. `--only norm` or `--only rotary` switches one of them.
 
-    python scripts/bench_fused_ops.py [--rounds 15] [--only norm|rotary] [hydra overrides: dtype=bfloat16 ...]
+    python results/reference/kernels/split_zen4/bench_fused_ops.py [--rounds 15] [--only norm|rotary]
+        [hydra overrides: dtype=bfloat16 ...]
 """
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
 
-from decoders.core.kernels import KernelAttention, KernelRMSNorm  # noqa: E402
-from decoders.tuning.profile import primed_cache, timed_forward  # noqa: E402
+from decoders.core.kernels import KernelAttention, KernelRMSNorm
+from decoders.tuning.profile import primed_cache, timed_forward
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[4] / "conf"
 SIZES = (1, 8, 32)
 CONTEXT = 256
 
