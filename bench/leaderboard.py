@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         if dry_run or launcher:  # bench/leaderboard_cluster.py: the board as units, a job each
             from .leaderboard_cluster import Unfinished, run_cluster
 
-            if not dry_run:
-                stop_if_parse_only()
+            stop_if_parse_only()
             try:
                 print(run_cluster(base, labels, runs, overrides, launcher, dry_run))
             except Unfinished as e:

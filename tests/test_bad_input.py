@@ -349,8 +349,8 @@ def test_report_out_writes_only_into_its_own_directory(run_dir, tmp_path, capsys
 @pytest.mark.slow
 def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeypatch):
     """Records are read one at a time into the columns a summary needs (bench/report.py, NUMBERS
-    and OBJECTS): tokens, text and traces are never held. The peak memory on a 1M-record file is
-    in the issue-30 report."""
+    and OBJECTS): tokens, text and traces are never held, so that a report of a million records
+    needs the memory of its columns only."""
     taken = []
     summarize = report.metrics.summarize
     monkeypatch.setattr(report.metrics, "summarize",

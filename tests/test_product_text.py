@@ -1,5 +1,5 @@
 """What a user reads speaks of the product only: no tracked text file refers to the project's own issue tracker
-by number (the word, a space or #, then digits: ISSUE below), whose history a user does not have; an issue
+by number (the word, a space, hyphen or #, then digits: ISSUE below), whose history a user does not have; an issue
 in prose ("a known issue with ...") is left alone. This file spells its examples in pieces (WORD)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from helpers import REPO
 
-ISSUE = re.compile(r"\bissues? ?#?\d+", re.IGNORECASE)
+ISSUE = re.compile(r"\bissues?[ -]?#?\d+", re.IGNORECASE)
 
 
 def tracked_text() -> dict[str, str]:
@@ -49,8 +49,8 @@ WORD = "iss" + "ue"  # so that this file holds no reference itself
 
 def test_the_pattern_finds_what_it_should_and_nothing_else():
     refs = {"a.md": f"as asked ({WORD} 42, item 3)\n{WORD.title()} 43, item 6: a line\n({WORD} 4/33)\n"
-                    f"{WORD}s 4 and 33 #12\nsee {WORD} #7"}
+                    f"{WORD}s 4 and 33 #12\nsee {WORD} #7, the {WORD}-30 report"}
     assert [r.split(": ", 1)[1] for r in issue_references(refs)] == [
-        f"{WORD} 42", f"{WORD.title()} 43", f"{WORD} 4", f"{WORD}s 4", f"{WORD} #7"]
+        f"{WORD} 42", f"{WORD.title()} 43", f"{WORD} 4", f"{WORD}s 4", f"{WORD} #7", f"{WORD}-30"]
     prose = {"b.md": "a known issue with sdpa; the issue is that 4 rows differ; tissue 3; HumanEval/0#0; PR 12"}
     assert issue_references(prose) == []
