@@ -167,14 +167,15 @@ def test_sweep_runs_as_a_job_array_and_reports(cluster, tmp_path):
     assert list(table["decoder.window"]) == [1, 2] and list(table["records"]) == [2, 2]
 
 
-def _wait(what: str, condition, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None):
+def _wait(what: str, condition, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None,
+          poll: float = 0.2):
     deadline = time.monotonic() + timeout
     while not condition():
         if process is not None and process.poll() is not None:
             pytest.fail(f"the submitting command ended (rc {process.returncode}) before {what}:\n"
                         + _tail(log.read_text() if log else "", 40), pytrace=False)
         assert time.monotonic() < deadline, f"no {what} after {timeout:.0f}s"
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
 @pytest.fixture(scope="module")
@@ -283,8 +284,8 @@ def test_sharded_leaderboard_cancelled_unit_resumes_and_merges_as_one_process(cl
     from test_leaderboard_cluster import BOARD, SAME, SHARDS, same_figures
 
     sharded, single, name = tmp_path / "sharded", tmp_path / "single", f"bench-board-{uuid.uuid4().hex[:6]}"
-    # 96 tokens a turn: recycling's unit generates for seconds after its first record
-    same = [o for o in SAME if not o.startswith("gen.max_new_tokens=")] + ["gen.max_new_tokens=96"]
+    # 256 tokens a turn: recycling's unit generates for several seconds after its first record
+    same = [o for o in SAME if not o.startswith("gen.max_new_tokens=")] + ["gen.max_new_tokens=256"]
     command = [sys.executable, "-m", "bench.leaderboard", *BOARD, *SHARDS, *same, "hydra/launcher=slurm_cpu",
                "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10",
                f"hydra.launcher.name={name}", f"leaderboard.out_dir={sharded}"]
@@ -293,8 +294,11 @@ def test_sharded_leaderboard_cancelled_unit_resumes_and_merges_as_one_process(cl
     unit = sharded / "units" / "spec_bench.recycling.q0-5"
     victim = unit / "spec_bench" / "recycling" / "records.jsonl"
     try:
-        _wait("recycling's first record", lambda: len(_lines(victim)) >= 1, 600, submitter, log)
+        # the array's id first, so that the cancel follows the first record within a poll
+        _wait("the job array", lambda: cluster.slurm("squeue", "-h", "-n", name, "-o", "%F").split(), 600,
+              submitter, log)
         job = cluster.slurm("squeue", "-h", "-n", name, "-o", "%F").split()[0]
+        _wait("recycling's first record", lambda: len(_lines(victim)) >= 1, 600, submitter, log, poll=0.05)
         cluster.slurm("scancel", f"{job}_4")  # recycling's: the plan's fifth unit
         submitter.wait(timeout=300)
     finally:
