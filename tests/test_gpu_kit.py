@@ -15,6 +15,7 @@ import pytest
 from bench.models import GGUFPackageModel
 from bench.registry import decoder_configs
 from helpers import CACHE_DIR, REPO, run_python
+from test_layout import GPU_KIT
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +87,14 @@ def test_prepare_fetches_wheels_for_the_gpu_node(tmp_path):
     assert (kit / "data" / "spec_bench" / "question.jsonl").is_file()
     assert (kit / "tokenizer" / "tokenizer.json").is_file()
     assert Path(kit / "commit.txt").read_text().strip()
+    # The kit's size as test_layout.py budgets it: the tracked tree may hold 64 MiB less GPU_KIT.
+    size = sum(f.stat().st_size for f in kit.rglob("*") if f.is_file())
+    assert f" kit {size} bytes " in out.stdout
+    assert size <= GPU_KIT, f"the GPU kit grew to {size} bytes: record it as GPU_KIT in tests/test_layout.py"
+
+
+def test_prepare_refuses_a_tree_and_kit_over_the_limit(tmp_path):
+    """The refusal's branch: the same checkout against a limit it is over (1 MiB)."""
+    out = subprocess.run(["bash", "scripts/gpu/prepare.sh"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "KIT": str(tmp_path / "kit"), "KIT_LIMIT_MIB": "1"})
+    assert out.returncode == 1 and "checkout and kit reach 1 MiB (KIT_LIMIT_MIB); ship less" in out.stderr

@@ -1,5 +1,5 @@
 """The layout is the architecture (DESIGN.md): imports go methods -> tuning -> core, never back.
-And the checkout travels: the tracked tree stays small."""
+And the checkout travels to the GPU machine with the GPU kit: the tracked tree stays small."""
 import ast
 import subprocess
 from pathlib import Path
@@ -98,13 +98,18 @@ def test_every_method_config_builds_a_decoder(name):
     assert isinstance(decoder, Decoder) and decoder.name == name
 
 
-# The checkout travels whole to an offline GPU node with the GPU kit (scripts/gpu/prepare.sh: 64 MiB
-# at most by default), so the tracked tree stays under MAX_TRACKED; a run directory checked in under
-# results/ keeps its records gzipped (records.jsonl.gz, gzip -9 -n: 4.5x smaller; every reader takes
-# it, bench/records.py).
-MAX_TRACKED = 32 * 2**20
-MAX_PLAIN_RECORDS = 256 * 2**10
+# A device run carries the working tree and the GPU kit together, 64 MiB at most (scripts/gpu/prepare.sh
+# refuses more), so the tracked tree stays under what the kit leaves. The kit (.gpu/) is the project's
+# wheels the GPU image lacks, the MT-Bench / GSM8K / Spec-Bench copies and SmolLM2's tokenizer: its size
+# is set by those versions and files, not by the date or the CPU that makes it. GPU_KIT is what
+# prepare.sh measured (its "kit ... bytes"); tests/test_gpu_kit.py checks that the kit still fits it.
+# A run directory checked in under results/ keeps its records gzipped (records.jsonl.gz, gzip -9 -n:
+# 4.5x smaller; every reader takes it, bench/records.py).
 MiB = 2**20
+DEVICE_LIMIT = 64 * MiB
+GPU_KIT = 10_863_489
+MAX_TRACKED = DEVICE_LIMIT - GPU_KIT
+MAX_PLAIN_RECORDS = 256 * 2**10
 
 
 def tracked_sizes() -> dict[str, int]:
@@ -126,7 +131,7 @@ def too_big(sizes: dict[str, int], max_tracked: int = MAX_TRACKED,
     total = sum(sizes.values())
     if total > max_tracked:
         largest = sorted(sizes, key=lambda p: -sizes[p])[:8]
-        problems.append(f"the tracked tree is {total / MiB:.1f} MiB, over {max_tracked / MiB:.0f} MiB; the largest "
+        problems.append(f"the tracked tree is {total / MiB:.1f} MiB, over {max_tracked / MiB:.1f} MiB; the largest "
                         f"files: {', '.join(f'{p} ({sizes[p] / MiB:.1f} MiB)' for p in largest)}")
     return problems
 
@@ -135,17 +140,17 @@ def test_no_large_plain_records_are_tracked():
     assert not (problems := too_big(tracked_sizes(), max_tracked=2**62)), "\n".join(problems)
 
 
-def test_the_tracked_tree_is_under_32_mib():
-    """30.1 MiB when it first held (adapters in float16, reference times to the microsecond)."""
+def test_the_tracked_tree_leaves_room_for_the_gpu_kit():
+    """Tree + kit under the device's 64 MiB: what ships is chosen by bytes per benefit (adapters/README.md)."""
     assert not (problems := too_big(tracked_sizes(), max_plain_records=2**62)), "\n".join(problems)
 
 
 def test_the_size_check_names_the_offending_files():
     sizes = {"adapters/a.safetensors": 30 * MiB, "results/reference/x/records.jsonl": 300 * 2**10,
              "results/reference/y/records.jsonl.gz": 3 * MiB, "tests/fixtures/records.jsonl": 1 * MiB}
-    problems = too_big(sizes)
+    problems = too_big(sizes, max_tracked=32 * MiB)
     assert len(problems) == 2 and problems[0].startswith("results/reference/x/records.jsonl: a plain records.jsonl")
-    assert problems[1].startswith("the tracked tree is 34.3 MiB, over 32 MiB; the largest files: "
+    assert problems[1].startswith("the tracked tree is 34.3 MiB, over 32.0 MiB; the largest files: "
                                   "adapters/a.safetensors (30.0 MiB), results/reference/y/records.jsonl.gz (3.0 MiB)")
     del sizes["adapters/a.safetensors"]
     assert too_big(sizes, max_plain_records=400 * 2**10) == []
