@@ -35,7 +35,7 @@ METHODS = decoder_configs(EXTRA_CONF_DIRS)
 TINY = ["model=tiny-random", "draft=self", "draft.layers=1", "cache_dir=null"]
 # Defaults that measure this device uncached (nothing is cached) are narrowed to stay cheap: Medusa's
 # tree_size=auto would time forwards of 1..65 tokens for every new target; it chooses among 1 and 2 here.
-NARROWED = {"medusa": ["decoder.auto_sizes=[1,2]"]}
+NARROWED = {"medusa": ["decoder.auto_sizes=[1,2]"], "dflash": ["decoder.auto_sizes=[2,4]"]}
 
 # Variants beside each method's defaults: method -> {label suffix: keys set on its YAML's}.
 VARIANTS = {
@@ -55,6 +55,14 @@ VARIANTS = {
               "static-16-4-4-seed4": dict(draft_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
               "static-5-5-1": dict(tree="static", tree_size=5, depth=5, top_k=1),
               "dynamic-8-4-8-seed5-bf16": dict(draft_seed=5, tree_size=8, depth=4, top_k=8, draft_dtype="bfloat16")},
+    # dflash-tree-block-tree_size-top_k, untrained or random (seed) block drafts; chains of the block's drafts
+    "dflash": {"chain-4-seed1": dict(draft_seed=1, tree="chain", block_size=4),
+               "chain-2": dict(tree="chain", block_size=2),
+               "tree-6-8-3-seed2": dict(draft_seed=2, block_size=6, tree_size=8, top_k=3),
+               "tree-2-1-1": dict(block_size=2, tree_size=1, top_k=1),
+               "tree-10-40-4-seed3": dict(draft_seed=3, block_size=10, tree_size=40, top_k=4),
+               "tree-8-12-4-seed5-bf16": dict(draft_seed=5, block_size=8, tree_size=12, top_k=4,
+                                              draft_dtype="bfloat16")},
     "jacobi": {"1": dict(block_size=1), "4": dict(block_size=4), "16-vocab": dict(block_size=16, init="vocab"),
                "3-repeat": dict(block_size=3, init="repeat")},
     # lookahead-W-N-G

@@ -121,8 +121,8 @@ def test_fast_path_forward_equals_native(family):
 # trees or windows reach deeper than the window (a node's ancestors cross it).
 DEFAULT_CASES = [pytest.param(f, m, marks=[pytest.mark.slow] if f not in QUICK else []) for f in FAMILIES
                  for m in METHODS]
-DEEP = ["eagle-dynamic-40-8-3-seed3", "recycling-40-10-3", "lookahead-7-3-unbounded", "jacobi-16-vocab",
-        "spec_chain-9", "sequoia-24-8", "suffix-a4-d6-p0", "oracle-1-chain-7", "bpd-neural-p3"]
+DEEP = ["eagle-dynamic-40-8-3-seed3", "dflash-tree-10-40-4-seed3", "recycling-40-10-3", "lookahead-7-3-unbounded",
+        "jacobi-16-vocab", "spec_chain-9", "sequoia-24-8", "suffix-a4-d6-p0", "oracle-1-chain-7", "bpd-neural-p3"]
 VARIANT_CASES = [pytest.param("gemma3", label, marks=pytest.mark.slow) for label in DEEP]
 
 
@@ -136,7 +136,7 @@ def test_every_decoder_equals_autoregressive(family, decoder):
 
 
 BATCH_CASES = [pytest.param(f, name, marks=[] if f in QUICK else [pytest.mark.slow]) for f in FAMILIES
-               for name in ["lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1", "specinfer-2x3"]
+               for name in ["lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1", "dflash-tree-6-8-3-seed2", "specinfer-2x3"]
                + (["medusa-auto-16", "prompt_lookup-10-2", "recycling-cold-16-4-4"] if f in QUICK else [])]
 
 
@@ -150,8 +150,9 @@ def test_batched_rows_equal_batch_1(family, name):
 
 
 # The methods whose sampling is exact verification (Medusa's typical acceptance is lossy by design).
-# (a drawn draft's chain, a drawn tree of EAGLE's, deterministic trees and a side branch)
-SAMPLED = ["spec_chain", "eagle", "recycling", "lookahead"]
+# (a drawn draft's chain, a drawn tree of EAGLE's, deterministic trees and a side branch, a block draft's
+# chain drawn position by position)
+SAMPLED = ["spec_chain", "eagle", "recycling", "lookahead", "dflash-chain-4-seed1"]
 
 
 def sampled_rows_error(lm: LM, decoder: str, monkeypatch) -> float:
