@@ -14,9 +14,9 @@ masked as drafting masks it (context causal; each block sees the context before 
 rows); block row i (position a + i) is trained towards the target's next-token distribution at a + i - 1
 over the draft vocabulary (KL, as train_eagle.py's), weighed 0.8^(i - 1).
 
-Start: the draft's layer is a copy of the target's last layer (its MLP's first --intermediate-size
-channels), the fuse passes the high layer's input through, so the block is read out by the target's own
-norm and head rows from the first step; the mask embedding is small and random.
+Start (--start): target, the draft's layer a copy of the target's last layer (its MLP's first
+--intermediate-size channels) and the fuse passing the high layer's input through; or random, torch's
+initialisation (DFlash's). The mask embedding starts small and random.
 
 Held out (the self-distilled answers every 10th): acc[i][r], how often the draft's rank-r token at block
 position i + 1 is the target's greedy token there, over every anchor (each position's prediction sees
@@ -138,6 +138,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--layers", type=int, default=1, help="decoder layers of the target's class")
     parser.add_argument("--intermediate-size", type=int, default=None,
                         help="the layers' MLP width (default: the target's); narrower is a smaller file")
+    parser.add_argument("--start", choices=("target", "random"), default="target",
+                        help="target: the layer a copy of the target's last one, the fuse passing the high read "
+                             "through; random: torch's initialisation (DFlash's)")
     parser.add_argument("--anchors", type=int, default=16, help="blocks trained per chunk and step")
     parser.add_argument("--chunks", type=int, default=600,
                         help="stdlib + GSM8K chunks (beside all self-distilled ones)")
@@ -182,7 +185,8 @@ def main() -> None:
     vocab, vocab_info = load_vocab(lm, args.vocab, key="--vocab")
     torch.manual_seed(args.seed)
     draft = new_block_draft(lm, block_reads(lm), args.layers, args.intermediate_size, vocab, args.block_size).float()
-    start_from_target(lm, draft)
+    if args.start == "target":
+        start_from_target(lm, draft)
     block = args.block_size
     chunks = own + other
     order = list(range(len(own))) * args.generated_repeats + list(range(len(own), len(chunks)))  # one epoch's
@@ -224,7 +228,7 @@ def main() -> None:
     print(f"chain: mean accepted drafts {before[1]:.3f} -> {after[1]:.3f}; {seconds / 60:.1f} min of training, "
           f"{(time.perf_counter() - start) / 60:.1f} min in this process", flush=True)
     final = [round(sum(p[j] for p in losses[-20:]) / len(losses[-20:]), 4) for j in range(block - 1)]
-    info = {"model": cfg.model.name, "block_size": block, "layers": args.layers,
+    info = {"model": cfg.model.name, "block_size": block, "layers": args.layers, "start": args.start,
             "intermediate_size": draft.intermediate_size, "reads": list(draft.reads), "anchors": args.anchors,
             "epochs": args.epochs, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr, "steps": steps,
             "draft_vocab": len(draft.vocab), "vocab": vocab_info,
