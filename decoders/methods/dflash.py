@@ -116,7 +116,7 @@ class BlockDraftProposer:
 
 @dataclass
 class DFlash:
-    draft_weights: str | None = None  # ours (scripts/train_block_draft.py); None = untrained
+    draft_weights: str | None = "adapters/smollm2-135m-dflash.safetensors"  # ours; None = untrained
     draft_seed: int | None = None  # draft_weights=null: a random draft from this seed (exactness tests)
     block_size: int = 8  # B: the root and B - 1 drafted positions, all in one draft forward
     tree: str = "tree"  # chain | tree (DDTree's)

@@ -45,7 +45,8 @@ SHAPES = {
 # Untrained drafts in the published layouts (tests/test_cuda.py runs the same on tiny-random).
 UNTRAINED = {"medusa": ["decoder.heads=null", "decoder.num_heads=5"],
              "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],
-             "eagle": ["decoder.draft_weights=null"]}
+             "eagle": ["decoder.draft_weights=null"],
+             "dflash": ["decoder.draft_weights=null"]}
 COMMON = ["draft.layers=1", "draft.adapter=null", "dataset=spec_bench",
           "check_lossless=true", "quality=false", "progress=false", "warmup=true"]
 
