@@ -15,6 +15,7 @@ from decoders.core.hf_trace import hf_generate
 from bench.runner import build
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
+from decoders.methods.dflash import DFlash
 from decoders.methods.eagle import Eagle
 from decoders.methods.hf_peers import HFAssisted
 from decoders.methods.bpd import BPD
@@ -115,6 +116,7 @@ def tiny_decoders(name: str) -> dict:
 DECODERS = {label: decoder for name in METHODS for label, decoder in tiny_decoders(name).items()}
 HEADS, NGRAM = "adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"
 EAGLE, SELF4 = "adapters/smollm2-135m-eagle.safetensors", "adapters/smollm2-135m-self4.safetensors"
+DFLASH = "adapters/smollm2-135m-dflash.safetensors"
 # The real model's drafts: its first 4 of 30 layers with the exit adapter shipped for them (plain
 # truncation is tested on tiny-random; on SmolLM2 it accepted 0 drafts of 292 on the HumanEval
 # prompts, and Sequoia's measured acceptance of 0 gave it a tree of the root only: nothing drafted).
@@ -128,6 +130,9 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4, ad
                     "eagle-dynamic-24": Eagle(draft_weights=EAGLE, tree_size=24),
                     "eagle-static-16": Eagle(draft_weights=EAGLE, tree="static", tree_size=16),
                     "eagle-8-bf16-draft": Eagle(draft_weights=EAGLE, tree_size=8, depth=4, draft_dtype="bfloat16"),
+                    # the block draft shipped for SmolLM2 (scripts/train_block_draft.py)
+                    "dflash-tree-8": DFlash(draft_weights=DFLASH, tree_size=8),
+                    "dflash-chain": DFlash(draft_weights=DFLASH, tree="chain"),
                     "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
                     "bpd-neural-p2-self4": BPD(heads=HEADS, rescore="neural", paths=2,
                                                draft=SelfDraft(layers=4, adapter=SELF4))}
@@ -154,6 +159,8 @@ ACCEPTANCE_FLOORS = {  # decoder: floor, with the value measured
     "eagle-dynamic-24": 0.55,         # 1.105
     "eagle-static-16": 0.46,          # 0.935
     "eagle-8-bf16-draft": 0.43,       # 0.875
+    "dflash-tree-8": 0.25,            # 0.500
+    "dflash-chain": 0.15,             # 0.304
     "bpd-ngram-p4": 0.34,             # 0.690
     "bpd-neural-p2-self4": 0.18,      # 0.379
 }
