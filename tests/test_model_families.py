@@ -193,6 +193,30 @@ def test_sampling_verifies_against_the_models_own_distributions(family, decoder,
     assert sampled_rows_error(family_lm(family), decoder, monkeypatch) < 1e-4
 
 
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "qwen3_moe"])
+@pytest.mark.parametrize("initialised", [True, False])
+def test_a_block_drafts_layer_sets_what_its_constructor_leaves_unset(family, initialised, monkeypatch):
+    """Experts, routers and gpt-oss's sinks are torch.empty in a decoder layer's constructor: a block
+    draft's layer initialises them (its logits, random or not, are finite). Memory as torch.empty left it
+    is stood for by NaN; without the initialisation (initialised=False, the negative control) it stays."""
+    import decoders.methods.block_draft as block_draft
+
+    lm = family_lm(family)
+    if not initialised:
+        monkeypatch.setattr(block_draft, "init_unset_parameters", lambda lm, layers: None)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    draft = block_draft.new_block_draft(lm, seed=1)
+    monkeypatch.setattr(torch, "empty", empty)
+    finite = all(bool(p.isfinite().all()) for p in draft.layers.parameters())
+    assert finite == initialised
+    if initialised:
+        with torch.inference_mode():
+            _, feats = lm.forward(prompt(), lm.new_cache(), features=draft.reads)
+            out = draft(feats[:-1], prompt()[-1], block_draft.KVCache(block_draft.DynamicCache()), 4)
+        assert bool(draft.logits(out).isfinite().all())
+
+
 @pytest.mark.parametrize("family", family_params(SLIDING))
 def test_sampling_check_catches_masks_without_the_window(family, monkeypatch):
     without_windows(monkeypatch)

@@ -61,6 +61,19 @@ def block_mask(context: int, cached: int, block: int) -> torch.Tensor:
     return mask
 
 
+def init_unset_parameters(lm: LM, layers: nn.Module) -> None:
+    """Initialise, by the target family's own rule (its _init_weights), what a decoder layer's constructor
+    leaves unset: a mixture of experts' expert and router weights and gpt-oss's attention sinks are
+    torch.empty (memory as it was: NaN in a random draft's logits). Linear, embedding and norm modules keep
+    their constructor's values (a dense layer's initialisation, and the draws it takes, are unchanged)."""
+    for module in layers.modules():
+        if (isinstance(module, (nn.Linear, nn.Embedding)) or "Norm" in type(module).__name__
+                or not any(True for _ in module.parameters(recurse=False))):
+            continue
+        with torch.no_grad():
+            lm.model._init_weights(module)
+
+
 class BlockDraft(nn.Module):
     """fuse(the target's fused features) -> context rows; [embedding(root), mask x (B - 1)] -> block rows;
     `layers` decoder layers over both; the block's rows read out over the draft vocabulary."""
@@ -80,6 +93,7 @@ class BlockDraft(nn.Module):
         self.fuse = nn.Linear(len(self.reads) * d, d, bias=False)
         self.mask = nn.Parameter(torch.randn(d) * 0.02)  # the embedding of a position still to draft
         self.layers = nn.ModuleList(type(base.layers[0])(cfg, layer_idx=i) for i in range(layers))
+        init_unset_parameters(lm, self.layers)
         self.vocab, readout = vocab_readout(lm, vocab)
         rotary = type(base.rotary_emb)(config=cfg).to(lm.output_device)  # where the draft runs: see FeatureDraft
         self.target = TargetParts(lm, readout=readout, rotary=rotary)
