@@ -33,6 +33,8 @@ The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
 - runs: timed runs (prompts x leaderboard.repeats),
 - tokens_per_step: new tokens / target forward passes, prefill included,
 - mean_accepted_tokens: Spec-Bench's (prefill excluded, bonus token included),
+- vllm_mean_acceptance_length, vllm_acceptance_by_position, sglang_accept_length, eagle_tau: acceptance
+  as vLLM, SGLang and EAGLE's evaluation count it (bench/metrics.py; docs/acceptance.md),
 - tokens_per_s: new tokens / seconds, summed over timed runs,
 - speedup (Spec-Bench's), speedup_geomean, speedup_pooled: bench/metrics.py defines them, over
   every timed run, each repeat against the reference's same repeat,

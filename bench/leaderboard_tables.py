@@ -15,7 +15,9 @@ from . import metrics, rundir, spec_bench_table
 from .metrics import timed_runs
 from .registry import REFERENCE
 
-COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
+COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens",
+           "vllm_mean_acceptance_length", "vllm_acceptance_by_position", "sglang_accept_length", "eagle_tau",
+           "tokens_per_s",
            "speedup", "speedup_ci_low", "speedup_ci_high", "vs_autoregressive", "overlaps", "speedup_per_run_p25",
            "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
            "flops_per_token_vs_ar", "decode_overhead_frac", "same_as_autoregressive", "lossless", "lossless_up_to_ties",
@@ -67,7 +69,8 @@ def markdown(df: pd.DataFrame, costs: dict[str, pd.DataFrame], base, setup: dict
               "speedup_per_run_p25/p75: quartiles over runs of tokens/s / autoregressive's on the same prompt and "
               "repeat; speedup_geomean: geometric mean over runs of autoregressive's latency / the decoder's; "
               "mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill excluded, bonus token "
-              "included; "
+              "included; vllm_mean_acceptance_length, vllm_acceptance_by_position, sglang_accept_length, eagle_tau: "
+              "acceptance as vLLM, SGLang and EAGLE's evaluation count it (docs/acceptance.md); "
             + ("same_as_autoregressive: share of prompts whose output equals the autoregressive entry's; "
                "lossless (bench/metrics.py): share of judged prompts identical to autoregressive greedy, "
                f"lossless_up_to_ties: identical or departing only at ties (within {metrics.TIE_ULPS} ulps of the "
@@ -111,6 +114,7 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
         "runs": sum(len(timed_runs(r)) for r in ok),
         "tokens_per_step": metrics.tokens_per_step(ok),
         "mean_accepted_tokens": metrics.mean_accepted_tokens(ok),
+        **metrics.engine_acceptance(ok),
         # every timed run's tokens and seconds (a record's repeats pooled first)
         "tokens_per_s": metrics.pooled_tokens_per_s({"new_tokens": r["new_tokens"] * len(timed_runs(r)),
                                                      "latency_s": sum(timed_runs(r))} for r in ok),

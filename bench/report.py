@@ -37,9 +37,10 @@ from .usage import Parser
 NUMBERS = ("new_tokens", "steps", "latency_s", "ttft_s", "tokens_per_s", "target_time_s", "draft_time_s",
            "overhead_time_s", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "target_flops", "draft_flops",
            "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops", "hit_steps", "paths", "head_flops",
-           "rescore_flops", "quality_score")
+           "rescore_flops", "quality_score", "draft_steps", "verified_tokens")
 OBJECTS = ("decoder", "model", "dataset", "category", "status", "quality_metric", "decoder_lossless", "lossless",
-           "divergence_tie", "reference", "tuned", "batch", "depth_proposed", "depth_accepted")
+           "divergence_tie", "reference", "tuned", "batch", "depth_proposed", "depth_accepted", "prompt_id",
+           "accepted_at_least")
 
 
 def _natural(path: Path) -> list:
@@ -74,6 +75,7 @@ def columns(records) -> pd.DataFrame:
     objects: dict[str, list] = {k: [] for k in OBJECTS}
     present: set[str] = set()  # a column only where some record has the field, as pd.DataFrame(records) does
     for record in records:
+        record = {**record, **metrics.acceptance_counts(record)}  # an older record's, from its trace
         present.update(k for k in record if k not in present)
         for k, column in numbers.items():
             value = record.get(k)

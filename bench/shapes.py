@@ -15,7 +15,8 @@ SHAPES = {
 # draft-model method's draft is the target's first layer without an exit adapter.
 UNTRAINED = {"medusa": ["decoder.heads=null", "decoder.num_heads=5"],
              "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],
-             "eagle": ["decoder.draft_weights=null"]}
+             "eagle": ["decoder.draft_weights=null"],
+             "dflash": ["decoder.draft_weights=null"]}
 UNTRAINED_DRAFT = ["draft.layers=1", "draft.adapter=null"]
 
 

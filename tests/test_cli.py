@@ -257,6 +257,7 @@ ERRORS = [
     (["decoder=medusa", "decoder.choices=[[0],[1,1]]"], "decoder.choices: path [1, 1] has no parent path [1]"),
     (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be one of exact, typical"),
     (["decoder=eagle"], "smollm2-135m-eagle.safetensors was trained for hidden size 576; tiny-random has 64"),
+    (["decoder=dflash"], "smollm2-135m-dflash.safetensors was trained for hidden size 576; tiny-random has 64"),
     (["decoder=eagle", "decoder.draft_weights=/no/such.safetensors"],
      "decoder.draft_weights: no EAGLE draft file at /no/such.safetensors"),
     (["decoder=eagle", "+decoder.head=null"],

@@ -22,10 +22,10 @@ from test_scripts import run_script
 pytestmark = pytest.mark.cuda
 
 DECODERS = list(decoder_configs())  # every method (bench/registry.py)
-# tiny-random has no trained add-ons: untrained heads and EAGLE draft, a one-layer self-draft.
+# tiny-random has no trained add-ons: untrained heads, EAGLE and block drafts, a one-layer self-draft.
 TINY = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null", *TINY_TOKENIZER]
 UNTRAINED = {"medusa": ["decoder.heads=null"], "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],
-             "eagle": ["decoder.draft_weights=null"]}
+             "eagle": ["decoder.draft_weights=null"], "dflash": ["decoder.draft_weights=null"]}
 MODELS = {"tiny-random": lambda decoder: [*TINY, *UNTRAINED.get(decoder, [])],
           "smollm2-135m": lambda decoder: ["model=smollm2-135m"]}  # its shipped heads, EAGLE draft, adapter
 

@@ -155,7 +155,8 @@ def test_shipped_heads_beat_untrained_ones_on_real_prompts(smollm, data_dir):
 
 @pytest.mark.parametrize("shipped",
                          ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-eagle.safetensors",
-                                     "adapters/smollm2-135m-self4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"])
+                                     "adapters/smollm2-135m-self4.safetensors", "adapters/smollm2-135m-ngram4.json.gz",
+                                     "adapters/smollm2-135m-dflash.safetensors"])
 def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypatch, shipped):
     """The configs name the shipped add-ons relative to the repository; a run started elsewhere finds them."""
     from decoders.core.weights_file import addon_path

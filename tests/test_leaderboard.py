@@ -23,13 +23,14 @@ TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard
         'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
         'leaderboard.decoders.eagle=["decoder=eagle","decoder.draft_weights=null"]',
         'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.draft_weights=null","decoder.tree=static"]',
+        'leaderboard.decoders.dflash=["decoder=dflash","decoder.draft_weights=null","decoder.auto_sizes=[2,4]"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]',
         # a 2 x 2 grid over 16 tokens: its default (4 x 4 over 3 prompts of 48) first decodes 144 times
         'leaderboard.decoders.lookahead-auto=["decoder=lookahead","decoder.window=auto","decoder.ngram=auto",'
         '"decoder.guess_set_size=auto","decoder.auto_windows=[1,3]","decoder.auto_ngrams=[3,5]","decoder.auto_tokens=16"]']
 LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "suffix", "eagle", "eagle-static",
-          "hf_assisted", "jacobi", "lookahead",
+          "dflash", "hf_assisted", "jacobi", "lookahead",
           "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
            "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "same_as_autoregressive",
@@ -297,8 +298,8 @@ PRESETS = {
     "heads": (["autoregressive", "medusa", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1",
                "bpd-p4", "bpd-ngram-p4"], 1),
     "baselines": (["autoregressive", "hf_generate"], 3),
-    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-auto", "eagle-static", "recycling", "suffix", "medusa",
-                 "lookahead-auto", "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
+    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-auto", "eagle-static", "dflash", "dflash-chain",
+                 "recycling", "suffix", "medusa", "lookahead-auto", "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
     "long_outputs": (["autoregressive", "prompt_lookup", "lookahead", "recycling", "eagle", "medusa", "spec_chain",
                       "sequoia"], 1),
 }
@@ -315,7 +316,7 @@ def preset_overrides(name: str) -> list[str]:
     entries = {**{name: [f"decoder={name}"] for name in decoder_configs()},  # every method's own entry
                **OmegaConf.load(REPO / "conf" / "leaderboard.yaml").leaderboard.decoders, **preset.get("decoders", {})}
     untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null",
-                 "decoder=eagle": "decoder.draft_weights=null"}
+                 "decoder=eagle": "decoder.draft_weights=null", "decoder=dflash": "decoder.draft_weights=null"}
     for label in preset.only:
         extra = [untrained[o] for o in entries[label] if o in untrained]
         if extra:

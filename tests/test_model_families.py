@@ -124,8 +124,8 @@ def test_fast_path_forward_equals_native(family, path):
 # trees or windows reach deeper than the window (a node's ancestors cross it).
 DEFAULT_CASES = [pytest.param(f, m, marks=[pytest.mark.slow] if f not in QUICK else []) for f in FAMILIES
                  for m in METHODS]
-DEEP = ["eagle-dynamic-40-8-3-seed3", "recycling-40-10-3", "lookahead-7-3-unbounded", "jacobi-16-vocab",
-        "spec_chain-9", "sequoia-24-8", "suffix-a4-d6-p0", "oracle-1-chain-7", "bpd-neural-p3"]
+DEEP = ["eagle-dynamic-40-8-3-seed3", "dflash-tree-10-40-4-seed3", "recycling-40-10-3", "lookahead-7-3-unbounded",
+        "jacobi-16-vocab", "spec_chain-9", "sequoia-24-8", "suffix-a4-d6-p0", "oracle-1-chain-7", "bpd-neural-p3"]
 VARIANT_CASES = [pytest.param("gemma3", label, marks=pytest.mark.slow) for label in DEEP]
 
 
@@ -146,7 +146,7 @@ def test_every_decoder_equals_autoregressive(family, decoder, path):
 
 
 BATCH_CASES = [pytest.param(f, name, marks=[] if f in QUICK else [pytest.mark.slow]) for f in FAMILIES
-               for name in ["lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1", "specinfer-2x3"]
+               for name in ["lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1", "dflash-tree-6-8-3-seed2", "specinfer-2x3"]
                + (["medusa-auto-16", "prompt_lookup-10-2", "recycling-cold-16-4-4"] if f in QUICK else [])]
 
 
@@ -160,8 +160,9 @@ def test_batched_rows_equal_batch_1(family, name):
 
 
 # The methods whose sampling is exact verification (Medusa's typical acceptance is lossy by design).
-# (a drawn draft's chain, a drawn tree of EAGLE's, deterministic trees and a side branch)
-SAMPLED = ["spec_chain", "eagle", "recycling", "lookahead"]
+# (a drawn draft's chain, a drawn tree of EAGLE's, deterministic trees and a side branch, a block draft's
+# chain drawn position by position)
+SAMPLED = ["spec_chain", "eagle", "recycling", "lookahead", "dflash-chain-4-seed1"]
 
 
 def sampled_rows_error(lm: LM, decoder: str, monkeypatch) -> float:
@@ -200,6 +201,30 @@ def sampled_rows_error(lm: LM, decoder: str, monkeypatch) -> float:
 @pytest.mark.parametrize("decoder", first_quick(SAMPLED))
 def test_sampling_verifies_against_the_models_own_distributions(family, decoder, monkeypatch):
     assert sampled_rows_error(family_lm(family), decoder, monkeypatch) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "qwen3_moe"])
+@pytest.mark.parametrize("initialised", [True, False])
+def test_a_block_drafts_layer_sets_what_its_constructor_leaves_unset(family, initialised, monkeypatch):
+    """Experts, routers and gpt-oss's sinks are torch.empty in a decoder layer's constructor: a block
+    draft's layer initialises them (its logits, random or not, are finite). Memory as torch.empty left it
+    is stood for by NaN; without the initialisation (initialised=False, the negative control) it stays."""
+    import decoders.methods.block_draft as block_draft
+
+    lm = family_lm(family)
+    if not initialised:
+        monkeypatch.setattr(block_draft, "init_unset_parameters", lambda lm, layers: None)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    draft = block_draft.new_block_draft(lm, seed=1)
+    monkeypatch.setattr(torch, "empty", empty)
+    finite = all(bool(p.isfinite().all()) for p in draft.layers.parameters())
+    assert finite == initialised
+    if initialised:
+        with torch.inference_mode():
+            _, feats = lm.forward(prompt(), lm.new_cache(), features=draft.reads)
+            out = draft(feats[:-1], prompt()[-1], block_draft.KVCache(block_draft.DynamicCache()), 4)
+        assert bool(draft.logits(out).isfinite().all())
 
 
 @pytest.mark.parametrize("family", family_params(SLIDING))

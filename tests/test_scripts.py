@@ -287,6 +287,44 @@ def test_train_eagle_on_tiny_random(tmp_path):
 
 
 @pytest.mark.slow
+def test_train_block_draft_on_tiny_random(tmp_path):
+    """scripts/train_block_draft.py end to end on tiny-random with a draft vocabulary: the file records the
+    shape it was trained in, the held-out accuracy by block position and rank it measured and the KL of
+    every position, and decoder=dflash decodes exactly with it, as a chain and a tree."""
+    import json
+
+    from decoders.core.sampling import Sampling
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.methods.block_draft import load_block_draft
+    from decoders.methods.dflash import DFlash
+    from helpers import tiny_lm
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"format": "draft-vocab-v1", "vocab_size": 49152, "model": "tiny-random",
+                                 "tokens": list(range(0, 80, 2))}))
+    out = tmp_path / "block.safetensors"
+    run = run_script("train_block_draft.py", "--block-size", "4", "--intermediate-size", "16", "--anchors", "4",
+                     "--chunks", "6", "--epochs", "3", "--generated-repeats", "1", "--seq-len", "32", "--batch", "2",
+                     "--lr", "1e-2", "--vocab", str(vocab), "--gsm8k-questions", "2", "--answer-tokens", "8",
+                     "--function-requests", "3", "--general-requests", "3", "--out", str(out), "--device", "cpu",
+                     "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}", *SESSION_TOKENIZER, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "position 3: top-1" in run.stdout and "chain: mean accepted drafts" in run.stdout
+    assert out.with_suffix(".png").is_file()
+
+    lm = tiny_lm(seed=0, vocab=49152, name="tiny-random")  # the file records the model it was trained for
+    draft = load_block_draft(lm, out)
+    assert draft.vocab.tolist() == list(range(0, 80, 2)) and draft.intermediate_size == 16 and draft.block_size == 4
+    assert len(draft.accuracy()) == 3 and len(draft.accuracy()[0]) == 10
+    kl = draft.info["final_kl"]
+    assert len(kl) == 3 and all(k > 0 for k in kl)
+    reference = autoregressive_decode(lm, [5, 6, 7], 12, Sampling(), set()).tokens
+    for tree in ("chain", "tree"):
+        dec = DFlash(draft_weights=str(out), tree=tree, tree_size=6, block_size=4, top_k=3)
+        assert dec.generate(lm, [5, 6, 7], 12, Sampling(), set()).tokens == reference
+
+
+@pytest.mark.slow
 def test_train_eagle3_on_tiny_random(tmp_path):
     """scripts/train_eagle.py --layout eagle3 end to end on an 8-layer tiny-random target (EAGLE-3 reads
     layers 2, 4 and 5): it writes the authors' layout (a directory), which decoder.draft_weights loads
