@@ -67,8 +67,9 @@ def load(spec, step: int) -> LlamaCppLM:
     gguf = shipped if WEIGHTS[spec.dtype] == "shipped" else f32_copy(shipped, spec.cache_dir)
     tokenizer = spec.load_tokenizer()
     config = spec.config()
-    context = spec.max_context or min(DEFAULT_CONTEXT, config.get_text_config().max_position_embeddings)
     margin = step + 64  # a step's tree past the last admitted token
+    trained = config.get_text_config().max_position_embeddings
+    context = spec.max_context or min(DEFAULT_CONTEXT, trained) - margin
     kv_type = spec.kv_type if spec.kv_type != "auto" else ("f32" if gguf is not shipped else "f16")
     try:
         lm = LlamaCppLM(gguf, tokenizer, config, name=spec.name, threads=torch.get_num_threads(),

@@ -162,3 +162,14 @@ def test_the_model_config_takes_the_backend():
         build({"_target_": "bench.models.GGUFPackageModel", "backend": "onnx"}, "model")
     with pytest.raises(BenchError, match="dtype='bfloat16' is not allowed"):
         build({"_target_": "bench.models.GGUFPackageModel", "backend": "llamacpp", "dtype": "bfloat16"}, "model")
+
+
+def test_llama_cpps_errors_are_raised_and_shown(q4, capsys):
+    """A feed llama.cpp refuses (a position gap in a sequence) raises, and llama.cpp's own reason reaches stderr
+    (llama-cpp-python's logger read its error level as debug and hid it)."""
+    cache = q4.new_cache()
+    q4.forward([1, 2, 3], cache)
+    capsys.readouterr()
+    with pytest.raises(RuntimeError, match="llama_decode failed"):
+        q4.forward([5], cache, position_ids=[9], mask=np.ones((1, 4), bool))
+    assert "inconsistent sequence positions" in capsys.readouterr().err

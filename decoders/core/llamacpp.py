@@ -11,6 +11,7 @@ makes one, so that a generation and the lossless check's own passes never share 
 from __future__ import annotations
 
 import ctypes
+import sys
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +28,30 @@ from .llama_sequences import SequenceCache
 GIVES = frozenset({"logits"})
 
 
+GGML_LOG_LEVEL_ERROR = 4  # ggml.h's (llama-cpp-python's logger takes 3 for an error: it showed warnings, hid errors)
+
+
 def bindings():
-    """llama_cpp's low-level module, or one line saying how to install it."""
+    """llama_cpp's low-level module, or one line saying how to install it. llama.cpp's log goes to stderr for its
+    errors only."""
     try:
         import llama_cpp
-        from llama_cpp._logger import set_verbose
     except ImportError:
         raise ImportError("model.backend=llamacpp needs llama-cpp-python: pip install llama-cpp-python==0.3.36 "
                           "(it builds llama.cpp from source: README)") from None
-    set_verbose(False)  # llama.cpp's errors only
+    global _log_errors
+    if _log_errors is None:
+        _log_errors = llama_cpp.llama_log_callback(_errors_only)
+        llama_cpp.llama_log_set(_log_errors, ctypes.c_void_p(0))
     return llama_cpp
+
+
+def _errors_only(level: int, text: bytes, user_data) -> None:
+    if level == GGML_LOG_LEVEL_ERROR:
+        print(text.decode(errors="replace"), end="", file=sys.stderr, flush=True)
+
+
+_log_errors = None  # made once (ctypes keeps no reference of its own to a callback)
 
 
 class _Memory:
