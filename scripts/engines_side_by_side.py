@@ -112,10 +112,14 @@ def main(argv=None):
             (d / "provenance.json").write_text(json.dumps(info, indent=2))
     records: dict[tuple, list[dict]] = {key: [] for key in ctxs}
     order = list(ctxs)
+    for key in order:
+        (args.out / key[0] / key[1]).mkdir(parents=True, exist_ok=True)
     for i, prompt in enumerate(prompts):
         for key in order[i % len(order):] + order[:i % len(order)]:  # rotated: no entry always runs first
             with torch.inference_mode():
                 records[key].append(run_unit(ctxs[key], prompt, 0, []))
+            with open(args.out / key[0] / key[1] / "records.jsonl", "a") as f:  # kept as it goes
+                f.write(json.dumps(records[key][-1]) + "\n")
             print(f"[side-by-side] {prompt.id} {key[0]} {key[1]}: {records[key][-1].get('tokens_per_s', 0):.1f} tok/s",
                   flush=True)
     write(args.out, records, skipped)
@@ -124,10 +128,6 @@ def main(argv=None):
 def write(out: Path, records: dict[tuple, list[dict]], skipped: list[dict]) -> None:
     rows = []
     for (engine, method), recs in records.items():
-        run_dir = out / engine / method
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "records.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in recs)
         ok = [r for r in recs if r["status"] == "ok"]
         ref = {r["prompt_id"]: r for r in records[engine, "autoregressive"] if r["status"] == "ok"}
         pairs = [(r, ref[r["prompt_id"]]) for r in ok if r["prompt_id"] in ref]

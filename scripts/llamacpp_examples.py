@@ -40,7 +40,7 @@ def run_example(binary: Path, gguf: Path, text: str, tokens: int, threads: int) 
         f.write(text)
         f.flush()
         out = subprocess.run([str(binary), "-m", str(gguf), "-f", f.name, "-n", str(tokens), "-t", str(threads),
-                              "--temp", "0", "-c", "4096", "--no-warmup"], capture_output=True, text=True, timeout=900)
+                              "--temp", "0", "-c", "4096"], capture_output=True, text=True, timeout=900)
     log = out.stdout + out.stderr
     speed, accept = SPEED.search(log), ACCEPT.search(log)
     decoded, seconds, rate = (float(g) for g in speed.groups()) if speed else (None, None, None)
