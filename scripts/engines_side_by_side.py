@@ -39,6 +39,7 @@ from decoders.tuning.profile import forward_samples  # noqa: E402
 ENGINES = {"torch": ["model.backend=torch", "dtype=float32"],
            "llamacpp-f32": ["model.backend=llamacpp", "dtype=float32"],
            "llamacpp": ["model.backend=llamacpp", "dtype=auto"]}
+TIE_COUNTS = ("ties_in_wider_dtype", "ties_by_second_computation")
 METHODS = ["autoregressive", "prompt_lookup", "suffix", "lookahead", "jacobi", "recycling"]
 
 
@@ -134,7 +135,7 @@ def write(out: Path, records: dict[tuple, list[dict]], skipped: list[dict]) -> N
         rows.append({"engine": engine, "method": method, "prompts": len(ok),
                      "tokens_per_step": metrics.tokens_per_step(ok), "tokens_per_s": metrics.mean_tokens_per_s(ok),
                      **metrics.speedups(pairs), **metrics.speedup_interval(pairs), **metrics.lossless_columns(ok),
-                     "ties_in_wider_dtype": sum(r.get("ties_in_wider_dtype") or 0 for r in ok)})
+                     **{k: sum(r.get(k) or 0 for r in ok) for k in TIE_COUNTS}})
     table = pd.DataFrame(rows)
     table.to_csv(out / "table.csv", index=False)
     (out / "table.md").write_text(table.to_markdown(index=False, floatfmt=".3g") + "\n" + "".join(
