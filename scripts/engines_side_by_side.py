@@ -66,10 +66,15 @@ def main(argv=None):
     parser.add_argument("--curve", default="1,2,4,8,16,32", help="k-token forwards profiled per engine")
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--curve-repeats", type=int, default=5)
+    parser.add_argument("--summarize", action="store_true",
+                        help="only write the table from the records already in --out (an interrupted run's)")
     parser.add_argument("--llamacpp-draft", default=None,
                         help="draft=<this model config> at its shipped quantization for the draft methods on llama.cpp "
                              "(on torch they keep the run's draft, draft=self by default)")
     args, overrides = script_args(parser, argv)
+    if args.summarize:
+        return write(args.out, {(d.parent.name, d.name): [json.loads(line) for line in open(d / "records.jsonl")]
+                                for d in sorted(args.out.glob("*/*")) if (d / "records.jsonl").is_file()}, [])
     engines, methods = args.engines.split(","), args.methods.split(",")
     if methods[0] != "autoregressive":
         methods = ["autoregressive", *[m for m in methods if m != "autoregressive"]]
@@ -130,7 +135,7 @@ def write(out: Path, records: dict[tuple, list[dict]], skipped: list[dict]) -> N
     rows = []
     for (engine, method), recs in records.items():
         ok = [r for r in recs if r["status"] == "ok"]
-        ref = {r["prompt_id"]: r for r in records[engine, "autoregressive"] if r["status"] == "ok"}
+        ref = {r["prompt_id"]: r for r in records.get((engine, "autoregressive"), []) if r["status"] == "ok"}
         pairs = [(r, ref[r["prompt_id"]]) for r in ok if r["prompt_id"] in ref]
         rows.append({"engine": engine, "method": method, "prompts": len(ok),
                      "tokens_per_step": metrics.tokens_per_step(ok), "tokens_per_s": metrics.mean_tokens_per_s(ok),
