@@ -1,7 +1,8 @@
 """model.backend=llamacpp: the harness's decoders on llama.cpp (decoders/core/llamacpp.py), on SmolLM2's GGUF as
-shipped (Q4_1) and converted to F32. A tree verified in one llama_decode gives each node the logits of its own
-path; every method that reads logits only equals the engine's own one-token decoding (or departs at ties the
-lossless check proves); a method needing what the engine does not give is refused before anything loads."""
+shipped (Q4_1) and converted to F32, and on Gemma 3 270M's as shipped (Q4_K_M, sliding-window layers). A tree
+verified in one llama_decode gives each node the logits of its own path; every method that reads logits only
+equals the engine's own one-token decoding (or departs at ties the lossless check proves); a method needing what
+the engine does not give is refused before anything loads."""
 from __future__ import annotations
 
 import random
@@ -20,7 +21,7 @@ from decoders.core.tree import TokenTree, ancestors
 from helpers import CACHE_DIR, greedy_reference
 from test_greedy_equality import METHODS
 
-pytestmark = pytest.mark.slow  # the real SmolLM2 file
+pytestmark = pytest.mark.slow  # the real SmolLM2 and Gemma 3 files
 
 LOGITS_ONLY = ["autoregressive", "jacobi", "lookahead", "recycling", "prompt_lookup", "suffix", "oracle",
                "spec_chain", "specinfer", "sequoia"]
@@ -43,6 +44,18 @@ def prompt(q4, data_dir):
     return render(q4.tokenizer, GSM8K(limit=1, data_dir=str(data_dir)).load()[0], 0, [], "chat")[1]
 
 
+@pytest.fixture(scope="module")
+def gemma():
+    return build(composed(["model=gemma3-270m"]).model, "model").load(step=64)
+
+
+@pytest.fixture(scope="module")
+def gemma_prompt(gemma, data_dir):
+    from bench.datasets import GSM8K
+
+    return render(gemma.tokenizer, GSM8K(limit=1, data_dir=str(data_dir)).load()[0], 0, [], "raw")[1]
+
+
 def test_it_reads_the_file_as_shipped(q4):
     assert q4.weights_type == "Q4_1" and q4.vocab_size == 49152 and q4.stop_ids == {2}
     assert q4.source["engine"]["kv_type"] == "f16"
@@ -59,11 +72,30 @@ def chain_logits(lm, prompt: list[int], path: list[int], then: list[int] = ()) -
     return lm.forward(list(then), cache, last_only=True)[0] if then else logits[-1]
 
 
-def test_a_tree_in_one_decode_scores_each_node_as_its_own_path(q4, prompt):
-    """Each node's logits from one llama_decode over a random tree are, bit for bit, those of its own path fed as
-    a chain in the same batches (node i's ancestors only: the sequence ids carry the tree's mask)."""
+def padded_logits(lm, prompt: list[int], path: list[int], size: int) -> torch.Tensor:
+    """The logits after prompt + path, the path fed as the only branch of a step of `size` tokens: filler tokens
+    beside it, children of the root, which the path does not see."""
+    tokens = [prompt[-1], *path, *range(1000, 1000 + size - len(path) - 1)]
+    tree = TokenTree(tokens=tokens, parents=[-1, *range(len(path)), *[0] * (size - len(path) - 1)])
+    cache = lm.new_cache()
+    lm.forward(prompt[:-1], cache)
+    mask, positions = layout(len(cache), 1, tree)
+    return lm.forward(tokens, cache, position_ids=positions, mask=mask, logits_last=size)[len(path)]
+
+
+@pytest.mark.parametrize("model", ["q4", "gemma"])
+def test_a_tree_in_one_decode_scores_each_node_as_its_own_path(model, request):
+    """Each node's logits from one llama_decode over a random tree are, bit for bit, those of its own path alone
+    (node i's ancestors only: the sequence ids carry the tree's mask). SmolLM2's Q4_1: the path fed as a chain in
+    the same batches. Gemma 3's Q4_K_M, whose sliding-window layers mask by position too: the path as the only
+    branch of a step of the tree's size, since llama.cpp's repacked Q4_K kernels compute rows in tiles of 4 and the
+    rest one by one, so a row's rounding follows the batch's size (a chain of another length lands up to 1.0 away
+    in the logits)."""
+    q4 = request.getfixturevalue(model)
+    prompt = request.getfixturevalue("prompt" if model == "q4" else "gemma_prompt")
     rng = random.Random(0)
-    parents = [-1] + [rng.randrange(i) for i in range(1, 24)]
+    size = 24 if model == "q4" else 16
+    parents = [-1] + [rng.randrange(i) for i in range(1, size)]
     tree = TokenTree(tokens=[prompt[-1]] + [rng.randrange(1000, 9000) for _ in parents[1:]], parents=parents)
     cache = q4.new_cache()
     q4.forward(prompt[:-1], cache)
@@ -71,12 +103,16 @@ def test_a_tree_in_one_decode_scores_each_node_as_its_own_path(q4, prompt):
     logits = q4.forward([prompt[-1], *tree.tokens[1:]], cache, position_ids=positions, mask=mask,
                         logits_last=len(tree))
     del cache
+
+    def alone(path):
+        return chain_logits(q4, prompt, path) if model == "q4" else padded_logits(q4, prompt, path, len(tree))
+
     paths = [[tree.tokens[n] for n in ([*reversed(ancestors(parents, node)), node] if node else [])]
              for node in range(len(tree))]
     for node, path in enumerate(paths):
-        assert torch.equal(logits[node], chain_logits(q4, prompt, path)), node
+        assert torch.equal(logits[node], alone(path)), node
     other = next(n for n in range(2, len(tree)) if parents[n] != 1)  # negative control: another node's path
-    assert not torch.allclose(chain_logits(q4, prompt, [tree.tokens[1], tree.tokens[other]]), logits[other])
+    assert not torch.allclose(alone([tree.tokens[1], tree.tokens[other]]), logits[other])
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +158,28 @@ def test_every_logits_method_is_lossless(q4, prompt, method):
         assert len(out.steps) < len(reference.steps) or method in ("jacobi",), "no step saved"
 
 
-def decoder_on(method: str, extra: list[str]):
+def test_gemma_as_shipped_is_lossless(gemma, gemma_prompt):
+    """Gemma 3 270M's Q4_K_M file as shipped: lookahead (a window beside its n-gram tree) and prompt lookup equal
+    the engine's one-token decoding, or depart at ties only."""
+    assert gemma.weights_type.startswith("Q4_K") and gemma.vocab_size == 262144 and 1 in gemma.stop_ids
+    reference = greedy_reference(gemma, gemma_prompt, 24, gemma.stop_ids)
+    for method in ("lookahead", "prompt_lookup"):
+        out = decoder_on(method, ["model=gemma3-270m"]).generate(gemma, gemma_prompt, 24, Sampling(), gemma.stop_ids)
+        verdict = judge_lossless(gemma, gemma_prompt, out.tokens, reference.tokens)
+        assert verdict["lossless"] or verdict["divergence_tie"], (method, verdict)
+
+
+def composed(extra: list[str]):
     from hydra import compose, initialize_config_dir
 
     from bench.registry import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"decoder={method}", "model.backend=llamacpp", f"cache_dir='{CACHE_DIR}'",
-                                           *extra])
-    return check_config(cfg)[1]
+        return compose("config", overrides=["model.backend=llamacpp", f"cache_dir='{CACHE_DIR}'", *extra])
+
+
+def decoder_on(method: str, extra: list[str]):
+    return check_config(composed([f"decoder={method}", *extra]))[1]
 
 
 @pytest.mark.parametrize("method,needs", [("eagle", "before the final norm"), ("medusa", "the last hidden state"),
@@ -139,6 +188,16 @@ def test_what_the_engine_cannot_give_is_refused_in_one_line(method, needs):
     with pytest.raises(BenchError, match=f"cannot run on llama.cpp.*{needs}") as e:
         decoder_on(method, [])
     assert "\n" not in str(e.value)
+
+
+def test_the_cli_refuses_before_claiming_a_directory(tmp_path):
+    """python -m bench with a method the engine cannot serve: exit 2, one line, no run directory."""
+    from helpers import run_cli
+
+    run_dir = tmp_path / "run"
+    out = run_cli("model.backend=llamacpp", "decoder=medusa", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+    assert "cannot run on llama.cpp" in out.stderr and not run_dir.exists()
 
 
 def test_the_f32_copy_holds_the_torch_paths_weights(f32):
@@ -174,3 +233,27 @@ def test_llama_cpps_errors_are_raised_and_shown(q4, capsys):
     with pytest.raises(RuntimeError, match="llama_decode failed"):
         q4.forward([5], cache, position_ids=[9], mask=np.ones((1, 4), bool))
     assert "inconsistent sequence positions" in capsys.readouterr().err
+
+
+def test_side_by_side_and_a_forecast_at_llama_cpps_prices(tmp_path, capsys):
+    """scripts/engines_side_by_side.py on the shipped file (2 methods, 1 prompt) writes its runs, the engine's k-token
+    cost curve and the table with the lossless check; bench.forecast prices those runs at that profile."""
+    from bench.forecast import main as forecast
+    from test_scripts import run_script
+
+    out = run_script("engines_side_by_side.py", "--out", str(tmp_path), "--engines", "llamacpp", "--methods",
+                     "autoregressive,prompt_lookup", "--curve", "1,2,4", "--curve-repeats", "1", "--context", "32",
+                     "dataset=gsm8k", "dataset.limit=1", "gen.max_new_tokens=12", "quality=false", "threads=1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "table.csv").set_index("method")
+    assert list(table.index) == ["autoregressive", "prompt_lookup"] and set(table["engine"]) == {"llamacpp"}
+    assert (table["lossless_up_to_ties"] == 1.0).all() and (table["real_divergences"] == 0).all()
+    assert list(pd.read_csv(tmp_path / "profiles" / "llamacpp" / "profile.csv")["tokens"]) == [1, 2, 4]
+    capsys.readouterr()
+    forecast([str(tmp_path / "llamacpp"), "--profile", str(tmp_path / "profiles" / "llamacpp"),
+              "--out", str(tmp_path / "forecast")])
+    forecasted = pd.read_csv(tmp_path / "forecast" / "forecast.csv")
+    assert sorted(forecasted["decoder"]) == ["autoregressive", "prompt_lookup"]
+    assert forecasted[["forecast_speedup", "forecast_tokens_per_s", "measured_tokens_per_s"]].notna().all().all()
