@@ -202,7 +202,7 @@ def rounding_tie(step: torch.Tensor, second: torch.Tensor, chosen: int) -> bool:
     distance between the step and a second computation of the same logits at the same precision (the largest
     difference over the vocabulary): an engine whose two computations differ by more than the margin does not
     decide between the two tokens. llama.cpp's quantized kernels quantize activations, so no wider computation of
-    the same function exists; its one forward over the prefix is the second one (results/reference/llamacpp/)."""
+    the same function exists; its one forward over the prefix is the second one (docs/llamacpp.md)."""
     step, second = step.float(), second.float()
     margin = float(step.max() - step[chosen])
     distance = float((step - second).abs().max())

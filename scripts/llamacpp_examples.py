@@ -4,7 +4,7 @@ methods on the same engine: their tokens/s as they print it, and whether their o
     python scripts/llamacpp_examples.py --bin DIR --out DIR [--tokens 128] [hydra overrides: model=, dataset=, ...]
 
 --bin: where a llama.cpp build of the vendored source put llama-lookahead, llama-lookup and llama-cli's peers (the
-same llama.cpp llama-cpp-python builds: results/reference/llamacpp/README.md says how). Each prompt is rendered as
+same llama.cpp llama-cpp-python builds: docs/llamacpp.md says how). Each prompt is rendered as
 the harness renders it and given as text; the model is the GGUF as shipped (dtype=auto) or its F32 copy
 (dtype=float32), as model.backend=llamacpp reads it. Greedy (--temp 0). Writes examples.csv: per example and prompt
 its decoded tokens/s, accepted tokens, and whether its text equals our llama.cpp autoregressive output's.

@@ -38,7 +38,7 @@ def bindings():
         import llama_cpp
     except ImportError:
         raise ImportError("model.backend=llamacpp needs llama-cpp-python: pip install llama-cpp-python==0.3.36 "
-                          "(it builds llama.cpp from source: README)") from None
+                          "(it compiles llama.cpp: docs/llamacpp.md)") from None
     global _log_errors
     if _log_errors is None:
         _log_errors = llama_cpp.llama_log_callback(_errors_only)
