@@ -67,7 +67,7 @@ def chain_logits(lm, prompt: list[int], path: list[int], then: list[int] = ()) -
     the rest causally (then, one more forward): llama.cpp's kernels round a batch by its size, so a chain fed
     in the same batches is the tree's exact peer."""
     cache = lm.new_cache()
-    lm.forward(prompt[:-1], cache)
+    lm.forward(prompt[:-1], cache, last_only=True)  # the prefix's cells; one row of logits
     logits = lm.forward([prompt[-1], *path], cache)
     return lm.forward(list(then), cache, last_only=True)[0] if then else logits[-1]
 
@@ -78,7 +78,7 @@ def padded_logits(lm, prompt: list[int], path: list[int], size: int) -> torch.Te
     tokens = [prompt[-1], *path, *range(1000, 1000 + size - len(path) - 1)]
     tree = TokenTree(tokens=tokens, parents=[-1, *range(len(path)), *[0] * (size - len(path) - 1)])
     cache = lm.new_cache()
-    lm.forward(prompt[:-1], cache)
+    lm.forward(prompt[:-1], cache, last_only=True)  # the prefix's cells; one row of logits
     mask, positions = layout(len(cache), 1, tree)
     return lm.forward(tokens, cache, position_ids=positions, mask=mask, logits_last=size)[len(path)]
 
@@ -98,7 +98,7 @@ def test_a_tree_in_one_decode_scores_each_node_as_its_own_path(model, request):
     parents = [-1] + [rng.randrange(i) for i in range(1, size)]
     tree = TokenTree(tokens=[prompt[-1]] + [rng.randrange(1000, 9000) for _ in parents[1:]], parents=parents)
     cache = q4.new_cache()
-    q4.forward(prompt[:-1], cache)
+    q4.forward(prompt[:-1], cache, last_only=True)  # the prefix's cells; one row of logits
     mask, positions = layout(len(cache), 1, tree)
     logits = q4.forward([prompt[-1], *tree.tokens[1:]], cache, position_ids=positions, mask=mask,
                         logits_last=len(tree))
@@ -127,7 +127,7 @@ def test_keep_leaves_the_accepted_path(f32, prompt):
     a, b, c, d, e = (f32.tokenizer.encode(w)[0] for w in (" The", " She", " sold", " ate", " and"))
     tree = TokenTree(tokens=[prompt[-1], a, b, c, d], parents=[-1, 0, 0, 2, 2])
     cache = f32.new_cache()
-    f32.forward(prompt[:-1], cache)
+    f32.forward(prompt[:-1], cache, last_only=True)  # the prefix's cells; one row of logits
     mask, positions = layout(len(cache), 1, tree)
     f32.forward(tree.tokens, cache, position_ids=positions, mask=mask)
     n = len(prompt) - 1
