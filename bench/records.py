@@ -176,6 +176,7 @@ OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt
             "rescore_flops": _AMOUNT, "batch": _OBJECT, "tuned": _OBJECT, "calibration": _OBJECT,
             "first_divergence": _COUNT, "first_real_divergence": _COUNT, "divergence_tie": _FLAG,
             "divergence_ulps": _AMOUNT, "divergence_logit_gap": _AMOUNT, "ties_in_wider_dtype": _COUNT,
+            "ties_by_second_computation": _COUNT,
             "speed_py_tokens": ("an integer", _is_int),  # bench/spec_bench_table.py: from 2026-12-02
             # bench/metrics.py, step_acceptance: what the engines' acceptance figures count
             "draft_steps": _COUNT, "verified_tokens": _COUNT,

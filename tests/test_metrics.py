@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import torch
 
 from bench import metrics
 from decoders.core.trace import Generation, Step
@@ -328,3 +329,13 @@ def test_summaries_and_streamed_columns_carry_every_engines_acceptance():
         assert streamed[name] == pytest.approx(direct[name]) if name != "vllm_acceptance_by_position" else \
             streamed[name] == direct[name], name
         assert name in metrics.to_markdown(metrics.summarize(recs)).splitlines()[0]
+def test_a_referee_at_the_runs_precision_proves_a_tie_by_disagreeing_as_much():
+    """llama.cpp's referee is a second computation in float32, like the step: a departure is a tie where the two
+    differ (anywhere in the vocabulary) by at least the chosen token's margin below the step's top-1, else real."""
+    step = torch.tensor([2.0, 1.9, 0.0])  # token 1: 0.1 below the top-1, hundreds of thousands of ulps
+    for second, tie in ((torch.tensor([1.9, 2.0, 0.0]), True), (torch.tensor([2.0, 1.9, 0.05]), False)):
+        verdict = metrics.judge_output([0, 1], [0, 0], [step, step], referee=lambda i, s=second: s)
+        assert verdict["divergence_tie"] is tie and verdict["ties_by_second_computation"] == int(tie)
+        assert verdict["ties_in_wider_dtype"] == 0
+    wider = metrics.judge_output([0, 1], [0, 0], [step, step], referee=lambda i: torch.tensor([1.9, 2.0, 0.0]).double())
+    assert wider["divergence_tie"] is True and wider["ties_in_wider_dtype"] == 1  # a wider one ranks by ulps

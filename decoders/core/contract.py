@@ -40,6 +40,26 @@ class Decoder(Protocol):
                  stop_ids) -> Generation: ...
 
 
+# What a decoder may read of its target beyond next-token logits. A decoder declares `target_needs`
+# (capability -> why; a property where its settings decide, as draft=self does); an engine declares what
+# it `gives` (the torch LM: everything; llama.cpp: decoders/core/llamacpp.py).
+CAPABILITIES = {"hidden": "the last hidden state", "features": "a layer's output before the final norm",
+                "weights": "the target's torch modules"}
+
+
+def target_needs(decoder: Decoder) -> dict[str, str]:
+    """What `decoder` reads of its target beyond logits, each with why (nothing: logits only)."""
+    return dict(getattr(decoder, "target_needs", None) or {})
+
+
+def check_engine(decoder: Decoder, gives: frozenset[str], engine: str) -> None:
+    """One ValueError naming the first thing `decoder` needs that the engine does not give, and why it needs it."""
+    for need, why in target_needs(decoder).items():
+        if need not in gives:
+            raise ValueError(f"decoder {decoder.name} cannot run on {engine}: it reads {CAPABILITIES[need]} ({why}), "
+                             "which this engine does not give")
+
+
 @runtime_checkable
 class LoadsAddOns(Protocol):
     """Runs something beside the target (a draft model, heads, an n-gram LM): built by the runner
