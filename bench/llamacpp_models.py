@@ -11,6 +11,7 @@ from decoders.core.contract import CAPABILITIES
 from decoders.core.llamacpp import GIVES, KV_TYPES, LlamaCppLM, bindings
 
 from .errors import BenchError
+from .hashes import file_sha256
 
 BACKENDS = ("torch", "llamacpp")
 WEIGHTS = {"auto": "shipped", "float32": "f32", "fp32": "f32"}  # dtype -> the GGUF llama.cpp reads
@@ -60,8 +61,6 @@ def f32_copy(gguf: Path, cache_dir: str) -> Path:
 def load(spec, step: int) -> LlamaCppLM:
     """The spec's GGUF (bench.models.GGUFPackageModel) on llama.cpp, for steps of up to `step` tokens."""
     from transformers import GenerationConfig
-
-    from .models import file_sha256
 
     shipped = spec.gguf_path()
     gguf = shipped if WEIGHTS[spec.dtype] == "shipped" else f32_copy(shipped, spec.cache_dir)

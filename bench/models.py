@@ -10,7 +10,6 @@ import functools
 import hashlib
 import importlib
 import importlib.metadata
-import json
 import os
 import shutil
 import sys
@@ -29,7 +28,7 @@ from decoders.tuning.profile import choose_compile, choose_fast_path
 
 from .errors import BenchError
 from .prompts import set_system_message
-from .rundir import write_atomic
+from .hashes import directory_sha256, file_sha256
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -214,36 +213,6 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
         if lm.compile != compile:
             print(f"warning: model.compile={compile} runs {lm.compile} here: {lm.compile_note}", file=sys.stderr)
     return lm
-
-
-def directory_sha256(directory: Path, cache_dir: str | None) -> str:
-    """The content hash of a model directory's files (weights, config, tokenizer), each file's hash
-    kept under cache_dir by its path, size, inode and modification time, so that a checkpoint is read
-    through once, not at every run. What a run directory records as its model's weights."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
-        digest.update(f"{path.name}\0{file_sha256(path, cache_dir)}\0".encode())
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path, cache_dir: str | None) -> str:
-    stat = path.stat()
-    key = {"path": str(path.resolve()), "size": stat.st_size, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns}
-    kept = None
-    if cache_dir:
-        kept = Path(cache_dir).expanduser() / "hashes" / f"{hashlib.sha1(key['path'].encode()).hexdigest()}.json"
-        with contextlib.suppress(OSError, ValueError):
-            known = json.loads(kept.read_text())
-            if {k: known.get(k) for k in key} == key:
-                return known["sha256"]
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    if kept is not None:
-        with contextlib.suppress(OSError, BenchError):  # a cache that cannot be written costs a read next time
-            write_atomic(kept, json.dumps({**key, "sha256": digest.hexdigest()}))
-    return digest.hexdigest()
 
 
 def tensors_sha256(model: torch.nn.Module) -> str:

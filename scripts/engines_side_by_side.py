@@ -18,23 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
 
-from bench import metrics, provenance  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
-from bench.prompts import rendering_for  # noqa: E402
-from bench.registry import CONF_DIR  # noqa: E402
-from bench.runner import (RunContext, build, check_config, check_finite_logits, load_addons, prepare_decoder,  # noqa: E402
+from bench import metrics, provenance
+from bench.errors import BenchError
+from bench.prompts import rendering_for
+from bench.registry import CONF_DIR
+from bench.runner import (RunContext, build, check_config, check_finite_logits, load_addons, prepare_decoder,
                           run_unit, sampling_from, warmup)
-from decoders.tuning.profile import forward_samples  # noqa: E402
+from decoders.tuning.profile import forward_samples
 
 ENGINES = {"torch": ["model.backend=torch", "dtype=float32"],
            "llamacpp-f32": ["model.backend=llamacpp", "dtype=float32"],

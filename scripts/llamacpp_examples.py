@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,14 +21,13 @@ import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
 
-from bench.prompts import prepare, rendering_for  # noqa: E402
-from bench.registry import CONF_DIR  # noqa: E402
-from bench.runner import build  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
+from bench.prompts import prepare, rendering_for
+from bench.registry import CONF_DIR
+from bench.runner import build
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
 
 SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 ACCEPT = re.compile(r"n_accept\s+=\s+(\d+)")

@@ -68,7 +68,7 @@ def test_a_proposer_that_waits_for_the_prefill_says_what_that_pass_returns(says,
     assert check_proposer(Chain(waits=False, says={})) is not None  # asked at the prefill: nothing to say
 
 
-NEED_MORE = ("medusa", "bpd", "eagle", "spec_chain", "specinfer", "sequoia", "oracle")
+NEED_MORE = ("medusa", "bpd", "eagle", "dflash", "spec_chain", "specinfer", "sequoia", "oracle")
 
 
 @pytest.mark.parametrize("name", decoder_configs())
