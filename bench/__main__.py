@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from .errors import BenchError, fail
 from .registry import decoder_configs, searchpath_dirs
 from .settings import check_settings, check_writable_dir
+from .usage import stop_if_parse_only
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("decoder", "model", "dataset", "draft", "logger", "sweep")
@@ -153,6 +154,7 @@ def script_args(parser, argv: list[str] | None = None, config: str | None = "con
                 compose(config, overrides=overrides)
             except Exception as e:
                 fail(f"{' '.join(overrides)}: {error_reason(e)}")
+    stop_if_parse_only()
     return args, overrides
 
 
@@ -314,6 +316,7 @@ def hydra_quote(value) -> str:
 def main() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     precheck(sys.argv[1:])
+    stop_if_parse_only()
     app()
 
 

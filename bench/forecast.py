@@ -46,7 +46,6 @@ in one line and exit code 2, with nothing written.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -66,6 +65,7 @@ from . import metrics, rundir
 from .errors import BenchError, fail
 from .leaderboard_tables import prompt_of, run_pairs
 from .records import read_records, records_path, run_dirs
+from .usage import Parser
 
 ROOFLINE_KEYS = ("device", "bandwidth_gb_s", "peak_flops", "fixed_ms", "bytes_per_param")
 PROVENANCE_FILES = ("provenance.json", "profile_provenance.json")  # a profile's: profile_device's, the GPU kit's copy
@@ -546,7 +546,7 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.forecast", description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python -m bench.forecast")
     parser.add_argument("run_dir", help="a run directory, or a directory of runs (a leaderboard's)")
     parser.add_argument("--profile", required=True,
                         help="a scripts/profile_device.py --out directory, or a roofline file (YAML or JSON)")

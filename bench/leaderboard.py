@@ -9,6 +9,9 @@ records.jsonl, summary.csv), so `python -m bench.show` and `python -m bench.repo
 and a rerun with the same out_dir resumes: finished records are skipped, none is duplicated.
 Settings are checked, one line and exit code 2 for a bad one, before torch is imported (here and
 bench/settings.py); bench/leaderboard_run.py runs the entries, bench/leaderboard_tables.py tables them.
+With hydra/launcher=<slurm, slurm_cpu, joblib, ...> the board runs as units (entries x a slice of
+questions), a job each beside its own autoregressive reference, merged into the same tables
+(bench/leaderboard_cluster.py); --dry-run prints the plan (units, expected tokens, forwards, time).
 
 Presets (conf/preset/<name>.yaml, `+preset=<name>`) are focused comparisons: each adds its
 labelled entries to leaderboard.decoders, selects them with leaderboard.only (autoregressive,
@@ -30,6 +33,8 @@ The table (out_dir/leaderboard.csv, .md), per decoder and dataset and overall:
 - runs: timed runs (prompts x leaderboard.repeats),
 - tokens_per_step: new tokens / target forward passes, prefill included,
 - mean_accepted_tokens: Spec-Bench's (prefill excluded, bonus token included),
+- vllm_mean_acceptance_length, vllm_acceptance_by_position, sglang_accept_length, eagle_tau: acceptance
+  as vLLM, SGLang and EAGLE's evaluation count it (bench/metrics.py; docs/acceptance.md),
 - tokens_per_s: new tokens / seconds, summed over timed runs,
 - speedup (Spec-Bench's), speedup_geomean, speedup_pooled: bench/metrics.py defines them, over
   every timed run, each repeat against the reference's same repeat,
@@ -76,18 +81,33 @@ from .__main__ import CONF_DIR, GROUPS, check_writable, config_choices, error_re
 from .errors import BenchError
 from .registry import REFERENCE
 from .settings import check_seed, check_settings
+from .usage import asks_help, config_block, stop_if_parse_only
 
 TURNS = ("first", "all")  # leaderboard.turns: a conversation's first turn only, or every turn (Spec-Bench's)
 
 
 def main(argv: list[str] | None = None) -> None:
-    overrides = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in overrides):  # overrides are Hydra's; these two are the manual
-        print(__doc__.strip())
+    args = list(sys.argv[1:] if argv is None else argv)
+    if asks_help(args):  # overrides are Hydra's; these two are the manual, then the options
+        print(f"{__doc__.strip()}\n\nOptions (key=value, beside any of python -m bench --help), "
+              f"conf/leaderboard.yaml:\n\n{config_block(CONF_DIR / 'leaderboard.yaml', 'leaderboard')}")
         return
+    dry_run, overrides = "--dry-run" in args, [a for a in args if a != "--dry-run"]
     try:
         base, labels, runs = compose_all(overrides)
+        launcher = launcher_choice(overrides)
+        if dry_run or launcher:  # bench/leaderboard_cluster.py: the board as units, a job each
+            from .leaderboard_cluster import Unfinished, run_cluster
+
+            stop_if_parse_only()
+            try:
+                print(run_cluster(base, labels, runs, overrides, launcher, dry_run))
+            except Unfinished as e:
+                print(f"\n{e}", file=sys.stderr)
+                sys.exit(1)
+            return
         check_directories(base, runs)
+        stop_if_parse_only()
         # Torch and the decoders, seconds to import, only once every setting that needs neither passed.
         from .leaderboard_run import run_board
 
@@ -98,6 +118,16 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # every finished record is on disk; the same command resumes
         print("\ninterrupted: the finished records are kept; rerun the same command to go on", file=sys.stderr)
         sys.exit(130)
+
+
+def launcher_choice(overrides: list[str]) -> str | None:
+    """The Hydra launcher the command line names (hydra/launcher=<name>: the board then runs as units), or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.get_key_element().lstrip("+~") == "hydra/launcher":
+            return override.get_value_element_as_str()
+    return None
 
 
 def compose_all(overrides: list[str]):
@@ -192,6 +222,9 @@ def check_directories(base, runs: dict) -> None:
     entry's run directory resumable with its settings. Writes nothing."""
     out_dir = Path(base.leaderboard.out_dir)
     rundir.check_board_dir(out_dir)  # only a new or empty directory, or a leaderboard's own
+    if (out_dir / "units").is_dir():
+        raise BenchError(f"leaderboard.out_dir={out_dir} holds a sharded leaderboard (units/): resume it with the "
+                         "command that planned it (its hydra/launcher=...), or choose a new leaderboard.out_dir")
     check_writable("leaderboard.out_dir", base.leaderboard.out_dir)  # one line and exit 2, as for hydra.run.dir
     for (ds, label), cfg in runs.items():  # every entry before any runs: a refusal changes nothing
         # the leaderboard's own keys and the prompt count may change: raising the limit extends a run

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,18 +14,19 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decoders.core.contract import carried_copy, carry, widest_step
+from decoders.core.contract import CarriesState, carried_copy, carry, widest_step
 from decoders.core.weights_file import addon_bytes
 
 from . import drift, provenance, rundir
 from .__main__ import check_devices
-from .leaderboard_tables import markdown, write_tables
+from .leaderboard_tables import machine, markdown, write_summaries, write_tables
 from .prompts import encode, rendering_for
 from .records import RecordLog
 from .registry import REFERENCE
-from .runner import (Pace, RunContext, build, check_config, check_finite_logits, judge_lossless, load_addons,
+from .runner import (Pace, RunContext, budget, build, check_config, check_finite_logits, judge_lossless, load_addons,
                      model_identity, prepare_decoder, record_settings, run_identity, run_unit, sampling_from,
-                     skipped_turn, warmup)
+                     skipped_turn, start_unit, warmup)
+from .slurm import signals_held
 
 
 def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[str]) -> str:
@@ -43,14 +45,16 @@ def run_board(base: DictConfig, labels: list[str], runs: dict, overrides: list[s
     records = {(ds, label): recs for ds in datasets
                for label, recs in run_dataset(ds, labels, runs, out_dir, {"lm": lm}, repeats=board.repeats,
                                               turns=board.get("turns", "first"), speed=speed).items()}
+    write_summaries(out_dir, records)
     df = write_tables(out_dir, records, datasets, labels, greedy=sampling_from(runs[datasets[0], REFERENCE]).greedy)
     from .leaderboard_plots import plot_all
+    from .plotting import setup_of
 
     cost = verification_cost(lm, list(board.verification_tokens))
     rundir.write_atomic(out_dir / "verification_cost.csv", cost.to_csv(index=False))
-    plot_all(out_dir, datasets, labels, df, list(board.sweeps), records)
+    plot_all(out_dir, datasets, labels, df, list(board.sweeps), records, where=setup_of(lm))
     write_provenance(lm, base, labels, overrides, speed)
-    md = markdown(df, cost, base, lm)
+    md = markdown(df, {"this device": cost}, base, machine(lm))
     rundir.write_atomic(out_dir / "leaderboard.md", md)
     return md
 
@@ -86,7 +90,8 @@ class Entries:
 
 
 def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache: dict, *,
-                repeats: int = 1, turns: str = "first", speed: dict | None = None) -> dict[str, list[dict]]:
+                repeats: int = 1, turns: str = "first", speed: dict | None = None,
+                questions: slice | None = None) -> dict[str, list[dict]]:
     """Runs what is missing of one dataset; returns per label the records of this run's prompts, in
     prompt order (a directory may hold more, from an earlier run with a larger limit). With
     repeats > 1 each prompt runs `repeats` times per label, the order rotating per run; a label's
@@ -94,14 +99,16 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
     repeat_latency_s. turns="all": every turn of a conversation, each after that label's own
     answers to the turns before it (as in a plain run). lm_cache["lm"]: the target, loaded if absent.
     speed[ds]: how the target's one-token step before the timed prompts compares with the one after, and
-    how the reference's own step moved between them (bench/drift.py)."""
+    how the reference's own step moved between them (bench/drift.py). questions: the slice of the
+    dataset's prompts to run (a unit of a sharded board); the tuners still calibrate past them all."""
     cfgs = {label: runs[ds, label] for label in labels}
     decoders = {label: check_config(cfg)[1] for label, cfg in cfgs.items()}
     dataset = build(cfgs[REFERENCE].dataset, "dataset")
     prompts = dataset.load()
     identity = checked_identity(prompts, labels, out_dir / ds, lm_cache.get("lm"))
     logs = open_logs(out_dir / ds, cfgs, identity["dataset"]["prompts"])
-    units = [(p, t) for p in prompts for t in (range(len(p.turns)) if turns == "all" else [0])]
+    scored = prompts[questions or slice(None)]
+    units = [(p, t) for p in scored for t in (range(len(p.turns)) if turns == "all" else [0])]
     keys = [f"{p.id}#{t}" for p, t in units]
     todo = sum(key not in logs[label] for key in keys for label in labels)
     bar = None
@@ -118,6 +125,7 @@ def run_dataset(ds: str, labels: list[str], runs: dict, out_dir: Path, lm_cache:
             bar = tqdm(total=total, initial=total - todo * repeats, unit="run", desc=f"leaderboard | {ds}",
                        dynamic_ncols=True, disable=not cfgs[REFERENCE].progress)
             entries = Entries(ctxs, logs, calibration, repeats, bar, {label: Pace() for label in labels})
+            replay_carried(entries, units)
             timed = [key for key in keys if key not in logs[REFERENCE]]  # the reference's prompts timed now
             with torch.inference_mode():
                 start_ms = drift.step_ms(lm_cache["lm"])
@@ -185,6 +193,33 @@ def prepare_entries(ctxs: dict[str, RunContext], prompts: list, units: list) -> 
     return calibration
 
 
+def replay_carried(entries: Entries, units: list) -> None:
+    """An entry that carries state between prompts (recycling's hot table, suffix's trie), resumed
+    after some of its prompts, first decodes those again, untimed and in order: it then drafts on from
+    the state the uninterrupted run reached, and its steps and acceptance are that run's. An output
+    that comes out otherwise than its record (another device's rounding) is said."""
+    for label, ctx in entries.ctxs.items():
+        log = entries.logs[label]
+        done = [(p, t) for p, t in units if f"{p.id}#{t}" in log]
+        if not isinstance(ctx.decoder, CarriesState) or not done or len(done) == len(units):
+            continue
+        print(f"[bench] {label}: {len(done)} finished turns decoded again (untimed) to rebuild what it carries "
+              "between prompts", file=sys.stderr, flush=True)
+        departed = 0
+        with torch.inference_mode():
+            for prompt, turn in done:
+                earlier = [log.get(f"{prompt.id}#{t}") for t in range(turn)]
+                if skipped_turn(ctx.cfg, prompt, turn, earlier) is not None:
+                    continue
+                record, ids, sampling = start_unit(ctx, prompt, turn, [r["text"] for r in earlier])
+                if record["status"] == "ok":
+                    gen = ctx.decoder.generate(ctx.lm, ids, budget(ctx, ids), sampling, ctx.lm.stop_ids)
+                    departed += gen.tokens != log.get(f"{prompt.id}#{turn}")["tokens"]
+        if departed:
+            print(f"[bench] warning: {label}: {departed} of {len(done)} turns decoded again differ from their records, "
+                  "so its state between prompts differs from the interrupted run's", file=sys.stderr, flush=True)
+
+
 def time_prompt(entries: Entries, prompt, turn: int, order: int) -> tuple[dict[str, dict], dict[str, list[float]]]:
     """Every entry's timed runs of one prompt's turn that its log lacks, entries.repeats each, in an
     order rotated by `order` (no method always runs first). Returns per label its first run's
@@ -229,13 +264,19 @@ def record_prompt(entries: Entries, key: str, first_run: dict[str, dict], latenc
     if reference.sampling.greedy:
         judge(reference.lm, reference.rendering, first_run,
               first_run.get(REFERENCE) or entries.logs[REFERENCE].get(key))
+    node = provenance.node()
     for label, record in first_run.items():
         record["label"] = label
+        record["node"] = node  # each record's: a resumed run may go on elsewhere
         if record["status"] == "ok":
             record["repeat_latency_s"] = latencies[label]
         if entries.calibration[label] is not None:
             record["calibration"] = entries.calibration[label]
-        entries.logs[label].append(record)
+    # Written together, a stop waiting the milliseconds of the appends: no entry's record of a prompt
+    # is kept while the reference's is timed again, later, maybe on another node.
+    with signals_held():
+        for label, record in first_run.items():
+            entries.logs[label].append(record)
 
 
 def judge(lm, rendering: str, records: dict[str, dict], reference: dict | None) -> None:

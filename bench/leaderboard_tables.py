@@ -15,7 +15,9 @@ from . import metrics, rundir, spec_bench_table
 from .metrics import timed_runs
 from .registry import REFERENCE
 
-COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s",
+COLUMNS = ["decoder", "dataset", "prompts", "runs", "tokens_per_step", "mean_accepted_tokens",
+           "vllm_mean_acceptance_length", "vllm_acceptance_by_position", "sglang_accept_length", "eagle_tau",
+           "tokens_per_s",
            "speedup", "speedup_ci_low", "speedup_ci_high", "vs_autoregressive", "overlaps", "speedup_per_run_p25",
            "speedup_per_run_p75", "speedup_geomean", "acceptance_rate",
            "flops_per_token_vs_ar", "decode_overhead_frac", "same_as_autoregressive", "lossless", "lossless_up_to_ties",
@@ -33,27 +35,42 @@ def decoding_mode(gen) -> str:
     return f"sampling (temperature {gen.temperature}, top_p {gen.top_p}, top_k {gen.top_k})"
 
 
-def markdown(df: pd.DataFrame, cost: pd.DataFrame, base, lm) -> str:
+def machine(lm) -> dict:
+    """What leaderboard.md's first line says of the machine that ran the table."""
+    return {"device": lm.device, "dtype": str(lm.dtype).replace("torch.", ""),
+            "fast path": getattr(lm, "fast_path", "none"), "threads": torch.get_num_threads()}
+
+
+def cost_line(where: str, cost: pd.DataFrame) -> str:
+    costs = ", ".join(f"{k} tokens {v:.2f}x" for k, v in zip(cost["tokens"], cost["vs_one_token"]))
+    return f"verification cost on {where} (one forward of k tokens vs 1): {costs}"
+
+
+def markdown(df: pd.DataFrame, costs: dict[str, pd.DataFrame], base, setup: dict,
+             paired: str = "both run in this process") -> str:
+    """leaderboard.md: `costs` maps where it was measured (this device, or each node) to its
+    verification cost; `setup`, what machine() says (each key's values over the nodes); `paired`,
+    where a speedup's two sides ran."""
     shown = df[[c for c in COLUMNS if c in df]].copy()
     shown.loc[~df["decoder_lossless"], "decoder"] += " (lossy)"
-    setup = (f"model {base.model.name} | device {lm.device} | dtype {str(lm.dtype).replace('torch.', '')} | "
-             f"fast path {getattr(lm, 'fast_path', 'none')} | threads {torch.get_num_threads()} | "
+    setup = (f"model {base.model.name} | " + " | ".join(f"{k} {v}" for k, v in setup.items()) + " | "
              f"{decoding_mode(base.gen)} | {base.gen.max_new_tokens} new tokens | "
              f"{base.leaderboard.limit} prompts per dataset"
              + (" (every turn)" if base.leaderboard.get("turns", "first") == "all" else " (conversations: first turns)")
              + (f" x {base.leaderboard.repeats} runs each" if base.leaderboard.repeats > 1 else ""))
-    costs = ", ".join(f"{k} tokens {v:.2f}x" for k, v in zip(cost["tokens"], cost["vs_one_token"]))
-    return (f"{setup}\n\nverification cost on this device (one forward of k tokens vs 1): {costs}\n\n"
+    lines = "\n".join(cost_line(where, cost) for where, cost in costs.items())
+    return (f"{setup}\n\n{lines}\n\n"
             + shown.to_markdown(index=False, floatfmt=".3g")
             + "\n\nruns: timed runs, prompts x repeats; speedup (Spec-Bench's): mean over runs of tokens/s / "
-              "autoregressive's mean over the same prompts and repeats, both run in this process; "
+              f"autoregressive's mean over the same prompts and repeats, {paired}; "
               "speedup_ci_low/high: its 95% bootstrap interval over prompts and their repeats; vs_autoregressive: "
               "faster or slower where that interval is above or below 1, else indistinct; overlaps: the entries "
               "whose intervals overlap this one's, which this table does not order; "
               "speedup_per_run_p25/p75: quartiles over runs of tokens/s / autoregressive's on the same prompt and "
               "repeat; speedup_geomean: geometric mean over runs of autoregressive's latency / the decoder's; "
               "mean_accepted_tokens (Spec-Bench's): new tokens per decoding step, prefill excluded, bonus token "
-              "included; "
+              "included; vllm_mean_acceptance_length, vllm_acceptance_by_position, sglang_accept_length, eagle_tau: "
+              "acceptance as vLLM, SGLang and EAGLE's evaluation count it (docs/acceptance.md); "
             + ("same_as_autoregressive: share of prompts whose output equals the autoregressive entry's; "
                "lossless (bench/metrics.py): share of judged prompts identical to autoregressive greedy, "
                f"lossless_up_to_ties: identical or departing only at ties (within {metrics.TIE_ULPS} ulps of the "
@@ -97,6 +114,7 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
         "runs": sum(len(timed_runs(r)) for r in ok),
         "tokens_per_step": metrics.tokens_per_step(ok),
         "mean_accepted_tokens": metrics.mean_accepted_tokens(ok),
+        **metrics.engine_acceptance(ok),
         # every timed run's tokens and seconds (a record's repeats pooled first)
         "tokens_per_s": metrics.pooled_tokens_per_s({"new_tokens": r["new_tokens"] * len(timed_runs(r)),
                                                      "latency_s": sum(timed_runs(r))} for r in ok),
@@ -117,13 +135,15 @@ def board_row(records: list[dict], reference: list[dict]) -> dict:
     }
 
 
-def table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
-    """records: (dataset, label) -> that entry's records for this run's prompts."""
+def table(records: dict, datasets: list[str], labels: list[str], references: dict | None = None) -> pd.DataFrame:
+    """records: (dataset, label) -> that entry's records for this run's prompts; references: (dataset,
+    label) -> the reference's records its ratios are taken against (default: the reference entry's)."""
+    references = references or {}
     rows = []
     for label in labels:
         every, every_ref = [], []
         for ds in datasets:
-            recs, ref = records[ds, label], records[ds, REFERENCE]
+            recs, ref = records[ds, label], references.get((ds, label), records[ds, REFERENCE])
             if recs:
                 rows.append({"decoder": label, "dataset": ds, **board_row(recs, ref)})
             every += recs
@@ -153,18 +173,28 @@ def ordering_marks(df: pd.DataFrame, within: tuple[str, ...] = ("dataset",)) -> 
     return df
 
 
-def category_table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+def category_table(records: dict, datasets: list[str], labels: list[str], references: dict | None = None
+                   ) -> pd.DataFrame:
     """The same rows per (decoder, dataset, category), for prompts that carry a category."""
+    references = references or {}
     rows = []
     for ds in datasets:
         categories = list(dict.fromkeys(r["category"] for r in records[ds, REFERENCE] if r.get("category")))
         for label in labels:
+            reference = references.get((ds, label), records[ds, REFERENCE])
             for cat in categories:
                 recs = [r for r in records[ds, label] if r.get("category") == cat]
                 if recs:
-                    rows.append({"decoder": label, "dataset": ds, "category": cat,
-                                 **board_row(recs, records[ds, REFERENCE])})
+                    rows.append({"decoder": label, "dataset": ds, "category": cat, **board_row(recs, reference)})
     return ordering_marks(pd.DataFrame(rows), within=("dataset", "category"))
+
+
+FORECASTS = ("predicted_speedup", "predicted_tokens_per_s", "expected_tokens", "latency_profile", "acceptance")
+
+
+def tuned_choice(tuned: dict) -> str:
+    """What an auto-tuner chose (a record's `tuned`, its forecasts left out), as JSON."""
+    return json.dumps({k: v for k, v in tuned.items() if k not in FORECASTS})
 
 
 def tuning_table(df: pd.DataFrame, records: dict) -> pd.DataFrame:
@@ -176,9 +206,7 @@ def tuning_table(df: pd.DataFrame, records: dict) -> pd.DataFrame:
         if not tuned:
             continue
         measured = df[(df["decoder"] == label) & (df["dataset"] == ds)].iloc[0]
-        choice = {k: v for k, v in tuned.items() if k not in ("predicted_speedup", "predicted_tokens_per_s",
-                                                               "expected_tokens", "latency_profile", "acceptance")}
-        rows.append({"decoder": label, "dataset": ds, "choice": json.dumps(choice),
+        rows.append({"decoder": label, "dataset": ds, "choice": tuned_choice(tuned),
                      "predicted_speedup": tuned.get("predicted_speedup", math.nan), "speedup": measured["speedup"],
                      "expected_tokens": tuned.get("expected_tokens", math.nan),
                      "mean_accepted_tokens": measured["mean_accepted_tokens"]})
@@ -193,12 +221,12 @@ def write_summaries(out_dir: Path, records: dict) -> None:
             rundir.write_atomic(out_dir / ds / label / "summary.md", metrics.to_markdown(summary) + "\n")
 
 
-def write_tables(out_dir: Path, records: dict, datasets: list[str], labels: list[str], greedy: bool) -> pd.DataFrame:
-    """Each entry's summary, leaderboard.csv, tuning.csv, Spec-Bench's layout and, where prompts
-    carry categories, leaderboard_by_category.csv/.md; returns leaderboard.csv's table."""
-    write_summaries(out_dir, records)
-    df = table(records, datasets, labels)
-    by_category = category_table(records, datasets, labels)
+def write_tables(out_dir: Path, records: dict, datasets: list[str], labels: list[str], greedy: bool,
+                 references: dict | None = None) -> pd.DataFrame:
+    """leaderboard.csv, tuning.csv, Spec-Bench's layout and, where prompts carry categories,
+    leaderboard_by_category.csv/.md; returns leaderboard.csv's table. `references`: as table's."""
+    df = table(records, datasets, labels, references)
+    by_category = category_table(records, datasets, labels, references)
     if not greedy:  # the lossless check is greedy's (check_lossless refuses sampling): no such columns
         df, by_category = (d.drop(columns=[c for c in LOSSLESS_COLUMNS if c in d]) for d in (df, by_category))
     rundir.write_atomic(out_dir / "leaderboard.csv", df.to_csv(index=False))
@@ -206,7 +234,7 @@ def write_tables(out_dir: Path, records: dict, datasets: list[str], labels: list
     rundir.write_atomic(out_dir / "tuning.csv", tuning_table(df, records).to_csv(index=False))
 
     # Spec-Bench's layout, where prompts have categories
-    spec_bench_table.write(out_dir, records, datasets, labels)
+    spec_bench_table.write(out_dir, records, datasets, labels, references)
     if len(by_category):
         rundir.write_atomic(out_dir / "leaderboard_by_category.csv", by_category.to_csv(index=False))
         rundir.write_atomic(out_dir / "leaderboard_by_category.md",

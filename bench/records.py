@@ -176,7 +176,11 @@ OPTIONAL = {"category": _TEXT, "reason": _TEXT, "prompt_tokens": _COUNT, "prompt
             "rescore_flops": _AMOUNT, "batch": _OBJECT, "tuned": _OBJECT, "calibration": _OBJECT,
             "first_divergence": _COUNT, "first_real_divergence": _COUNT, "divergence_tie": _FLAG,
             "divergence_ulps": _AMOUNT, "divergence_logit_gap": _AMOUNT, "ties_in_wider_dtype": _COUNT,
+            "ties_by_second_computation": _COUNT,
             "speed_py_tokens": ("an integer", _is_int),  # bench/spec_bench_table.py: from 2026-12-02
+            # bench/metrics.py, step_acceptance: what the engines' acceptance figures count
+            "draft_steps": _COUNT, "verified_tokens": _COUNT,
+            "accepted_at_least": ("a list of integers >= 0", lambda v: isinstance(v, list) and all(map(_COUNT[1], v))),
             "prompt_sha256": _TEXT,  # the prompt's content hash (bench.datasets.prompt_sha256): runs since 2026-12-07
             "ties_by_forward": _COUNT,  # runs before 2026-11-27: ties a prefix forward in the run's dtype proved
             "repeat_latency_s": ("a non-empty list of finite numbers > 0",

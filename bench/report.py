@@ -15,7 +15,6 @@ exit code 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -30,6 +29,7 @@ from omegaconf import OmegaConf
 from . import metrics, rundir
 from .errors import BenchError, fail
 from .records import GZIPPED, RECORDS, iter_records, records_path, run_dirs
+from .usage import Parser
 
 # What bench.metrics.summarize reads of a record. While streaming, numbers go into float64 arrays
 # (8 bytes a record each) and the rest into lists of shared objects; tokens, text and traces, the
@@ -37,9 +37,10 @@ from .records import GZIPPED, RECORDS, iter_records, records_path, run_dirs
 NUMBERS = ("new_tokens", "steps", "latency_s", "ttft_s", "tokens_per_s", "target_time_s", "draft_time_s",
            "overhead_time_s", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "target_flops", "draft_flops",
            "decode_tokens", "decode_steps", "decode_flops", "decode_draft_flops", "hit_steps", "paths", "head_flops",
-           "rescore_flops", "quality_score")
+           "rescore_flops", "quality_score", "draft_steps", "verified_tokens")
 OBJECTS = ("decoder", "model", "dataset", "category", "status", "quality_metric", "decoder_lossless", "lossless",
-           "divergence_tie", "reference", "tuned", "batch", "depth_proposed", "depth_accepted")
+           "divergence_tie", "reference", "tuned", "batch", "depth_proposed", "depth_accepted", "prompt_id",
+           "accepted_at_least")
 
 
 def _natural(path: Path) -> list:
@@ -74,6 +75,7 @@ def columns(records) -> pd.DataFrame:
     objects: dict[str, list] = {k: [] for k in OBJECTS}
     present: set[str] = set()  # a column only where some record has the field, as pd.DataFrame(records) does
     for record in records:
+        record = {**record, **metrics.acceptance_counts(record)}  # an older record's, from its trace
         present.update(k for k in record if k not in present)
         for k, column in numbers.items():
             value = record.get(k)
@@ -127,7 +129,7 @@ def report(paths: list[str], by_category: bool = False) -> tuple[pd.DataFrame, l
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python -m bench.report")
     parser.add_argument("paths", nargs="+", help="run or sweep directories")
     parser.add_argument("--out", help="directory for report.csv and report.md")
     parser.add_argument("--by-category", action="store_true",

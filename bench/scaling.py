@@ -15,6 +15,7 @@ Used by scripts/scaling_law.py and notebooks/scaling_law.ipynb.
 """
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
+from .plotting import entry_styles, label_points, legend_beside, save, setup, title
 from .records import read_records, records_path, run_dirs
 
 # Columns taken from each run's config.yaml.
@@ -157,40 +159,47 @@ def _setup(points: pd.DataFrame) -> str:
     return f"{points['model'].iloc[0]} on {points['dataset'].iloc[0]}"
 
 
+def _where(points: pd.DataFrame) -> str:
+    """The dataset, model, device and dtype the points were measured on (the first run's provenance.json)."""
+    path = Path(points["run"].iloc[0]) / "provenance.json"
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    return f"{points['dataset'].iloc[0]}: {setup(info, points['model'].iloc[0])}"
+
+
 def plot_steps_vs_flops(points: pd.DataFrame, fits: pd.DataFrame, tokens: int) -> Figure:
-    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    fig = Figure(figsize=(6.8, 4.4), layout="constrained")
     ax = fig.subplots()
+    styles = entry_styles(sorted(points["N"].unique()))
     for n, group in points.groupby("N"):
-        ax.plot(group["flops_per_step"], group["steps"], marker="o", label=f"N={n}")
-        for _, p in group.iterrows():
-            ax.annotate(f"{p['W']}", (p["flops_per_step"], p["steps"]), fontsize=7, alpha=0.6,
-                        xytext=(3, 3), textcoords="offset points")
+        ax.plot(group["flops_per_step"], group["steps"], label=f"N={n}", **styles[n])
     fit = fits.iloc[0]
     if not math.isnan(fit["b"]):
         x = np.geomspace(points["flops_per_step"].min(), points["flops_per_step"].max(), 50)
         ax.plot(x, fit["a"] - fit["b"] * np.log(x), "k--",
-                label=f"steps = {fit['a']:.4g} - {fit['b']:.3g} ln(FLOPs)  (R²={fit['r2']:.2f})")
+                label=f"steps = {fit['a']:.4g} - {fit['b']:.3g} ln(FLOPs)\n(R²={fit['r2']:.2f})")
     ax.set_xscale("log")
-    ax.set_xlabel("FLOPs per step (log scale)")
-    ax.set_ylabel(f"decoding steps for {tokens} tokens")
-    ax.set_title(f"Lookahead scaling law, G = W (labels: W); {_setup(points)}", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_xlabel("FLOPs per decoding step (FLOPs, log scale)")
+    ax.set_ylabel(f"decoding steps for {tokens} tokens (steps)")
+    title(ax, "Lookahead's scaling law, G = W (point labels: W)", _where(points))
+    legend_beside(ax, fontsize=8)
+    label_points(ax, points["flops_per_step"], points["steps"], [f"W={w}" for w in points["W"]])
     return fig
 
 
 def plot_tokens_per_s_vs_window(points: pd.DataFrame, baseline: float | None = None) -> Figure:
     """tokens/s against W, one line per N; `baseline`: autoregressive tokens/s, if measured."""
-    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    fig = Figure(figsize=(6.8, 4.4), layout="constrained")
     ax = fig.subplots()
+    styles = entry_styles(sorted(points["N"].unique()))
     for n, group in points.groupby("N"):
-        ax.plot(group["W"].astype(int), group["tokens_per_s"], marker="o", label=f"N={n}")
+        ax.plot(group["W"].astype(int), group["tokens_per_s"], label=f"N={n}", **styles[n])
     if baseline is not None and not math.isnan(baseline):
         ax.axhline(baseline, color="k", linestyle=":", label="autoregressive")
     ax.set_xticks(sorted(points["W"].astype(int).unique()))
-    ax.set_xlabel("W (window; G = W)")
-    ax.set_ylabel("tokens/s")
-    ax.set_title(f"Lookahead throughput; {_setup(points)}", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_xlabel("W, the window (tokens; G = W)")
+    ax.set_ylabel("throughput (tokens/s)")
+    title(ax, "Lookahead's throughput", _where(points))
+    legend_beside(ax, fontsize=8)
     return fig
 
 
@@ -213,6 +222,17 @@ class Analysis:
     def setup(self) -> str:
         return _setup(self.points)
 
+    @property
+    def where(self) -> str:
+        """The dataset, model, device and dtype: what the figures' titles say."""
+        return _where(self.points)
+
+    @property
+    def dtype(self) -> str | None:
+        """The runs' dtype (the first run's provenance.json), or None where it is not recorded."""
+        path = Path(self.points["run"].iloc[0]) / "provenance.json"
+        return json.loads(path.read_text()).get("dtype") if path.is_file() else None
+
     def figures(self) -> dict[str, Figure]:
         speed = self.points if self.throughput is None else self.throughput
         base = self.baseline if self.throughput is None else self.throughput_baseline
@@ -223,18 +243,19 @@ class Analysis:
 
 def plot_residuals(points: pd.DataFrame) -> Figure:
     """Each point's distance from its own N's line: a law that holds leaves no pattern here."""
-    fig = Figure(figsize=(6.4, 3.4), layout="constrained")
+    fig = Figure(figsize=(6.8, 3.6), layout="constrained")
     ax = fig.subplots()
     fitted = points[points["residual"].notna()]  # an N with one W has no line
+    styles = entry_styles(sorted(points["N"].unique()))
     for n, group in fitted.groupby("N"):
-        ax.plot(group["flops_per_step"], group["residual"], marker="o", label=f"N={n}")
+        ax.plot(group["flops_per_step"], group["residual"], label=f"N={n}", **styles[n])
     ax.axhline(0, color="k", linewidth=0.8)
     if not fitted.empty:
         ax.set_xscale("log")
-        ax.legend(fontsize=8)
-    ax.set_xlabel("FLOPs per step (log scale)")
-    ax.set_ylabel("steps - fit of its N")
-    ax.set_title(f"Residuals from each N's line; {_setup(points)}", fontsize=9)
+        legend_beside(ax, fontsize=8)
+    ax.set_xlabel("FLOPs per decoding step (FLOPs, log scale)")
+    ax.set_ylabel("steps - its N's fit (steps)")
+    title(ax, "Residuals from each N's line", _where(points))
     return fig
 
 
@@ -285,8 +306,7 @@ def write(analysis: Analysis, out) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in analysis.figures().items():
-        fig.savefig(out / f"{name}.png", dpi=120)
-        written.append(out / f"{name}.png")
+        written.append(save(fig, out / f"{name}.png", dpi=120))
     analysis.points.to_csv(out / "scaling_points.csv", index=False)
     analysis.fits.to_csv(out / "scaling_fit.csv", index=False)
     if analysis.slopes is not None:

@@ -14,7 +14,6 @@ against a reference implementation's.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import html
 import json
@@ -28,6 +27,7 @@ from .errors import BenchError, fail
 from .prompts import encode
 from .records import read_records, records_path
 from .runner import recorded_spec
+from .usage import Parser
 
 # tokens committed by one pass -> (HTML background, ANSI 256-colour background)
 COLOURS = {1: ("#eeeeee", None), 2: ("#c6e9ff", 153), 3: ("#9fd99f", 114), 4: ("#ffd27f", 222)}
@@ -193,7 +193,7 @@ def show(run_dir: str | Path, prompt_id: str, turn: int = 0, out: str | Path | N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.show", description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python -m bench.show")
     parser.add_argument("run_dir")
     parser.add_argument("--prompt", required=True, help="prompt id, e.g. HumanEval/0")
     parser.add_argument("--turn", type=int, default=0)

@@ -26,6 +26,7 @@ test cluster, more on a loaded machine), time in which SLURM still counts the jo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -35,7 +36,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 def _say(message: str) -> None:
@@ -69,6 +70,26 @@ def _exit_at_once(failed: list[bool]) -> None:
     os._exit(1 if failed else 0)
 
 
+@contextlib.contextmanager
+def signals_held(signums=(signal.SIGTERM, signal.SIGINT)):
+    """A stop (scancel, the time limit, Ctrl-C) that comes inside the block is raised after it, to the
+    handler there was. Held in Python, not by the thread's signal mask: a process-directed signal goes
+    to any thread not blocking it (torch's OpenMP workers), and Python runs its handler anyway. Only
+    the main thread may set handlers; elsewhere none come to Python."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: came.append(signum)) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(came):
+            signal.raise_signal(signum)
+
+
 class StopOnSlurmSignal(Callback):
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}
@@ -82,8 +103,11 @@ class StopOnSlurmSignal(Callback):
         run_dir = hc.runtime.output_dir
         where = (f"hydra.sweep.dir={os.path.abspath(hc.sweep.dir)}" if hc.mode == RunMode.MULTIRUN
                  else f"hydra.run.dir={run_dir}")
-        resume = (f"the finished records of {run_dir} are kept. Once no task of SLURM job {job} runs "
-                  f"(squeue -j {job} lists none), finish the run with the same command plus resume=true {where}")
+        kept = f"the finished records of {run_dir}"
+        how = f"finish the run with the same command plus resume=true {where}"
+        if OmegaConf.select(config, "leaderboard.cluster.unit") is not None:  # a sharded leaderboard's unit
+            kept, how = "the unit's finished records", "rerun the leaderboard's command: each unit left resumes"
+        resume = f"{kept} are kept. Once no task of SLURM job {job} runs (squeue -j {job} lists none), {how}"
 
         pid = os.getpid()
 

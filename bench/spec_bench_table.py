@@ -98,15 +98,18 @@ def cell(records: list[dict], reference: list[dict]) -> dict:
             "mean_accepted_tokens": metrics.mean_accepted_tokens([r for q in common for r in mine[q]])}
 
 
-def table(records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
-    """records: (dataset, label) -> that entry's records. A row per (dataset, decoder, column)."""
+def table(records: dict, datasets: list[str], labels: list[str], references: dict | None = None) -> pd.DataFrame:
+    """records: (dataset, label) -> that entry's records; references: (dataset, label) -> the
+    reference's records its ratios are taken against (default: the reference entry's own). A row
+    per (dataset, decoder, column)."""
+    references = references or {}
     rows = []
     for ds in datasets:
-        reference = records[ds, REFERENCE]
-        categories = list(dict.fromkeys(r["category"] for r in reference if r.get("category")))
+        categories = list(dict.fromkeys(r["category"] for r in records[ds, REFERENCE] if r.get("category")))
         if not categories:
             continue
         for label in labels:
+            reference = references.get((ds, label), records[ds, REFERENCE])
             for name, cats in columns(categories).items():
                 rows.append({"dataset": ds, "decoder": label, "column": name,
                              **cell([r for r in records[ds, label] if r.get("category") in cats],
@@ -177,9 +180,10 @@ def csv_layout(df: pd.DataFrame) -> pd.DataFrame:
                                                                                sort=False)
 
 
-def write(out_dir: Path, records: dict, datasets: list[str], labels: list[str]) -> pd.DataFrame:
+def write(out_dir: Path, records: dict, datasets: list[str], labels: list[str],
+          references: dict | None = None) -> pd.DataFrame:
     """spec_bench.csv and spec_bench.md in Spec-Bench's layout; nothing where no dataset has categories."""
-    df = table(records, datasets, labels)
+    df = table(records, datasets, labels, references)
     if len(df):
         rundir.write_atomic(out_dir / "spec_bench.csv", csv_layout(df).to_csv(index=False))
         rundir.write_atomic(out_dir / "spec_bench.md", markdown(df))

@@ -3,6 +3,7 @@
     python scripts/batch_speedup.py [--prompts 16] [--max-new-tokens 64] [--batch-sizes 1 2 4 8 16]
         [--decoders autoregressive spec_chain medusa lookahead eagle] [--repeats 1] [--out DIR]
         [hydra overrides: model=... dataset=... threads=...]
+    python scripts/batch_speedup.py --replot DIR      (DIR/batch_speedup.png again from its CSVs)
 
 For every batch size B the first --prompts prompts of the dataset are decoded in consecutive
 batches of B (dataset order), by every decoder in turn, side by side in one process, greedy:
@@ -32,16 +33,16 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench import provenance  # noqa: E402
-from bench.prompts import render, rendering_for  # noqa: E402
-from decoders.core.batch import decode_batch  # noqa: E402
-from decoders.core.contract import LoadsAddOns  # noqa: E402
-from decoders.core.hf_trace import hf_generate_batch  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
+from bench import provenance
+from bench.__main__ import script_args
+from bench.plotting import entry_styles, interval, legend_beside, pyplot, save, setup, setup_of, title
+from bench.prompts import render, rendering_for
+from bench.usage import Parser
+from decoders.core.batch import decode_batch
+from decoders.core.contract import LoadsAddOns
+from decoders.core.hf_trace import hf_generate_batch
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -88,33 +89,48 @@ def predicted_speedup(table: pd.DataFrame, curve: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=table.index)
 
 
-def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+def plot(table: pd.DataFrame, curve: pd.DataFrame, path: Path, where: str) -> Path:
+    """Speedup against batch size with its range over the repeats (and the cost curve's prediction), and the cost
+    of a batched forward; `where`: the model, dataset, device and dtype."""
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(12, 4.4), layout="constrained")
+    decoders = [d for d in dict.fromkeys(table.decoder) if d != "autoregressive"]
+    styles = entry_styles(decoders)
     for name, part in table[table.decoder != "autoregressive"].groupby("decoder", sort=False):
-        line, = left.plot(part.batch_size, part.speedup, marker="o", label=name)
-        if part.predicted_speedup.notna().any():
-            left.plot(part.batch_size, part.predicted_speedup, ls="--", lw=1, color=line.get_color())
+        errors = (interval(part.speedup, part.speedup_min, part.speedup_max)
+                  if {"speedup_min", "speedup_max"} <= set(part) else None)
+        left.errorbar(part.batch_size, part.speedup, yerr=errors, label=name, capsize=2, elinewidth=0.8,
+                      **styles[name])
+        if "predicted_speedup" in part and part.predicted_speedup.notna().any():  # older tables have none
+            left.plot(part.batch_size, part.predicted_speedup, ls="--", lw=1, color=styles[name]["color"])
     left.axhline(1.0, color="grey", lw=0.8, ls="--")
-    left.set(xscale="log", xlabel="batch size", ylabel="speedup over batched AR (dashed: predicted)", title=title)
+    left.set(xscale="log", xlabel="batch size (prompts decoded together)",
+             ylabel="speedup over batched autoregressive (x)")
+    title(left, "Speedup (bars: range over repeats; dashed: predicted)", where)
     left.set_xticks(sorted(table.batch_size.unique()), labels=[str(b) for b in sorted(table.batch_size.unique())])
-    left.legend(fontsize=8)
+    legend_beside(left)
+    batch_styles = entry_styles(sorted(curve.batch_size.unique()))
     for b, part in curve.groupby("batch_size"):
-        right.plot(part.tokens_per_row, part.cost_vs_one_token, marker=".", label=f"B={b}")
-    right.set(xscale="log", xlabel="tokens per row (q)", ylabel="forward time / (B rows x 1 token)",
-              title="cost of a batched forward")
+        right.plot(part.tokens_per_row, part.cost_vs_one_token, ms=4, label=f"B={b}", **batch_styles[b])
+    right.set(xscale="log", xlabel="tokens per row, q (tokens)", ylabel="forward time / (B rows x 1 token) (x)")
+    title(right, "Cost of a batched forward", where)
     right.set_xticks(sorted(curve.tokens_per_row.unique()),
                      labels=[str(q) for q in sorted(curve.tokens_per_row.unique())])
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    legend_beside(right)
+    return save(fig, path, dpi=120)
+
+
+def replot(folder: Path) -> Path:
+    """batch_speedup.png drawn again from the batch_speedup.csv, cost_curve.csv and provenance.json beside it."""
+    info = json.loads((folder / "provenance.json").read_text())
+    model = info.get("model") or "smollm2-135m"  # the config's default: older runs did not record it
+    where = f"{info.get('dataset', '')}: {setup(info, model)}"
+    return plot(pd.read_csv(folder / "batch_speedup.csv"), pd.read_csv(folder / "cost_curve.csv"),
+                folder / "batch_speedup.png", where)
 
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/batch_speedup.py", overrides=True)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
@@ -124,6 +140,8 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
                         help="cost curve: tokens per row")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts (interleaved)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "batching")
+    parser.add_argument("--replot", metavar="DIR", help="only draw DIR/batch_speedup.png again from the CSVs and "
+                        "provenance.json an --out run wrote there (alone: nothing is measured)")
     args, overrides = script_args(parser)
     if min(args.batch_sizes + [args.prompts, args.max_new_tokens, args.repeats]) < 1:
         parser.error("--prompts, --max-new-tokens, --repeats and every batch size must be >= 1")
@@ -281,6 +299,9 @@ def markdown(table: pd.DataFrame, curve: pd.DataFrame, decoders: list[str], head
 
 def main() -> None:
     args, overrides = parse_args()
+    if args.replot:
+        print(f"plot: {replot(Path(args.replot))}")
+        return
     cfg, decoders = run_config(overrides, args.decoders)
     lm = loaded_target(cfg, decoders)
     bench = Bench(lm, decoders, dataset_prompts(lm, cfg, args.prompts), args.max_new_tokens, lm.stop_ids)
@@ -300,9 +321,10 @@ def main() -> None:
     heading = (f"Speedup over batched autoregressive (median of {args.repeats} interleaved passes), {prompts} "
                f"{cfg.dataset.name} prompts x {bench.max_new} tokens, greedy, {provenance.collect(lm)['dtype']}")
     (args.out / "batch_speedup.md").write_text(markdown(table, curve, [*decoders], heading))
-    plot(table, curve, args.out / "batch_speedup.png", f"{cfg.model.name}, {cfg.dataset.name}, {lm.device.type}")
+    plot(table, curve, args.out / "batch_speedup.png", f"{cfg.dataset.name}: {setup_of(lm)}")
     meta = provenance.collect(lm)
-    meta.update(argv=sys.argv[1:], prompts=prompts, max_new_tokens=bench.max_new, dataset=cfg.dataset.name)
+    meta.update(argv=sys.argv[1:], prompts=prompts, max_new_tokens=bench.max_new, dataset=cfg.dataset.name,
+                model=cfg.model.name)
     (args.out / "provenance.json").write_text(json.dumps(meta, indent=2))
     print(grid(table, "speedup", [*decoders, "hf_generate"]).to_markdown(floatfmt=".2f"))
 

@@ -19,7 +19,6 @@ verification feeds them (profile.timed_forward). Median and fastest per build (f
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -34,10 +33,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decoders.core import kernels  # noqa: E402
-from decoders.core.fast_path import linear_problem  # noqa: E402
+from bench.usage import Parser
+from decoders.core import kernels
+from decoders.core.fast_path import linear_problem
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -136,7 +134,7 @@ def forward_table(lm, libraries: dict[str, kernels.Library], rows: list[int], re
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/bench_linear_kernels.py")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))

@@ -10,13 +10,12 @@ if anything differs, 2 for bad input (a path that is not a leaderboard directory
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.errors import BenchError, fail  # noqa: E402
-from bench.records import iter_records, records_path, run_dirs  # noqa: E402
+from bench.errors import BenchError, fail
+from bench.records import iter_records, records_path, run_dirs
+from bench.usage import Parser
 
 FIELDS = ("committed", "forward_tokens", "draft_tokens", "accepted_draft_tokens", "draft_forward_tokens", "info")
-USAGE = "usage: python scripts/compare_leaderboards.py BEFORE_DIR AFTER_DIR (two leaderboard out_dirs)"
+USAGE = "give two leaderboard out_dirs: python scripts/compare_leaderboards.py BEFORE_DIR AFTER_DIR"
 
 
 def runs(root: Path) -> dict[tuple[str, str], Path]:
@@ -49,12 +48,11 @@ def compare(a: dict, b: dict) -> tuple[tuple, bool]:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0
-    if len(argv) != 2:
-        raise BenchError(f"expected 2 directories, got {len(argv)}; {USAGE}")
-    before, after = runs(Path(argv[0])), runs(Path(argv[1]))
+    parser = Parser(__doc__, prog="python scripts/compare_leaderboards.py")
+    parser.add_argument("before", type=Path, metavar="BEFORE_DIR", help="a leaderboard out_dir (the reference)")
+    parser.add_argument("after", type=Path, metavar="AFTER_DIR", help="a leaderboard out_dir over the same prompts")
+    args = parser.parse_args(argv)
+    before, after = runs(args.before), runs(args.after)
     rows, all_same = [], True
     for ds, label in sorted(set(before) | set(after)):
         if (ds, label) not in after or (ds, label) not in before:

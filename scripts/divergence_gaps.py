@@ -17,22 +17,19 @@ real_divergences.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.errors import fail  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
-from bench.metrics import lossless_columns  # noqa: E402
-from bench.registry import REFERENCE  # noqa: E402
-from bench.prompts import render, rendering_for  # noqa: E402
-from bench.records import read_records, records_path, run_dirs  # noqa: E402
-from bench.rundir import recorded_config  # noqa: E402
-from bench.runner import judge_lossless, recorded_spec  # noqa: E402
+from bench.errors import BenchError, fail
+from bench.metrics import lossless_columns
+from bench.prompts import render, rendering_for
+from bench.records import read_records, records_path, run_dirs
+from bench.registry import REFERENCE
+from bench.rundir import recorded_config
+from bench.runner import judge_lossless, recorded_spec
+from bench.usage import Parser
 
 COLUMNS = ["dataset", "decoder", "prompt", "key", "first_divergence", "new_tokens", "divergence_logit_gap",
            "divergence_ulps", "first_real_divergence", "ties_in_wider_dtype", "divergence_tie", "dtype"]
@@ -88,7 +85,7 @@ def per_decoder(root: Path, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/divergence_gaps.py")
     parser.add_argument("root", help="a leaderboard out_dir: <dataset>/<decoder>/records.jsonl")
     parser.add_argument("--out", help="CSV file (default ROOT/divergences.csv)")
     args = parser.parse_args(argv)

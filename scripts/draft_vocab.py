@@ -2,7 +2,7 @@
 
     python scripts/draft_vocab.py [--size 8192] [--out adapters/smollm2-135m-vocab.json] [model=...]
 
-The `--size` most frequent tokens of the training text (scripts/training_corpus.py: the target's
+The `--size` most frequent tokens of the training text (bench/training/corpus.py: the target's
 own greedy answers, counted 10x, stdlib source and GSM8K's train split; nothing from the benchmark
 test sets), as scripts/train_eagle.py chooses the EAGLE draft's. With them the heads' readout reads
 those rows of the output layer instead of all of them; a token outside can never be drafted, so
@@ -11,7 +11,6 @@ the held-out self-distilled answers, that the vocabulary holds (train_eagle.py's
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -19,14 +18,13 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
+from bench.training.corpus import OWN_WEIGHT, corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers
+from bench.training.target import add_target_args, target_overrides
+from bench.usage import Parser
+from decoders.core.weights_file import VOCAB_FORMAT
 
-from decoders.core.weights_file import VOCAB_FORMAT  # noqa: E402
-from training_corpus import OWN_WEIGHT, corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
-from training_target import add_target_args, target_overrides  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 @torch.inference_mode()
@@ -43,7 +41,7 @@ def greedy_coverage(lm, vocab: list[int], sequences: list[list[int]]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__, prog="python scripts/draft_vocab.py", overrides=True)
     parser.add_argument("--size", type=int, default=8192, help="tokens kept (the EAGLE draft's is 8192)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--gsm8k-questions", type=int, default=48, help="GSM8K train questions answered by the model")

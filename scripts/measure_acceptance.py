@@ -14,7 +14,6 @@ the cumulative acceptance and the expected tokens per step of Sequoia's optimal 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -23,21 +22,20 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench.prompts import render, rendering_for  # noqa: E402
-from decoders.methods.draft_model import build_draft  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.tuning.sequoia_acceptance import acceptance_counts, save_acceptance  # noqa: E402
-from decoders.tuning.sequoia_tree import cumulative, optimal_tree  # noqa: E402
+from bench.__main__ import script_args
+from bench.prompts import render, rendering_for
+from bench.usage import Parser
+from decoders.core.sampling import Sampling
+from decoders.methods.draft_model import build_draft
+from decoders.tuning.sequoia_acceptance import acceptance_counts, save_acceptance
+from decoders.tuning.sequoia_tree import cumulative, optimal_tree
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/measure_acceptance.py", overrides=True)
     parser.add_argument("--prompts", type=int, default=4, help="first N prompts of the dataset")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--K", type=int, default=8, help="children drafted per node")

@@ -2,6 +2,7 @@
 conf/sweep/sampling_robustness.yaml):
 
     python scripts/plot_ablation.py SWEEP_DIR... [--out DIR]
+    python scripts/plot_ablation.py --replot DIR     (the budget plot again from DIR's CSV)
 
 1. tokens per step vs tree budget (draft nodes per step: the chain's depth, SpecInfer's num_drafts x depth,
    Sequoia's budget), one line per decoder, log-x: budget_vs_tokens_per_step.png + .csv.
@@ -10,20 +11,15 @@ conf/sweep/sampling_robustness.yaml):
 """
 from __future__ import annotations
 
-import argparse
-import sys
+import json
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+from omegaconf import OmegaConf
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.scaling import find_runs  # noqa: E402
+from bench.plotting import entry_styles, legend_beside, pyplot, save, setup, title
+from bench.scaling import find_runs
+from bench.usage import Parser
 
 DRAFT_DECODERS = ("spec_chain", "specinfer", "sequoia")
 
@@ -55,54 +51,72 @@ def load(paths) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_budget(df: pd.DataFrame, out: Path) -> Path:
-    greedy = df[df["temperature"] == 0].sort_values("budget")
+def where(df: pd.DataFrame, provenance: dict) -> str:
+    """The dataset, model, device and dtype of the runs (`provenance`: one run's provenance.json)."""
+    return f"{'/'.join(sorted(set(df['dataset'])))}: {setup(provenance, '/'.join(sorted(set(df['model']))))}"
+
+
+def plot_budget(df: pd.DataFrame, out: Path, provenance: dict) -> Path:
+    greedy = df[df["temperature"] == 0].sort_values("budget") if "temperature" in df else df.sort_values("budget")
     cols = ["decoder", "model", "dataset", "budget", "tokens_per_step", "acceptance_rate", "tokens_per_s", "run"]
     greedy[cols].to_csv(out / "budget_vs_tokens_per_step.csv", index=False)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4), layout="constrained")
+    styles = entry_styles(DRAFT_DECODERS)
     for decoder, group in greedy.groupby("decoder"):
-        ax.plot(group["budget"], group["tokens_per_step"], marker="o", label=decoder)
+        ax.plot(group["budget"], group["tokens_per_step"], label=decoder, **styles[decoder])
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tree budget (draft nodes per step)")
-    ax.set_ylabel("mean accepted tokens (decode steps)")
-    ax.set_title(" / ".join(sorted(set(greedy["model"]) | set(greedy["dataset"]))))
+    ax.set_xlabel("tree budget (draft tokens per step)")
+    ax.set_ylabel("mean accepted tokens per decoding step (tokens)")
+    title(ax, "Tokens per step against the draft budget, greedy", where(greedy, provenance))
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = out / "budget_vs_tokens_per_step.png"
-    fig.savefig(path, dpi=120)
-    return path
+    legend_beside(ax)
+    return save(fig, out / "budget_vs_tokens_per_step.png", dpi=120)
 
 
-def plot_sampling(df: pd.DataFrame, out: Path) -> Path | None:
+def plot_sampling(df: pd.DataFrame, out: Path, provenance: dict) -> Path | None:
     if df["temperature"].nunique() < 2:
         return None
     cols = ["decoder", "temperature", "top_p", "tokens_per_step", "acceptance_rate", "run"]
     df.sort_values(["decoder", "top_p", "temperature"])[cols].to_csv(out / "sampling_robustness.csv", index=False)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (decoder, top_p), group in df.groupby(["decoder", "top_p"]):
+    fig, ax = pyplot().subplots(figsize=(6, 4), layout="constrained")
+    groups = list(df.groupby(["decoder", "top_p"]))
+    styles = entry_styles([key for key, _ in groups])
+    for (decoder, top_p), group in groups:
         group = group.sort_values("temperature")
-        ax.plot(group["temperature"], group["tokens_per_step"], marker="o", linestyle="-" if top_p == 1 else "--",
-                label=f"{decoder}, top-p {top_p:g}")
-    ax.set_xlabel("temperature")
-    ax.set_ylabel("mean accepted tokens (decode steps)")
+        ax.plot(group["temperature"], group["tokens_per_step"], linestyle="-" if top_p == 1 else "--",
+                label=f"{decoder}, top-p {top_p:g}", **styles[decoder, top_p])
+    ax.set_xlabel("sampling temperature (0: greedy)")
+    ax.set_ylabel("mean accepted tokens per decoding step (tokens)")
+    title(ax, "Tokens per step against the sampling settings", where(df, provenance))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "sampling_robustness.png"
-    fig.savefig(path, dpi=120)
-    return path
+    legend_beside(ax)
+    return save(fig, out / "sampling_robustness.png", dpi=120)
+
+
+def run_provenance(runs) -> dict:
+    """The first run's provenance.json (the device and dtype every run of the sweeps shares)."""
+    path = next((Path(run) / "provenance.json" for run in runs if (Path(run) / "provenance.json").is_file()), None)
+    return json.loads(path.read_text()) if path else {}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+")
+    parser = Parser(__doc__, prog="python scripts/plot_ablation.py")
+    parser.add_argument("paths", nargs="+", help="sweep directories (with --replot: one folder of this script's CSVs)")
     parser.add_argument("--out", default=None, help="default: the first path")
+    parser.add_argument("--replot", action="store_true", help="draw the plots again from the CSVs and the "
+                        "provenance.json in the one path given (as written beside a checked-in ablation)")
     args = parser.parse_args()
     out = Path(args.out or args.paths[0])
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        folder = Path(args.paths[0])
+        df = pd.read_csv(folder / "budget_vs_tokens_per_step.csv").assign(temperature=0.0)
+        info = json.loads((folder / "provenance.json").read_text()) if (folder / "provenance.json").is_file() else {}
+        print(f"wrote {plot_budget(df, out, info)}")
+        return
     df = load(args.paths)
-    for path in (plot_budget(df, out), plot_sampling(df, out)):
+    info = run_provenance(df["run"])
+    for path in (plot_budget(df, out, info), plot_sampling(df, out, info)):
         if path:
             print(f"wrote {path} and {path.with_suffix('.csv').name}")
 

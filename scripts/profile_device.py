@@ -4,8 +4,10 @@ one autoregressive step, and how close the 1-token step is to its floor: the mod
 once at this machine's measured read bandwidth (a read-only stream). A path ending in +inductor
 is that path with model.compile=inductor (compiled first; its compile time is printed apart).
 
-    python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--context 256[,1024...]] [--refresh] [--out DIR]
-        [--paths none,prepacked>=1,kernel,...] [--interleave ROUNDS] [--split 1,8,16,32] [hydra overrides...]
+    python scripts/profile_device.py [--max-tokens 64] [--repeats 5] [--context 256[,1024...]] [--refresh]
+        [--out DIR] [--paths none,prepacked>=1,kernel,...] [--interleave ROUNDS] [--split 1,8,16,32]
+        [hydra overrides...]
+    python scripts/profile_device.py --replot DIR      (DIR/profile.png again from its profile.csv)
 
 Profiles are cached under cache_dir/latency/, keyed by device, CPU threads, model, dtype,
 attention kernel and fast path: lookahead's `auto` W/N/G, Sequoia's tree=auto and Medusa's
@@ -30,25 +32,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench import provenance  # noqa: E402
-from decoders.tuning.profile import (  # noqa: E402
+from bench import provenance
+from bench.__main__ import script_args
+from bench.plotting import entry_styles, legend_beside, pyplot, save, setup, setup_of, title
+from bench.usage import Parser
+from decoders.tuning.profile import (
     candidate_labels, forward_latency, measure_forward_latency, parse_candidate, profile_key)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -83,12 +82,12 @@ def read_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5)
     return src.numel() * 4 / fastest(src.sum, repeats, device)
 
 
-STEP_GOAL = 1.3  # issue 32: the 1-token step within 1.3x of its weight-read floor
+STEP_GOAL = 1.3  # the 1-token step's goal: within 1.3x of its weight-read floor
 
 
 def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]]:
     """This script's options, the Hydra overrides after them, and each --paths entry with its fast-path choice."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/profile_device.py", overrides=True)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", default="256",
@@ -100,6 +99,8 @@ def parse_args() -> tuple[argparse.Namespace, list[str], list[tuple[str, tuple]]
     parser.add_argument("--out", help="also write profile.csv, profile.png and provenance.json here")
     parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                         help="measure the paths in turn, ROUNDS rounds, and report medians (nothing cached)")
+    parser.add_argument("--replot", metavar="DIR", help="only draw DIR/profile.png again from the profile.csv and "
+                        "provenance.json an --out run wrote there (alone: nothing is measured)")
     parser.add_argument("--split", default="", metavar="SIZES",
                         help="also split forwards of these widths (comma-separated, e.g. 1,8,16,32) on each eager "
                              "path into linears, attention and the rest, the linears set against the read "
@@ -283,31 +284,49 @@ def split_paths(lm, args: argparse.Namespace, choices: list[tuple[str, tuple]], 
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
 
-def plot(lm, table: pd.DataFrame, steps: dict[str, float]):
-    """Each path's latency relative to the native autoregressive step, by tokens in one forward."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+def plot(table: pd.DataFrame, steps: dict[str, float], where: str):
+    """Each path's latency relative to the native autoregressive step, by tokens in one forward; `where`:
+    the model, device and dtype (plotting.setup)."""
+    fig, ax = pyplot().subplots(figsize=(6.5, 4), layout="constrained")
+    styles = entry_styles(steps)
     for path, step in steps.items():
-        ax.plot(table["tokens"], table[f"{path}_vs_native_step"], marker=".",
-                label=f"{path} (1-token step {step * 1e3:.1f} ms)")
+        ax.plot(table["tokens"], table[f"{path}_vs_native_step"], ms=4,
+                label=f"{path}\n(1-token step {step * 1e3:.1f} ms)", **styles[path])
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(xlabel="new tokens in one forward", ylabel="latency / native autoregressive step",
-           title=f"{lm.name} {str(lm.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads", ylim=(0, None))
+    ax.set(xlabel="new tokens in one forward (tokens)", ylabel="latency / the native path's 1-token step (x)",
+           ylim=(0, None))
+    title(ax, "Cost of a forward against its width, per fast path", where)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    legend_beside(ax)
     return fig
+
+
+def replot(folder: Path) -> Path:
+    """profile.png drawn again from the profile.csv and provenance.json (or profile_provenance.json) beside it."""
+    table = pd.read_csv(folder / "profile.csv")
+    if "context" in table:  # the first context's rows: what the run plotted
+        table = table[table["context"] == table["context"].iloc[0]]
+    info = next((json.loads(p.read_text()) for p in (folder / "provenance.json", folder / "profile_provenance.json")
+                 if p.is_file()), {})
+    model = info.get("model") or next(iter(re.findall(r"model(?:\.name)?=(\S+)", info.get("command", ""))[::-1]),
+                                      "smollm2-135m")
+    steps = info.get("autoregressive_s") or {}
+    steps = {p: steps.get(p, float("nan")) for p in (c.removesuffix("_vs_native_step") for c in table.columns
+                                                    if c.endswith("_vs_native_step"))}
+    return save(plot(table, steps, setup(info, model)), folder / "profile.png", dpi=120)
 
 
 def provenance_info(lm, args: argparse.Namespace, profiles: Profiles, floor: Floor) -> dict:
     info = provenance.collect(lm)
-    info.update(fast_path="see columns", packed_min_rows="see columns", profiles=profiles.keys,
+    info.update(model=lm.name, fast_path="see columns", packed_min_rows="see columns", profiles=profiles.keys,
                 autoregressive_s=profiles.steps, weight_bytes=floor.weight_bytes,
                 copy_bandwidth_bytes_per_s=floor.copy_bandwidth, read_bandwidth_bytes_per_s=floor.read_bandwidth,
                 floor_s=floor.seconds, step_vs_floor={p: s / floor.seconds for p, s in profiles.steps.items()},
                 **({"autoregressive_min_s": profiles.fastest_steps} if profiles.fastest_steps else {}),
                 compile_seconds=profiles.compile_s, context=args.context, repeats=args.repeats,
                 kernel_build_seconds=round(lm.kernel_build_seconds, 1), interleaved_rounds=args.interleave or None,
-                statistic="median of interleaved rounds" if args.interleave else "fastest round, non-decreasing in k",
+                statistic=("median of interleaved rounds" if args.interleave
+                           else "fastest round, non-decreasing in k on each kernel"),
                 **({"contexts": args.contexts} if len(args.contexts) > 1 else {}),
                 command=" ".join(["python scripts/profile_device.py", *sys.argv[1:]]))
     return info
@@ -315,6 +334,9 @@ def provenance_info(lm, args: argparse.Namespace, profiles: Profiles, floor: Flo
 
 def main() -> None:
     args, overrides, choices = parse_args()
+    if args.replot:
+        print(f"plot: {replot(Path(args.replot))}")
+        return
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.threads:
@@ -337,11 +359,11 @@ def main() -> None:
     shown = table[table["tokens"].isin([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     split = split_paths(lm, args, choices, floor) if args.split else None
-    fig = plot(lm, table.iloc[:args.max_tokens], profiles.steps)  # the first context's rows
+    fig = plot(table.iloc[:args.max_tokens], profiles.steps, setup_of(lm))  # the first context's rows
     out = Path(args.out) if args.out else Path(cfg.cache_dir).expanduser() / "latency"
     out.mkdir(parents=True, exist_ok=True)
     stem = "profile" if args.out else profile_key(lm, fast_path=False)
-    fig.savefig(out / f"{stem}.png", dpi=120)
+    save(fig, out / f"{stem}.png", dpi=120)
     table.to_csv(out / f"{stem}.csv", index=False)
     if args.out:
         (out / "provenance.json").write_text(json.dumps(provenance_info(lm, args, profiles, floor), indent=2))

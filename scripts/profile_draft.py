@@ -33,7 +33,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -43,22 +42,21 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench import provenance  # noqa: E402
-from bench.errors import BenchError, fail  # noqa: E402
-from bench.__main__ import CONF_DIR, error_reason  # noqa: E402
-from bench.leaderboard import compose_all  # noqa: E402
-from bench.runner import build, load_addons  # noqa: E402
-from decoders.methods.eagle_draft import depth_timer  # noqa: E402
+from bench import provenance
+from bench.__main__ import script_args
+from bench.__main__ import CONF_DIR, error_reason
+from bench.errors import BenchError, fail
+from bench.leaderboard import compose_all
+from bench.runner import build, load_addons
+from bench.usage import Parser
+from decoders.methods.eagle_draft import depth_timer
 
 CURVES = {"profile.csv": "target", "profile_later.csv": "draft"}  # file -> what precedes each timed depth
 COMMITTED = 2  # rows a timed whole step feeds its first depth: about what a step commits
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/profile_draft.py", overrides=True)
     parser.add_argument("profile", help="the profile directory (scripts/profile_device.py --out's) to add to")
     parser.add_argument("--labels", default="eagle", help="leaderboard entries drafting with an EAGLE draft, "
                         "comma-separated")

@@ -11,20 +11,19 @@ is done by bench.scaling.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import scaling  # noqa: E402
+from bench import scaling
+from bench.usage import Parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/scaling_law.py")
     parser.add_argument("paths", nargs="+", metavar="SWEEP_DIR", help="sweep or run directories")
     parser.add_argument("--out", help="output directory (default: SWEEP_DIR/scaling)")
     parser.add_argument("--tokens", type=int, help="T, the tokens to generate (default: the runs' max_new_tokens)")

@@ -1,10 +1,10 @@
-"""Where a decoding step's time goes outside the model, per method (issue 42, item 3).
+"""Where a decoding step's time goes outside the model, per method.
 
     python scripts/step_overhead.py [--decoders a,b] [--prompts 2] [--max-new-tokens 64] [--out DIR]
         [hydra overrides: model=... dataset=... threads=...]
 
 Each decoder generates on the first --prompts prompts of the dataset (rendered as the benchmark
-renders them; a warm-up generation first), greedy, in one process. The loop's regions
+renders them; a warm-up generation first), greedy (or at --temperature), in one process. The loop's regions
 (decoders/core/loop.py) are timed by wrapping, not by editing, the functions that do them:
 
   target: model        the target's own forward (the HF model's forward)
@@ -25,19 +25,17 @@ the first prompt, timed as a run times it (on one GPU the loop's tracer records 
 once, at the end: trace.DeviceTracer) and not by this script's wrappers, under
 torch.cuda.set_sync_debug_mode("warn"), which warns at every operation that synchronises (a read of
 a device value: .item(), .tolist(), a bool test, nonzero, a copy to pageable host memory);
-DIR/syncs.csv names the lines of code that waited and how often per step. The goal (issue 42, item
-3) is one per step: the read of what was accepted.
+DIR/syncs.csv names the lines of code that waited and how often per step. The goal is one per step:
+the read of what was accepted.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
 import sys
 import time
-import warnings
-from collections import Counter, defaultdict
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,20 +43,20 @@ import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.__main__ import script_args  # noqa: E402
-
-from bench import provenance  # noqa: E402
-from bench.errors import fail  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
-from bench.prompts import render, rendering_for  # noqa: E402
-from bench.registry import decoder_configs  # noqa: E402
-from bench.runner import build  # noqa: E402
-from decoders.core import loop  # noqa: E402
-from decoders.core.contract import LoadsAddOns, foresee  # noqa: E402
-from decoders.core.kv_cache import KVCache  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.core.trace import Tracer  # noqa: E402
+from bench import provenance
+from bench.__main__ import script_args
+from bench.errors import BenchError, fail
+from bench.prompts import render, rendering_for
+from bench.registry import decoder_configs
+from bench.runner import build
+from bench.shapes import untrained
+from bench.usage import Parser
+from decoders.core import loop
+from decoders.core.contract import LoadsAddOns, foresee
+from decoders.core.kv_cache import KVCache
+from decoders.core.sampling import Sampling
+from decoders.core.trace import Tracer
+from decoders.core.transfer import sync_counter
 
 REPO = Path(__file__).resolve().parent.parent
 REGIONS = ["target: model", "target: harness", "draft", "overhead: feed", "overhead: verify", "overhead: cache",
@@ -118,25 +116,6 @@ def instrument(clock: Clock, lm) -> None:
     Tracer.target = flagged
 
 
-@contextmanager
-def sync_counter():
-    """Counter of the code lines that made the host wait for a CUDA device, by "path:line", while
-    the block runs. Each synchronising operation warns under set_sync_debug_mode("warn"); the
-    warning is attributed to the Python line that called it."""
-    sites = Counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield sites
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            for w in caught:
-                if "synchroniz" in str(w.message):
-                    path = Path(w.filename)
-                    sites[f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{w.lineno}"] += 1
-
-
 def per_step(gen, spent: dict) -> dict:
     steps = gen.steps
     n = len(steps)
@@ -150,19 +129,14 @@ def per_step(gen, spent: dict) -> dict:
             **{k: 1e3 * v / n for k, v in ms.items()}}
 
 
-def untrained() -> dict[str, list[str]]:
-    """Per decoder, the overrides for random add-ons in the published layouts (the GPU kit's big target's)."""
-    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-    from big_target import UNTRAINED
-    return {d: ["draft.layers=1", "draft.adapter=null", *UNTRAINED.get(d, [])] for d in decoder_configs()}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/step_overhead.py", overrides=True)
     parser.add_argument("--decoders", default="all", help="comma-separated, or all (the hf_* peers left out)")
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, help="directory for step_overhead.csv")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (default 0: greedy); above 0 the sampled verification runs")
     parser.add_argument("--untrained", action="store_true",
                         help="random drafts and heads in the published layouts, as the GPU kit's big target has "
                              "(for a model no shipped add-on fits, e.g. tiny-random)")
@@ -172,8 +146,8 @@ def main() -> None:
     if unknown := [d for d in names if d not in every]:
         parser.error(f"unknown decoders {', '.join(unknown)}; allowed: {', '.join(every)}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        extra = untrained() if args.untrained else {}
-        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides, *extra.get(d, [])]) for d in names}
+        specs = {d: compose("config", overrides=[f"decoder={d}", *overrides, *(untrained(d) if args.untrained else [])])
+                 for d in names}
     cfg = next(iter(specs.values()))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -185,6 +159,7 @@ def main() -> None:
     where = (f"{lm.name} {info['dtype']} on {info['device_name']}, {info['torch_threads']} threads, "
              f"fast path {info['fast_path']}, {len(ids)} prompts x {args.max_new_tokens} tokens")
     print(where)
+    sampling = Sampling(temperature=args.temperature)
     clock = Clock(lm.sync)
     # The loop's tracer on the host's clock too while timing: these regions are the host's. The syncs are
     # counted under the decode's own timer, as a run times it (on one GPU, events: trace.DeviceTracer).
@@ -201,12 +176,12 @@ def main() -> None:
                 decoder.load_addons(lm)
             except ValueError as e:  # a draft or heads file for another model: one line, as a run says it
                 raise BenchError(str(e)) from None
-        decoder.generate(lm, ids[0], 8, Sampling(), lm.stop_ids)  # warm-up
+        decoder.generate(lm, ids[0], 8, sampling, lm.stop_ids)  # warm-up
         measured = []
         for prompt in ids:
             foresee(decoder, lm, prompt, args.max_new_tokens, lm.stop_ids)  # untimed, as the runner does
             clock.spent.clear()
-            gen = decoder.generate(lm, prompt, args.max_new_tokens, Sampling(), lm.stop_ids)
+            gen = decoder.generate(lm, prompt, args.max_new_tokens, sampling, lm.stop_ids)
             measured.append(per_step(gen, clock.spent))
         row = {"decoder": name, **{k: statistics.median(m[k] for m in measured)
                                    for k in ("steps", "tokens_per_step", *REGIONS)}}
@@ -216,8 +191,8 @@ def main() -> None:
             foresee(decoder, lm, ids[0], args.max_new_tokens, lm.stop_ids)
             clock.sync, lm.timing_event = untimed, run_timer  # this script's wrappers' waits are not the run's
             try:
-                with sync_counter() as sites:
-                    gen = decoder.generate(lm, ids[0], args.max_new_tokens, Sampling(), lm.stop_ids)
+                with sync_counter(REPO) as sites:
+                    gen = decoder.generate(lm, ids[0], args.max_new_tokens, sampling, lm.stop_ids)
             finally:
                 clock.sync, lm.timing_event = lm.sync, None
             row["syncs_per_step"] = sum(sites.values()) / len(gen.steps)

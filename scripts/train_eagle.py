@@ -24,7 +24,7 @@ training-time test). Level j weighs 0.8^j.
 The draft vocabulary is the `--draft-vocab` most frequent tokens of the training text (the model's
 own answers counted 10x): the readout shrinks from the whole vocabulary to these rows.
 
-Data (scripts/training_corpus.py), disjoint from the benchmark test sets: the model's own greedy
+Data (bench/training/corpus.py), disjoint from the benchmark test sets: the model's own greedy
 answers to requests written for the script (every 10th held out), stdlib source, GSM8K's train
 split. On the held-out answers the script measures acc[j][r], how often the draft's rank-r token at
 depth j + 1 (drafting along the true continuation) is the target's greedy token; it is stored in
@@ -56,64 +56,20 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from bench.__main__ import script_args
+from bench.plotting import setup_of
+from bench.training.corpus import corpus, draft_vocabulary, frozen_target, split_answers
+from bench.training.features import RANKS, features, split_features, target_features, teacher, training_chunks
+from bench.training.loss_curve import save_loss_curve
+from bench.training.target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides
+from bench.usage import Parser
+from decoders.core.kv_cache import KVCache
+from decoders.methods.eagle_draft import load_draft, new_draft, save_draft
+from decoders.methods.published import eagle3_reads, new_eagle3, save_eagle3
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.__main__ import script_args  # noqa: E402
 
-from loss_curve import save_loss_curve  # noqa: E402
-from decoders.core.kv_cache import KVCache  # noqa: E402
-from decoders.methods.eagle_draft import load_draft, new_draft, save_draft  # noqa: E402
-from decoders.methods.published import eagle3_reads, new_eagle3, save_eagle3  # noqa: E402
-from training_corpus import corpus, draft_vocabulary, fixed_chunks, frozen_target, split_answers  # noqa: E402
-from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
-
-RANKS = 10
 LAYOUTS = ("eagle1", "eagle3")  # --layout: our EAGLE-1-style FeatureDraft, or EAGLE-3's draft
-
-
-@torch.no_grad()
-def features(lm, ids: torch.Tensor, bf16: bool, reads: bool | tuple[int, ...] = True) -> torch.Tensor:
-    """(B, L, d): the target's last layer's output before the final norm (what an eagle1 draft reads,
-    and the target's head reads). With `reads` an EAGLE-3 draft's layers: (B, L, 3d + d), the inputs
-    of those layers (what LM.forward's features=reads returns, what the draft reads at decoding),
-    then the last layer's output (what the teacher reads): split_features parts them."""
-    captured = {}
-    handles = [lm.final_norm.register_forward_pre_hook(lambda m, a: captured.update(last=a[0]))]
-    if reads is not True:
-        layers = lm.model.base_model.layers
-        handles += [layers[i].register_forward_pre_hook(
-            lambda m, a, kw, i=i: captured.update({i: a[0] if a else kw["hidden_states"]}), with_kwargs=True)
-            for i in sorted(set(reads))]
-    try:
-        with precision(lm, bf16):
-            lm.model(input_ids=ids.to(lm.device), use_cache=False, logits_to_keep=1)
-    finally:
-        for handle in handles:
-            handle.remove()
-    parts = [] if reads is True else [captured[i].to(lm.output_device) for i in reads]
-    return torch.cat([*parts, captured["last"].to(lm.output_device)], -1)  # on the last layer's device, the draft's
-
-
-def split_features(draft, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """features()'s output as (what `draft` reads, the target's last layer's output)."""
-    if draft.reads is True:
-        return feats, feats
-    d = feats.shape[-1] // (len(draft.reads) + 1)
-    return feats[..., :-d], feats[..., -d:]
-
-
-def target_features(lm, chunks: list[list[int]], batch: int, bf16: bool,
-                    reads: bool | tuple[int, ...] = True) -> torch.Tensor:
-    """Every chunk's features (features()'s), computed once, stored in bfloat16 to save memory (filled
-    in place: no second copy while they are gathered) and reused every epoch."""
-    out = None
-    for i in tqdm(range(0, len(chunks), batch), desc="target features", unit="batch"):
-        f = features(lm, torch.tensor(chunks[i:i + batch]), bf16, reads)
-        if out is None:
-            out = torch.empty((len(chunks), *f.shape[1:]), dtype=torch.bfloat16, device=f.device)
-        out[i:i + len(f)] = f
-    return out
 
 
 def unrolled_levels(draft, feats: torch.Tensor, tokens: torch.Tensor, levels: int):
@@ -161,20 +117,6 @@ def level_losses(draft, feats, tokens, teacher_logp, scale: float, levels: int):
             reg = kl.new_zeros(())
         parts.append((kl, reg))
     return parts
-
-
-@torch.no_grad()
-def teacher(lm, draft, feats: torch.Tensor) -> torch.Tensor:
-    """The target's log-probabilities over the draft vocabulary at every position: its final norm
-    and head (the head's rows over draft.vocab) on its last layer's output."""
-    _, last = split_features(draft, feats)
-    head = lm.model.get_output_embeddings()
-    rows = draft.vocab.to(head.weight.device)
-    whole = len(rows) == head.weight.shape[0] and bool((rows == torch.arange(len(rows), device=rows.device)).all())
-    weight, bias = (head.weight, head.bias) if whole else (head.weight[rows], head.bias)  # no copy of a whole head
-    bias = bias[rows] if bias is not None and not whole else bias
-    logits = F.linear(lm.final_norm(last.float()).to(weight.dtype), weight, bias)
-    return torch.log_softmax(logits.float(), -1)
 
 
 @torch.no_grad()
@@ -242,7 +184,7 @@ def print_accuracy(label: str, by_family: dict[str, list[float]], counts: dict[s
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_eagle.py", overrides=True)
     parser.add_argument("--layout", choices=LAYOUTS, default="eagle1",
                         help="eagle1: our FeatureDraft (a .safetensors file); eagle3: EAGLE-3's draft in the "
                              "authors' layout (a directory: config.json + model.safetensors)")
@@ -325,16 +267,6 @@ def evaluate(lm, paths: list[str], held: HeldOut, args: argparse.Namespace) -> d
             print(f"| {j + 1} | " + " | ".join(f"{acc[j][0]:.3f} / {sum(acc[j][:5]):.3f}" for acc in measured.values())
                   + " |", flush=True)
     return measured
-
-
-def training_chunks(data: dict, generated: list[list[int]], args: argparse.Namespace,
-                    rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
-    """(own, other): the self-distilled answers as one stream cut in chunks, and --chunks of the
-    stdlib + GSM8K chunks, drawn in an order from `rng`."""
-    own = fixed_chunks([[t for s in generated for t in s]], args.seq_len)
-    other = fixed_chunks(data["stdlib"], args.seq_len) + fixed_chunks(data["gsm8k"], args.seq_len)
-    rng.shuffle(other)
-    return own, other[:args.chunks]
 
 
 @dataclass
@@ -492,7 +424,7 @@ def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab:
             "chunks": {"self_distilled": chunks[0], "self_distilled_repeats": args.generated_repeats,
                        "stdlib_gsm8k": chunks[1]},
             "requests": {name: families.count(name) for name in dict.fromkeys(families)},
-            "data": "the model's own greedy answers to requests written for scripts/training_corpus.py (every 10th "
+            "data": "the model's own greedy answers to requests written for bench/training/corpus.py (every 10th "
                     "held out), Python stdlib source (train split), GSM8K train split",
             "seconds": round(state["train_seconds"], 1), "accuracy": [[round(a, 4) for a in row] for row in after],
             "accuracy_untrained": [[round(a, 4) for a in row] for row in state["before"]],
@@ -501,15 +433,16 @@ def draft_info(model: str, args: argparse.Namespace, *, steps: int, draft_vocab:
             "command": " ".join(["python", "scripts/train_eagle.py", *sys.argv[1:]])}
 
 
-def save_trained(draft, out: Path, info: dict, losses: list[list[float]]) -> None:
-    """The draft file (eagle3: the authors' directory) and its loss curve beside it."""
+def save_trained(draft, out: Path, info: dict, losses: list[list[float]], where: str) -> None:
+    """The draft file (eagle3: the authors' directory) and its loss curve beside it (`where`: the target's
+    setup, plotting.setup_of)."""
     if info["layout"] == "eagle3":
         save_eagle3(draft, out, info, info["model"])
     else:
         save_draft(draft, out, info)
     title = f"{info['model']}: EAGLE{'-3' if info['layout'] == 'eagle3' else ''} draft"
     save_loss_curve(out, {f"level {j} (depth {j + 1})": [p[j] if j < len(p) else float("nan") for p in losses]
-                          for j in range(len(losses[-1]))}, "KL(target || draft)", title)
+                          for j in range(len(losses[-1]))}, "KL(target || draft)", title, where)
 
 
 def main() -> None:
@@ -554,7 +487,7 @@ def main() -> None:
     info = draft_info(cfg.model.name, args, steps=train_set.steps, draft_vocab=len(vocab) if vocab else lm.vocab_size,
                       chunks=(len(own), len(other)), families=data["family"], state=state, held=held,
                       measured=measured)
-    save_trained(trainer.draft, out, info, state["losses"])
+    save_trained(trainer.draft, out, info, state["losses"], setup_of(lm))
     ckpt.unlink(missing_ok=True)  # finished: the same command trains afresh
 
 

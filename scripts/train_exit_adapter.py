@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -30,76 +29,15 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from tqdm.auto import tqdm
 
+from bench.__main__ import script_args
+from bench.plotting import setup_of
+from bench.training.corpus import INSTRUCTIONS, generated_chunks, stdlib_files, text_chunks
+from bench.training.loss_curve import save_loss_curve
+from bench.training.target import add_target_args, grad_scaler, load_target, optimizer_step, precision, target_overrides
+from bench.usage import Parser
+from decoders.methods.draft_model import new_exit_adapter, save_adapter
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench.__main__ import script_args  # noqa: E402
-
-from loss_curve import save_loss_curve  # noqa: E402
-from training_target import (add_target_args, grad_scaler, load_target, optimizer_step, precision, request_ids,  # noqa: E402
-                             target_overrides)
-from decoders.methods.draft_model import new_exit_adapter, save_adapter  # noqa: E402
-
-# Instructions for self-distillation: general chat, code and arithmetic requests written for
-# this script (none is taken from MT-Bench, HumanEval or GSM8K).
-INSTRUCTIONS = [
-    "Explain how a hash table handles collisions.", "Write a Python function that reverses the words in a sentence.",
-    "Describe the water cycle for a ten-year-old.", "What are three tips for writing clear emails?",
-    "Write a Python class for a simple bank account with deposit and withdraw methods.",
-    "A shop sells pencils at 3 for 50 cents. How much do 12 pencils cost? Explain step by step.",
-    "Summarise the causes of the French Revolution in a short paragraph.",
-    "Write a Python function that checks whether a string is a valid IPv4 address.",
-    "Give a recipe for a simple tomato soup.", "Explain the difference between a list and a tuple in Python.",
-    "A train travels 240 km in 3 hours. What is its average speed? Show your reasoning.",
-    "Write a short poem about autumn leaves.", "How does binary search work? Give an example in Python.",
-    "List the planets of the solar system with one fact about each.",
-    "Write a Python generator that yields prime numbers.", "What is the difference between weather and climate?",
-    "Tom has 5 apples and buys 3 bags of 4 apples each. How many apples does he have now?",
-    "Write a Python function that merges two sorted lists.", "Explain what recursion is with a simple example.",
-    "Give advice to someone starting to learn the guitar.", "Write a function that counts vowels in a string.",
-    "Explain photosynthesis in two paragraphs.",
-    "Write a Python script that reads a CSV file and prints the sum of a column.",
-    "If a rectangle is 7 cm by 4 cm, what are its area and perimeter?",
-]
-
-
-def stdlib_files(split: str) -> list[Path]:
-    """The interpreter's own standard-library modules (no tests), split by name hash into train / held-out."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py") if not p.name.startswith("test"))
-    return [p for p in files if (hash_name(p.name) % 10 == 0) == (split == "heldout")]
-
-
-def hash_name(name: str) -> int:
-    return sum(ord(c) * (i + 1) for i, c in enumerate(name))  # stable across runs, unlike hash()
-
-
-def chunks(token_ids: list[int], seq_len: int) -> list[list[int]]:
-    return [token_ids[i:i + seq_len] for i in range(0, len(token_ids) - seq_len + 1, seq_len)]
-
-
-def text_chunks(tokenizer, files: list[Path], seq_len: int, limit: int) -> list[list[int]]:
-    out: list[list[int]] = []
-    for path in files:
-        out += chunks(tokenizer(path.read_text(errors="ignore"))["input_ids"], seq_len)
-        if len(out) >= limit:
-            break
-    return out[:limit]
-
-
-def generated_chunks(lm, n: int, seq_len: int) -> list[list[int]]:
-    """The target's own greedy answers, rendered as in a benchmark run (chat template, or raw text without one)."""
-    from decoders.methods.autoregressive import autoregressive_decode
-    from decoders.core.sampling import Sampling
-
-    out = []
-    for text in tqdm(INSTRUCTIONS[:n], desc="self-distillation answers", leave=False):
-        ids = request_ids(lm.tokenizer, text)
-        gen = autoregressive_decode(lm, ids, seq_len, Sampling(), lm.stop_ids)
-        seq = (ids + gen.tokens)[-seq_len:]
-        if len(seq) == seq_len:
-            out.append(seq)
-    return out
-
 
 def teacher(lm, batch: torch.Tensor, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The full model's logits and layer k's hidden state (pre-norm), in one frozen forward."""
@@ -127,7 +65,7 @@ def agreement(lm, adapter, data: list[list[int]], layers: int, batch: int, bf16:
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_exit_adapter.py", overrides=True)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
@@ -221,7 +159,8 @@ def main() -> None:
             "heldout_agreement_before": round(before, 4), "heldout_agreement_after": round(after, 4),
             "command": " ".join(["python", "scripts/train_exit_adapter.py", *sys.argv[1:]])}
     save_adapter(adapter, out, layers, info)
-    save_loss_curve(out, {"loss": losses}, "KL(target || draft)", f"{cfg.model.name}: exit adapter on layer {layers}")
+    save_loss_curve(out, {"loss": losses}, "KL(target || draft)", f"{cfg.model.name}: exit adapter on layer {layers}",
+                    setup_of(lm))
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ heads train and are measured over those tokens only, as they then decode: both d
 renormalised over its rows (a 262k-token vocabulary's four readouts per position cost more than
 the target's forward).
 
-Data (scripts/training_corpus.py): stdlib source, GSM8K's train split and the target's own
+Data (bench/training/corpus.py): stdlib source, GSM8K's train split and the target's own
 answers to requests written for the script; none of it is from the benchmark test sets.
 Every 10th self-distilled answer is held out: the script reports each head's top-r accuracy
 there (rank r's token == the target's greedy token), stores it in the file (decoder.choices=auto
@@ -32,17 +32,17 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
+from bench.plotting import setup_of
+from bench.training.corpus import corpus, fixed_chunks, frozen_target, split_answers
+from bench.training.loss_curve import save_loss_curve
+from bench.training.target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides
+from bench.usage import Parser
+from decoders.core.lm import soft_cap
+from decoders.core.weights_file import load_vocab
+from decoders.methods.heads import new_heads, restrict_readout, save_heads
 
-from loss_curve import save_loss_curve  # noqa: E402
-from decoders.core.lm import soft_cap  # noqa: E402
-from decoders.core.weights_file import load_vocab  # noqa: E402
-from decoders.methods.heads import new_heads, restrict_readout, save_heads  # noqa: E402
-from training_corpus import corpus, fixed_chunks, frozen_target, split_answers  # noqa: E402
-from training_target import add_target_args, grad_scaler, optimizer_step, precision, target_overrides  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RANKS = 10  # top-r accuracy recorded per head
 MIX = {"generated": 0.5, "stdlib": 0.25, "gsm8k": 0.25}  # what decoding sees most: the model's own answers
@@ -98,7 +98,7 @@ def accuracy(lm, heads, sequences: list[list[int]], ranks: int = RANKS) -> list[
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options, checked, and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_heads.py", overrides=True)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -168,7 +168,7 @@ def heads_info(model: str, args: argparse.Namespace, sources: dict[str, list[lis
             "readout_vocab": readout["readout_vocab"],
             "seq_len": args.seq_len, "lr": args.lr, "mix": MIX, "chunks": {k: len(v) for k, v in sources.items()},
             "data": "Python stdlib source (train split), GSM8K train split, the model's own greedy answers to "
-                    "requests written for scripts/training_corpus.py (every 10th held out)",
+                    "requests written for bench/training/corpus.py (every 10th held out)",
             "seconds": round(seconds, 1), "accuracy": [[round(a, 4) for a in row] for row in after],
             "accuracy_untrained": [[round(a, 4) for a in row] for row in before],
             "final_kl": [round(sum(p[i] for p in losses[-20:]) / len(losses[-20:]), 4) for i in range(args.heads)],
@@ -204,7 +204,7 @@ def main() -> None:
     save_heads(heads, out, heads_info(cfg.model.name, args, sources, losses, seconds=seconds, before=before,
                                       after=after, readout=readout))
     save_loss_curve(out, {f"head {i} (t+{i + 2})": [p[i] for p in losses] for i in range(args.heads)},
-                    "KL(target || head)", f"{cfg.model.name}: Medusa heads")
+                    "KL(target || head)", f"{cfg.model.name}: Medusa heads", setup_of(lm))
 
 if __name__ == "__main__":
     main()

@@ -3,13 +3,12 @@
     python scripts/train_ngram.py [--order 4] [--min-count 2] [--max-train-tokens N]
         [--out adapters/<model>-ngram4.json.gz] [model=...]
 
-Same corpus as the heads (scripts/training_corpus.py: stdlib source, GSM8K's train split, the
+Same corpus as the heads (bench/training/corpus.py: stdlib source, GSM8K's train split, the
 model's own answers; nothing from the benchmark test sets). Reports the held-out top-1 next-token
 accuracy of the n-gram LM against the target's greedy token on the held-out self-distilled answers.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -17,13 +16,12 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.__main__ import script_args  # noqa: E402
+from bench.__main__ import script_args
+from bench.training.corpus import corpus, split_answers
+from bench.usage import Parser
+from decoders.methods.ngram_lm import NgramLM
 
-from decoders.methods.ngram_lm import NgramLM  # noqa: E402
-from training_corpus import corpus, split_answers  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def first_tokens(seqs: list[list[int]], n: int) -> list[list[int]]:
@@ -38,7 +36,7 @@ def first_tokens(seqs: list[list[int]], n: int) -> list[list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/train_ngram.py", overrides=True)
     parser.add_argument("--order", type=int, default=4)
     parser.add_argument("--min-count", type=int, default=2, help="drop rarer n-grams of order >= 3")
     parser.add_argument("--gsm8k-questions", type=int, default=48)

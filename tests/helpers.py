@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -29,6 +30,19 @@ CACHE_DIR = os.environ.get("BENCH_CACHE_DIR", "~/.cache/decoding-bench")
 # Conf directories beside conf/ whose decoder/*.yaml the per-method tests (greedy equality, layout)
 # take too, os.pathsep-separated: how a method kept outside this checkout is tested (test_adding_a_method.py).
 EXTRA_CONF_DIRS = [Path(d).resolve() for d in os.environ.get("BENCH_TEST_CONF_DIRS", "").split(os.pathsep) if d]
+
+
+def script_module(path: str | os.PathLike):
+    """The module of the script at `path` (relative to the checkout: scripts/NAME.py, or a record's under
+    results/reference/), imported once by its path: scripts are programs, not a package."""
+    path = REPO / path
+    name = f"script_{path.stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before it runs: its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def writable_copy(run: Path, dest: Path) -> Path:

@@ -1,7 +1,7 @@
-"""Adding a method is one Python file and one YAML (bench/registry.py): a throwaway method kept
-outside the checkout, DIR/decoders/methods/repeat_last.py and DIR/conf/decoder/repeat_last.yaml,
-runs from the command line, is lossless, is found and tested by the greedy-equality tests, and
-gets a leaderboard entry, with nothing else edited."""
+"""Adding a method is one Python file and one YAML (bench/registry.py): the manual's example
+(docs/adding-a-method.md), kept outside the checkout as DIR/decoders/methods/repeat_last.py and
+DIR/conf/decoder/repeat_last.yaml, runs from the command line, is lossless, is found and tested by the
+greedy-equality tests, and gets a leaderboard entry, with nothing else edited."""
 from __future__ import annotations
 
 import os
@@ -11,39 +11,9 @@ import pytest
 
 from helpers import REPO, run_cli, run_python
 
-METHOD = '''"""Drafts one token: the last one, repeated."""
-from dataclasses import dataclass
-
-from decoders.core.contract import decode_one
-from decoders.core.loop import Proposal
-from decoders.core.tree import TokenTree
-
-
-class RepeatLast:
-    def __init__(self, stop_ids):
-        self.stop_ids = stop_ids
-
-    def propose(self, sequence, room):
-        last = sequence[-1]
-        return Proposal(TokenTree.chain(last, [last][:room] if last not in self.stop_ids else []))
-
-    def commit(self, proposal, scores, path, sequence):
-        return {}
-
-
-@dataclass
-class RepeatLastDecoding:
-    name: str | None = None
-    lossless: bool = True
-
-    def proposer(self, lm, prompt_ids, sampler, stop_ids):
-        return RepeatLast(stop_ids), None
-
-    generate = decode_one
-'''
-CONFIG = """_target_: decoders.methods.repeat_last.RepeatLastDecoding
-name: repeat_last
-"""
+PAGE = (REPO / "docs" / "adding-a-method.md").read_text()
+METHOD = re.search(r"```python\n(.*?)```", PAGE, re.S).group(1)  # the manual's example, run as written
+CONFIG = re.search(r"```yaml\n(.*?)```", PAGE, re.S).group(1)
 
 
 @pytest.fixture

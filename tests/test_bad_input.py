@@ -1,4 +1,4 @@
-"""Issue 30 (safety), records / bad input / resources: every defect found is a regression test here.
+"""Safety, records, bad input, resources: every defect found is a regression test here.
 
 Invalid records are set aside and regenerated; empty and huge prompts are skipped with a reason;
 bad input to bench, bench.report, bench.show, bench.leaderboard and compare_leaderboards.py is
@@ -166,7 +166,7 @@ def test_resume_sets_invalid_records_aside_and_generates_them_again(run_dir, run
 
 @pytest.mark.slow
 def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_copy, tmp_path):
-    """Issue 43, item 6: a line of 100000 '[' in records.jsonl crashed resume, bench.report and
+    """A line of 100000 '[' in records.jsonl crashed resume, bench.report and
     bench.show with RecursionError; it is a damaged line (set aside, redone), and in a dataset file one
     line naming the file and line, exit 2."""
     with open(run_copy / "records.jsonl", "ab") as f:
@@ -186,7 +186,7 @@ def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(run_dir, run_co
 
 @pytest.mark.slow
 def test_a_record_holding_a_lone_surrogate_is_a_damaged_line(run_dir, run_copy):
-    """Issue 43, item 4: a \\ud800-style escape alone in a record decodes to a string no file or
+    """A \\ud800-style escape alone in a record decodes to a string no file or
     table can encode: bench.report failed with UnicodeEncodeError writing its tables. It is a
     damaged line; a surrogate pair (an emoji, as json.dumps writes it) is text and stays."""
     records = _records(run_dir)
@@ -202,7 +202,7 @@ def test_a_record_holding_a_lone_surrogate_is_a_damaged_line(run_dir, run_copy):
 
 @pytest.mark.slow
 def test_resume_sets_aside_a_record_of_another_prompt(run_dir, run_copy):
-    """Issue 43, item 5: a valid record of a prompt the run does not have, appended to records.jsonl,
+    """A valid record of a prompt the run does not have, appended to records.jsonl,
     was kept on resume and counted (3 prompts at the end of the run where summary.csv said 2); it is
     set aside as a damaged line is, and every count agrees."""
     records = _records(run_copy)
@@ -223,7 +223,7 @@ def test_resume_sets_aside_a_record_of_another_prompt(run_dir, run_copy):
 @pytest.mark.slow
 @pytest.mark.parametrize("field", ["decoder", "model", "dataset"])
 def test_resume_sets_aside_a_record_of_other_settings(run_dir, run_copy, field):
-    """Issue 43, item 4: a record of this run's prompt but another decoder, model or dataset (a line
+    """A record of this run's prompt but another decoder, model or dataset (a line
     copied from another run) was kept on resume and summarised as this run's; it is set aside and
     the prompt is run again."""
     records = _records(run_copy)
@@ -321,7 +321,7 @@ def test_report_unwritable_out_is_one_line_and_exit_2(run_dir, tmp_path, capsys,
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["a run directory", "the user's directory", "a planted link"])
 def test_report_out_writes_only_into_its_own_directory(run_dir, tmp_path, capsys, case):
-    """Issue 43, item 12: --out wrote report.csv and report.md into any existing directory (a run's,
+    """--out wrote report.csv and report.md into any existing directory (a run's,
     conf/, $HOME) and through a link planted as report.csv. A new directory, and a report's own
     again, are written; nothing else is touched."""
     out, outside = tmp_path / "out", tmp_path / "outside.txt"
@@ -349,8 +349,8 @@ def test_report_out_writes_only_into_its_own_directory(run_dir, tmp_path, capsys
 @pytest.mark.slow
 def test_report_streams_records_into_columns_without_their_bulk(run_dir, monkeypatch):
     """Records are read one at a time into the columns a summary needs (bench/report.py, NUMBERS
-    and OBJECTS): tokens, text and traces are never held. The peak memory on a 1M-record file is
-    in the issue-30 report."""
+    and OBJECTS): tokens, text and traces are never held, so that a report of a million records
+    needs the memory of its columns only."""
     taken = []
     summarize = report.metrics.summarize
     monkeypatch.setattr(report.metrics, "summarize",
@@ -444,7 +444,7 @@ def test_show_writes_nothing_through_a_planted_link(run_copy, tmp_path, capsys, 
      "BENCH_UNSET_FOR_A_TEST"),
 ])
 def test_show_on_a_damaged_config_is_one_line(run_copy, capsys, edit, message):
-    """Issue 43, item 10: a config.yaml whose model is not a model's settings (a number, no
+    """A config.yaml whose model is not a model's settings (a number, no
     _target_, an unknown key, an unset ${oc.env:...}) was a traceback."""
     from bench.show import main
 
@@ -551,17 +551,7 @@ def test_a_slurm_sweep_without_slurm_is_refused_before_hydra_writes(tmp_path, mo
     assert not sweep.exists()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("command", [["-m", "bench.leaderboard"], [REPO / "scripts" / "compare_leaderboards.py"]])
-def test_help_prints_the_manual(command):
-    """--help answers with the command's manual and exit 0 (compare_leaderboards said "expected 2
-    directories, got 1"; the leaderboard took it for an override)."""
-    out = run_python(*command, "--help")
-    assert out.returncode == 0 and not out.stderr.strip(), out.stderr[-2000:]
-    assert "python " in out.stdout and len(out.stdout.splitlines()) > 5, out.stdout
-
-
-# Issue 45, item 5: what needs only the composed config is refused before torch is imported, which
+# What needs only the composed config is refused before torch is imported, which
 # takes seconds (the CLI cases above spent most of their time on it to print one line).
 BEFORE_TORCH = [
     ("bench", ["seed=-1"], "seed must be an integer from 0 to 2**64 - 1, got -1"),
@@ -630,7 +620,7 @@ def test_a_duplicate_id_is_named(tmp_path):
     path.write_text('{"id": "a", "prompt": "x"}\n{"id": "q7", "prompt": "y"}\n{"id": "q7", "prompt": "z"}\n')
     with pytest.raises(BenchError, match="prompts.jsonl:3: field 'id' repeats id 'q7' of .*prompts.jsonl:2"):
         JsonlPrompts(path=str(path)).load()
-    # Issue 43, item 11: a line without an id is named by its position; a later id equal to that
+    # A line without an id is named by its position; a later id equal to that
     # position was a bare "duplicate", naming neither line.
     path.write_text('{"prompt": "x"}\n{"id": "0", "prompt": "y"}\n')
     with pytest.raises(BenchError, match="jsonl:2: field 'id' repeats id '0' of .*jsonl:1; .*jsonl:1 has no 'id' "
@@ -672,7 +662,7 @@ def test_compare_leaderboards_fails_on_missing_prompts_and_bad_paths(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("override", ["quality=no", "check_lossless=off", "resume=maybe", "warmup=1", "progress=yes"])
 def test_a_switch_that_is_not_a_boolean_is_refused_before_the_run_directory(tmp_path, override):
-    """Issue 43, item 3: a non-empty string is true to Python, so quality=no scored (and ran code),
+    """A non-empty string is true to Python, so quality=no scored (and ran code),
     check_lossless=off checked, resume=maybe was saved as given. One line naming the key, exit 2,
     and the run directory is never made."""
     run_dir = tmp_path / "run"
@@ -692,7 +682,7 @@ def test_a_switch_that_is_not_a_boolean_is_refused_before_the_run_directory(tmp_
     ("prompt_format=bogus", "prompt_format='bogus' is not one of auto, chat, raw"),
 ])
 def test_a_bad_dtype_or_prompt_format_is_refused_before_the_run_directory(tmp_path, override, message):
-    """Issue 43, item 12: both were refused only after the run directory was claimed (config.yaml and
+    """Both were refused only after the run directory was claimed (config.yaml and
     an empty records.jsonl left behind) and, for prompt_format, after the model was loaded."""
     run_dir = tmp_path / "run"
     out = run_cli(*TINY, "dataset=gsm8k", "dataset.limit=1", override, f"hydra.run.dir={run_dir}")
@@ -705,7 +695,7 @@ def test_a_bad_dtype_or_prompt_format_is_refused_before_the_run_directory(tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("reader", ["bench.report", "bench.show", "a dataset file"])
 def test_a_fifo_for_records_or_prompts_is_one_line_not_a_hang(run_copy, tmp_path, reader):
-    """Issue 43, item 12: bench.report waited for ever on a records.jsonl that was a FIFO (no writer
+    """bench.report waited for ever on a records.jsonl that was a FIFO (no writer
     ever comes). Every reader of records and datasets opens without waiting and refuses what is not
     a regular file."""
     import os
@@ -735,7 +725,7 @@ def test_a_fifo_for_records_or_prompts_is_one_line_not_a_hang(run_copy, tmp_path
     (["decoder=prompt_lookup", "decoder.num_tokens=4096"], "1 + num_tokens 4096"),
 ])
 def test_a_step_wider_than_the_bound_is_refused_before_the_run_directory(tmp_path, overrides, how):
-    """Issue 43, item 8: decoder.window=1000000 passed the precheck and failed allocating 1 TB after
+    """decoder.window=1000000 passed the precheck and failed allocating 1 TB after
     loading the model. The widest step a decoder's settings allow is bounded (contract.MAX_STEP_TOKENS)
     and checked with the settings: one line naming them, exit 2, no run directory."""
     run_dir = tmp_path / "run"
@@ -747,7 +737,7 @@ def test_a_step_wider_than_the_bound_is_refused_before_the_run_directory(tmp_pat
 
 
 def test_a_step_that_does_not_fit_the_memory_is_refused_before_the_run_directory(tmp_path, monkeypatch):
-    """Issue 43, item 3: decoder sizes are bounded by what the memory estimate allows, checked before
+    """Decoder sizes are bounded by what the memory estimate allows, checked before
     the run directory is claimed. Lookahead's W=G=200, N=5 feeds 1601 tokens a step: on tiny-random
     (SmolLM2's 49152-token vocabulary) about 0.6 GB of logits, refused with 200 MB free; W=G=2 fits."""
     from hydra import compose, initialize_config_dir

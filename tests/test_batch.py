@@ -18,6 +18,7 @@ from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import Autoregressive, autoregressive_decode, logit_gap
 from decoders.methods.bpd import BPD
 from decoders.methods.draft_model import SelfDraft
+from decoders.methods.dflash import DFlash
 from decoders.methods.eagle import Eagle
 from decoders.methods.jacobi import Jacobi
 from decoders.methods.lookahead import Lookahead
@@ -43,6 +44,8 @@ BATCHED = {
     "lookahead-2-3-2": Lookahead(window=2, ngram=3, guess_set_size=2),
     "eagle-dynamic-10-3-4-seed1": Eagle(draft_weights=None, draft_seed=1, tree_size=10, depth=3, top_k=4),
     "eagle-static-16-4-4-seed4": Eagle(draft_weights=None, draft_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
+    "dflash-tree-6-8-3-seed2": DFlash(draft_weights=None, draft_seed=2, block_size=6, tree_size=8, top_k=3),
+    "dflash-chain-4-seed1": DFlash(draft_weights=None, draft_seed=1, tree="chain", block_size=4),
     "prompt_lookup-10-2": PromptLookupDecoding(num_tokens=10, max_ngram=2),
     "jacobi-4": Jacobi(block_size=4),
     "recycling-cold-16-4-4": Recycling(tree_size=16, depth=4, successors=4, hot_start=False),
@@ -143,7 +146,7 @@ def test_rows_that_stop_at_once_and_a_single_row():
 
 @pytest.mark.parametrize("name", ["autoregressive", "spec_chain-4", "lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1"])
 def test_each_row_stops_at_its_own_limit(name):
-    """Issue 41, item 2: a row's max_new_tokens may be its own (a long prompt's is cut by the
+    """A row's max_new_tokens may be its own (a long prompt's is cut by the
     context); each row is then what the decoder gives its prompt alone at that limit."""
     lm, decoder = tiny_lm(seed=5), BATCHED[name]
     prompts, limits = mixed_prompts(5, 3), [3, 12, 7]

@@ -157,7 +157,7 @@ def test_default_model_end_to_end(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [[], ["decoder=lookahead", "gen.batch_size=2"]], ids=["one", "batched"])
 def test_a_prompt_cut_by_the_context_runs_and_only_an_overlong_one_is_skipped(tmp_path, batch):
-    """Issue 41, item 2: as in Spec-Bench, a generation that reaches the context stops there
+    """As in Spec-Bench, a generation that reaches the context stops there
     (stop_reason "context") and its prompt is not skipped; only a prompt that fills the context by
     itself is, with its reason."""
     prompts = tmp_path / "prompts.jsonl"
@@ -183,7 +183,7 @@ def test_a_prompt_cut_by_the_context_runs_and_only_an_overlong_one_is_skipped(tm
 
 @pytest.mark.slow
 def test_show_prints_the_prompt_ids_a_run_fed_the_model(tmp_path, capsys):
-    """Issue 41, item 1: bench.show --prompt-ids prints the exact prompt text and ids of a turn; they
+    """bench.show --prompt-ids prints the exact prompt text and ids of a turn; they
     are the ones the run fed the model: greedy decoding from them gives the record's tokens again."""
     from omegaconf import OmegaConf
 
@@ -260,6 +260,8 @@ ERRORS = [
     (["decoder=medusa", "decoder.accept_rule=loose"], "decoder.accept_rule must be one of exact, typical"),
     (["decoder=eagle", "decoder.draft_weights=adapters/smollm2-135m-eagle.safetensors"],
      "smollm2-135m-eagle.safetensors was trained for hidden size 576; tiny-random has 64"),
+    (["decoder=dflash", "decoder.draft_weights=adapters/smollm2-135m-dflash.safetensors"],
+     "smollm2-135m-dflash.safetensors was trained for hidden size 576; tiny-random has 64"),
     (["decoder=eagle", "decoder.draft_weights=/no/such.safetensors"],
      "decoder.draft_weights: no EAGLE draft file at /no/such.safetensors"),
     (["decoder=eagle", "+decoder.head=null"],
@@ -278,7 +280,7 @@ ERRORS = [
      "decoder.ngram: no n-gram LM at /no/such.json.gz"),
     (["decoder=bpd", "decoder.heads=null", "decoder.block=9"],
      "decoder.block=9 needs as many heads; these heads have 4"),
-    # issue 43, items 4 and 7: settings that skipped every prompt, failed every program or crashed at scoring
+    # Settings that skipped every prompt, failed every program or crashed at scoring
     (["model.max_context=-1"], "model: model.max_context must be a positive integer or null (the model's own "
                                "context), got -1"),
     (["model.max_context=0"], "model: model.max_context must be a positive integer or null"),

@@ -22,10 +22,10 @@ from test_scripts import run_script
 pytestmark = pytest.mark.cuda
 
 DECODERS = list(decoder_configs())  # every method (bench/registry.py)
-# tiny-random has no trained add-ons: untrained heads and EAGLE draft, a one-layer self-draft.
+# tiny-random has no trained add-ons: untrained heads, EAGLE and block drafts, a one-layer self-draft.
 TINY = ["model=tiny-random", "model.num_layers=3", "draft.layers=1", "draft.adapter=null", *TINY_TOKENIZER]
 UNTRAINED = {"medusa": ["decoder.heads=null"], "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],
-             "eagle": ["decoder.draft_weights=null"]}
+             "eagle": ["decoder.draft_weights=null"], "dflash": ["decoder.draft_weights=null"]}
 MODELS = {"tiny-random": lambda decoder: [*TINY, *UNTRAINED.get(decoder, [])],
           "smollm2-135m": lambda decoder: ["model=smollm2-135m"]}  # its shipped heads, EAGLE draft, adapter
 
@@ -110,3 +110,31 @@ def test_a_model_on_the_gpu_attends_by_one_kernel_for_every_query_count():
     assert lm.device.type == "cuda"
     assert not torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
     assert torch.backends.cuda.mem_efficient_sdp_enabled()
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "iid", "without"])
+def test_sampled_tree_verification_waits_once_a_step(mode):
+    """verify_sampling on a GPU: one host wait a step (the read of every try's values and draws), for a
+    31-node tree of 5 children a node, whatever is accepted. tests/test_verify.py counts the reads on a CPU."""
+    import torch
+
+    from decoders.core.transfer import sync_counter
+    from decoders.core.tree import TokenTree
+    from decoders.core.verify import verify_sampling
+
+    g, V = torch.Generator().manual_seed(0), 32
+    parents = [-1] + [0] * 5 + [1 + i // 5 for i in range(25)]
+    tokens = [0] * len(parents)
+    for children in TokenTree(tokens, parents).children:
+        for child, token in zip(children, torch.randperm(V, generator=g).tolist()):
+            tokens[child] = token
+    tree = TokenTree(tokens, parents)
+    target = torch.softmax(torch.randn(len(tree), V, generator=g), -1).cuda()
+    draft = None if mode == "deterministic" else torch.full((len(tree), V), 1 / V).cuda()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    verify_sampling(tree, target, draft, generator, without_replacement=mode == "without")  # warm-up
+    torch.cuda.synchronize()
+    for _ in range(5):
+        with sync_counter(REPO) as sites:
+            verify_sampling(tree, target, draft, generator, without_replacement=mode == "without")
+        assert sum(sites.values()) == 1, dict(sites)

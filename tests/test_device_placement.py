@@ -85,7 +85,7 @@ def test_memory_estimate_counts_weights_packed_copies_and_kv_cache():
 
 
 def test_the_decoders_widest_step_is_estimated_and_refused_where_it_does_not_fit(monkeypatch):
-    """Issue 43, item 8: decoder sizes had no bound but MAX_STEP_TOKENS; the estimate now counts the
+    """Decoder sizes had no bound but MAX_STEP_TOKENS; the estimate now counts the
     widest step the decoder's settings allow, and a step that does not fit is one line before loading."""
     from decoders.core.contract import widest_step
     from decoders.methods.lookahead import Lookahead

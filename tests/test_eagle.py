@@ -8,7 +8,6 @@ Greedy equality over trees and hyper-parameters lives in test_greedy_equality.py
 """
 from __future__ import annotations
 
-import sys
 
 import pytest
 import torch
@@ -19,13 +18,14 @@ from decoders.core.loop import feed, propose, score
 from decoders.core.sampling import Sampling
 from decoders.methods.eagle import Eagle, FeatureDraftProposer
 from decoders.methods.eagle_draft import load_draft, new_draft, save_draft
-from helpers import REPO, assert_stored_in_half, chi2_pvalue, round_to_half, tiny_lm
+from helpers import assert_stored_in_half, script_module, chi2_pvalue, round_to_half, tiny_lm
 from test_lookahead import (LENGTH, N_CONTROL, N_SAMPLES, _verify_without_residual, assert_matches_exact,  # noqa: F401
                             exact_joint, sample_counts, stat_model, ALPHA)
 from transformers import DynamicCache
 
-sys.path.insert(0, str(REPO / "scripts"))
-from train_eagle import features, split_features, unrolled_levels  # noqa: E402
+train_eagle = script_module("scripts/train_eagle.py")
+features, split_features, unrolled_levels = (train_eagle.features, train_eagle.split_features,
+                                             train_eagle.unrolled_levels)
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -1,21 +1,19 @@
-"""scripts/eagle_authors_overhead.py (issue 42, item 3), in-process at a tiny size: the authors' own
-eagenerate (eagle-llm) and ours decode the same prompts with the same weights and tree, both token
+"""results/reference/eagle_authors_overhead/eagle_authors_overhead.py, in-process at a tiny size: the
+authors' own eagenerate (eagle-llm) and ours decode the same prompts with the same weights and tree, both token
 for token the target's greedy output, in the same number of steps; the time split adds up; bad
 input ends in one line."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pandas as pd
 import pytest
 
 from bench.errors import BenchError
-from helpers import REPO
+from helpers import script_module
 
 pytest.importorskip("eagle.model.ea_model", reason="eagle-llm is not installed: pip install --no-deps eagle-llm")
-sys.path.insert(0, str(REPO / "scripts"))
-import eagle_authors_overhead as script  # noqa: E402
+script = script_module("results/reference/eagle_authors_overhead/eagle_authors_overhead.py")
 
 TINY = ["--prompts", "2", "--max-new-tokens", "12", "--prompt-len", "8", "--threads", "1"]
 

@@ -11,9 +11,12 @@ the same Oracle, and so does the next step's target sample when a step commits o
 
 Cases: spec chain, SpecInfer's merged trie (k = 2, 3, via decoders.methods.specinfer.merge_chains),
 Sequoia (siblings without replacement), deterministic candidates (point-mass drafts with
-duplicate tokens). Negative controls, caught by the same check: SpecInfer's duplicates merged
-(one try per distinct child: the bug this file was written for), wrong residuals, and Sequoia's
-drafts verified as if drawn with replacement. Finally SpecInfer end to end passes verify_sampling
+duplicate tokens), a block draft's chain (each position drawn from its own distribution, which
+does not depend on the draws before it) and its DDTree tree (decoders.methods.dflash.ddtree).
+Negative controls, caught by the same check: SpecInfer's duplicates merged (one try per distinct
+child: the bug this file was written for), wrong residuals, Sequoia's drafts verified as if drawn
+with replacement, a block draft's drawn chain verified against rows other than those it was drawn
+from and its tree as if drawn. Finally SpecInfer end to end passes verify_sampling
 its draws in draw order, duplicates included.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ from decoders.methods.draft_model import SelfDraft
 from decoders.core.sampling import Sampling
 from decoders.methods.specinfer import SpecInfer, chains, merge_chains
 from decoders.core.tree import TokenTree
+from decoders.methods.dflash import ddtree
 from decoders.methods.draft_tree import DraftTree
 from decoders.core.verify import verify_sampling
 from helpers import tiny_lm
@@ -236,6 +240,40 @@ def sequoia(parents: list[int], n: int, without_replacement: bool = True):
     return run
 
 
+def block_rows(t, depth: int) -> list[torch.Tensor]:
+    """A block draft's distributions: one per position, fixed before anything is drawn (one draft forward
+    drafts the whole block), so position i's does not depend on the tokens at the positions before it."""
+    return [t.q[(0,) * i] for i in range(depth)]
+
+
+def dflash_chain(depth: int, n: int, drawn_rows: bool = True):
+    """decoder=dflash's chain under sampling: position i's token drawn from its own row q_i, verified
+    against the rows it was drawn from. drawn_rows=False: verified against other rows of the same
+    support (q_i squared, renormalised: a draft's distribution before the run's temperature, say): wrong."""
+    def run(oracle, t):
+        rows = block_rows(t, depth)
+        tree = TokenTree.chain(0, [oracle.choose(q) for q in rows])
+        told = rows if drawn_rows else [q * q / (q * q).sum() for q in rows]
+        path, bonus = verify_sampling(tree, t.target_rows(tree), torch.stack([torch.zeros_like(rows[0]), *told]), None)
+        return committed(t, tree, path, bonus, n, oracle)
+    return run
+
+
+def dflash_tree(depth: int, size: int, k: int, n: int, deterministic: bool = True):
+    """decoder=dflash's tree (DDTree's: the `size` most probable paths of the rows' top-k, built by the
+    production ddtree): nothing drawn, verified as deterministic candidates. deterministic=False:
+    verified as if each node had been drawn from its position's row (wrong)."""
+    def run(oracle, t):
+        rows = torch.stack(block_rows(t, depth))
+        top, ids = rows.topk(k, -1)
+        tree = ddtree(0, top, ids, size)
+        draft_probs = None if deterministic else torch.stack(
+            [torch.zeros_like(rows[0])] + [rows[tree.depths[c] - 1] for c in range(1, len(tree))])
+        path, bonus = verify_sampling(tree, t.target_rows(tree), draft_probs, None)
+        return committed(t, tree, path, bonus, n, oracle)
+    return run
+
+
 # Deterministic candidates (lookahead n-grams, BPD / Medusa heads): fixed trees, point-mass drafts,
 # with duplicate tokens among siblings and across depths.
 DETERMINISTIC_TREES = {
@@ -277,6 +315,10 @@ CORRECT = {
     "sequoia-2-2-1": (sequoia([-1, 0, 0, 1, 1, 2], 2), 2, 4, range(6)),
     **{f"deterministic-{name}": (deterministic(tree, 2), 2, 4, range(40))
        for name, tree in DETERMINISTIC_TREES.items()},
+    "dflash-chain-2": (dflash_chain(2, 2), 2, 4, range(30)),
+    "dflash-chain-3": (dflash_chain(3, 2), 2, 4, range(10)),
+    "dflash-tree-5-of-3x2": (dflash_tree(3, 5, 2, 2), 2, 4, range(40)),
+    "dflash-tree-3-of-2x3": (dflash_tree(2, 3, 3, 2), 2, 5, range(40)),
 }
 
 
@@ -309,6 +351,9 @@ WRONG = {
     "sequoia-unnormalised-residual": (sequoia([-1, 0, 0, 0], 1), 1, 4, range(20), _unnormalised_residual),
     "deterministic-no-residual": (deterministic(DETERMINISTIC_TREES["dup_siblings"], 1), 1, 4, range(20),
                                   _no_residual),
+    "dflash-chain-verified-against-other-rows": (dflash_chain(2, 1, drawn_rows=False), 1, 4, range(20), None),
+    "dflash-tree-verified-as-drawn": (dflash_tree(2, 3, 2, 1, deterministic=False), 1, 4, range(20), None),
+    "dflash-chain-no-residual": (dflash_chain(2, 1), 1, 4, range(20), _no_residual),
 }
 
 

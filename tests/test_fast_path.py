@@ -157,6 +157,40 @@ def test_auto_times_only_the_sizes_it_weighs(monkeypatch):
     assert costs == {"autoregressive_s": 3e-3, "k2_s": 5e-3, "k4_s": 5e-3, "k8_s": 6e-3, "k16_s": 6e-3}
 
 
+def test_a_thresholded_path_keeps_each_kernels_own_curve(monkeypatch):
+    """prepacked>=2 runs the native kernel at 1 row (38 ms here) and the packed one from 2 rows (22 ms, then
+    rising): the profile is non-decreasing on each kernel, and no size past the switch inherits the native
+    kernel's 38 ms. A noisy dip on one kernel is still levelled."""
+    from decoders.tuning import profile
+
+    native, packed = {0: 37e-3, 1: 38e-3}, {2: 22e-3, 3: 25e-3, 4: 24e-3, 5: 26e-3}
+    rounds = {k: [t, 2 * t] for k, t in {**native, **packed}.items()}  # the fastest round counts
+    monkeypatch.setattr(profile, "forward_samples", lambda lm, top, context, repeats: rounds)
+    lm = tiny_lm(seed=5, fast_path="prepacked")
+    lm.set_fast_path("prepacked", 2)
+    assert profile.kernel_switches(lm) == (2,)
+    curve, step = profile.measure_forward_latency(lm, max_tokens=5)
+    assert curve == [38e-3, 22e-3, 25e-3, 25e-3, 26e-3] and step == 37e-3
+    lm.set_fast_path("none")
+    assert profile.kernel_switches(lm) == () and profile.measure_forward_latency(lm, 5)[0][1:] == [38e-3] * 4
+
+
+def test_a_cached_profile_without_its_kernel_switches_is_measured_again(tmp_path, monkeypatch):
+    from decoders.tuning import profile
+
+    lm = tiny_lm(seed=5, fast_path="prepacked")
+    lm.set_fast_path("prepacked", 2)
+    measured = []
+    monkeypatch.setattr(profile, "measure_forward_latency",
+                        lambda lm, k, context, repeats: measured.append(k) or ([1e-3] * k, 1e-3))
+    first = profile.forward_latency(lm, tmp_path, max_tokens=4)
+    assert first["kernel_switches"] == [2] and profile.forward_latency(lm, tmp_path, max_tokens=4) == first
+    path = tmp_path / "latency" / f"{first['key']}.json"
+    path.write_text(json.dumps({k: v for k, v in first.items() if k != "kernel_switches"}))
+    profile.forward_latency(lm, tmp_path, max_tokens=4)
+    assert measured == [4, 4]
+
+
 @pytest.mark.parametrize("min_rows", [1, 2, 4, 8])
 def test_packed_kernel_runs_from_min_rows_up(monkeypatch, min_rows):
     lm = tiny_lm(seed=7, fast_path="prepacked")

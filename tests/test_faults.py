@@ -1,4 +1,4 @@
-"""Fault injection through the command line (issue 16, items 5, 6 and 8): damaged files, a
+"""Fault injection through the command line: damaged files, a
 second writer, unwritable places, Ctrl-C. Each ends in one line (exit 2, or 130 for Ctrl-C)
 with nothing already written lost."""
 import json

@@ -1,18 +1,17 @@
-"""scripts/forecast_across.py: one leaderboard's runs priced at another setting's profile, set beside
-that setting's measured speedups; the error worked out by hand, a negative control (a wrong measured
-speedup is flagged), and bad input in one line with exit code 2 (no model is loaded)."""
+"""results/reference/forecast/cpu_cross_dtype/forecast_across.py: one leaderboard's runs priced at
+another setting's profile, set beside that setting's measured speedups; the error worked out by hand,
+a negative control (a wrong measured speedup is flagged), and bad input in one line with exit code 2
+(no model is loaded)."""
 from __future__ import annotations
 
-import sys
 
 import pandas as pd
 import pytest
 
-from helpers import REPO
+from helpers import script_module
 from test_forecast import PRICES, leaderboard, write_profile
 
-sys.path.insert(0, str(REPO / "scripts"))
-import forecast_across as fa  # noqa: E402
+fa = script_module("results/reference/forecast/cpu_cross_dtype/forecast_across.py")
 
 # test_forecast's hand-worked case: tree's forecast speedup at PRICES, step 10 ms
 TREE = ((4 / 38 + 2 / 30) / 2) / ((4 / 52 + 2 / 26) / 2)
@@ -112,7 +111,7 @@ def test_a_draft_profile_prices_the_draft(tmp_path):
     measured time."""
     import json
 
-    import profile_draft
+    profile_draft = script_module("scripts/profile_draft.py")
     from bench import forecast as fc
     from test_forecast import PROVENANCE, record, step, write_run
 
@@ -145,7 +144,7 @@ def test_a_draft_profile_prices_the_draft(tmp_path):
 def test_profile_draft_takes_leaderboard_entries_that_draft_with_eagle(tmp_path, capsys, labels, expected):
     """Each label is profiled as its leaderboard entry runs (its own tree, size and depth); a label
     that is no entry, or one whose decoder has no EAGLE draft, is one line and exit code 2."""
-    import profile_draft
+    profile_draft = script_module("scripts/profile_draft.py")
 
     with pytest.raises(SystemExit) as e:
         profile_draft.main([str(tmp_path / "p"), "--labels", labels, "model=tiny-random", "device=cpu"])

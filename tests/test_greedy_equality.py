@@ -15,6 +15,7 @@ from decoders.core.hf_trace import hf_generate
 from bench.runner import build
 from decoders.methods.autoregressive import autoregressive_decode
 from decoders.methods.draft_model import SelfDraft
+from decoders.methods.dflash import DFlash
 from decoders.methods.eagle import Eagle
 from decoders.methods.hf_peers import HFAssisted
 from decoders.methods.bpd import BPD
@@ -35,7 +36,7 @@ METHODS = decoder_configs(EXTRA_CONF_DIRS)
 TINY = ["model=tiny-random", "draft=self", "draft.layers=1", "cache_dir=null"]
 # Defaults that measure this device uncached (nothing is cached) are narrowed to stay cheap: Medusa's
 # tree_size=auto would time forwards of 1..65 tokens for every new target; it chooses among 1 and 2 here.
-NARROWED = {"medusa": ["decoder.auto_sizes=[1,2]"]}
+NARROWED = {"medusa": ["decoder.auto_sizes=[1,2]"], "dflash": ["decoder.auto_sizes=[2,4]"]}
 
 # Variants beside each method's defaults: method -> {label suffix: keys set on its YAML's}.
 VARIANTS = {
@@ -55,6 +56,14 @@ VARIANTS = {
               "static-16-4-4-seed4": dict(draft_seed=4, tree="static", tree_size=16, depth=4, top_k=4),
               "static-5-5-1": dict(tree="static", tree_size=5, depth=5, top_k=1),
               "dynamic-8-4-8-seed5-bf16": dict(draft_seed=5, tree_size=8, depth=4, top_k=8, draft_dtype="bfloat16")},
+    # dflash-tree-block-tree_size-top_k, untrained or random (seed) block drafts; chains of the block's drafts
+    "dflash": {"chain-4-seed1": dict(draft_seed=1, tree="chain", block_size=4),
+               "chain-2": dict(tree="chain", block_size=2),
+               "tree-6-8-3-seed2": dict(draft_seed=2, block_size=6, tree_size=8, top_k=3),
+               "tree-2-1-1": dict(block_size=2, tree_size=1, top_k=1),
+               "tree-10-40-4-seed3": dict(draft_seed=3, block_size=10, tree_size=40, top_k=4),
+               "tree-8-12-4-seed5-bf16": dict(draft_seed=5, block_size=8, tree_size=12, top_k=4,
+                                              draft_dtype="bfloat16")},
     "jacobi": {"1": dict(block_size=1), "4": dict(block_size=4), "16-vocab": dict(block_size=16, init="vocab"),
                "3-repeat": dict(block_size=3, init="repeat")},
     # lookahead-W-N-G
@@ -107,6 +116,7 @@ def tiny_decoders(name: str) -> dict:
 DECODERS = {label: decoder for name in METHODS for label, decoder in tiny_decoders(name).items()}
 HEADS, NGRAM = "adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-ngram4.json.gz"
 EAGLE, SELF4 = "adapters/smollm2-135m-eagle.safetensors", "adapters/smollm2-135m-self4.safetensors"
+DFLASH = "adapters/smollm2-135m-dflash.safetensors"
 # The real model's drafts: its first 4 of 30 layers with the exit adapter shipped for them (plain
 # truncation is tested on tiny-random; on SmolLM2 it accepted 0 drafts of 292 on the HumanEval
 # prompts, and Sequoia's measured acceptance of 0 gave it a tree of the root only: nothing drafted).
@@ -120,6 +130,9 @@ SMOLLM2_DECODERS = {"spec_chain-4-self4": SpecChain(draft=SelfDraft(layers=4, ad
                     "eagle-dynamic-24": Eagle(draft_weights=EAGLE, tree_size=24),
                     "eagle-static-16": Eagle(draft_weights=EAGLE, tree="static", tree_size=16),
                     "eagle-8-bf16-draft": Eagle(draft_weights=EAGLE, tree_size=8, depth=4, draft_dtype="bfloat16"),
+                    # the block draft shipped for SmolLM2 (scripts/train_block_draft.py)
+                    "dflash-tree-8": DFlash(draft_weights=DFLASH, tree_size=8),
+                    "dflash-chain": DFlash(draft_weights=DFLASH, tree="chain"),
                     "bpd-ngram-p4": BPD(heads=HEADS, rescore="ngram", ngram=NGRAM, paths=4),
                     "bpd-neural-p2-self4": BPD(heads=HEADS, rescore="neural", paths=2,
                                                draft=SelfDraft(layers=4, adapter=SELF4))}
@@ -146,6 +159,8 @@ ACCEPTANCE_FLOORS = {  # decoder: floor, with the value measured
     "eagle-dynamic-24": 0.55,         # 1.105
     "eagle-static-16": 0.46,          # 0.935
     "eagle-8-bf16-draft": 0.43,       # 0.875
+    "dflash-tree-8": 0.25,            # 0.500
+    "dflash-chain": 0.15,             # 0.304
     "bpd-ngram-p4": 0.34,             # 0.690
     "bpd-neural-p2-self4": 0.18,      # 0.379
 }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import sys
 
 import pytest
 import torch
@@ -26,12 +25,11 @@ from decoders.tuning.tree_size import choose_size, expected_tokens
 from decoders.methods.ngram_lm import NgramLM
 from decoders.core.sampling import Sampler, Sampling
 from decoders.core.tree import TokenTree
-from helpers import REPO, assert_stored_in_half, chi2_pvalue, round_to_half, tiny_lm
+from helpers import REPO, assert_stored_in_half, script_module, chi2_pvalue, round_to_half, tiny_lm
 from test_greedy_equality import check_trace
 from test_lookahead import ALPHA, LENGTH, N_SAMPLES, exact_joint, sample_counts, stat_model  # noqa: F401
 
-sys.path.insert(0, str(REPO / "scripts"))
-from train_heads import accuracy  # noqa: E402
+accuracy = script_module("scripts/train_heads.py").accuracy
 
 GREEDY = Sampling()
 
@@ -158,6 +156,7 @@ def test_shipped_heads_beat_untrained_ones_on_real_prompts(smollm, data_dir):
 @pytest.mark.parametrize("shipped",
                          ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-eagle.safetensors",
                                      "adapters/smollm2-135m-self4.safetensors", "adapters/smollm2-135m-ngram4.json.gz",
+                                     "adapters/smollm2-135m-dflash.safetensors",
                                      "adapters/gemma3-270m-heads4.safetensors",
                                      "adapters/gemma3-270m-self4.safetensors", "adapters/gemma3-270m-ngram4.json.gz"])
 def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypatch, shipped):
@@ -175,7 +174,7 @@ def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypat
 # tokens per step in int8).
 STORED_INT8 = ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-self4.safetensors",
                "adapters/gemma3-270m-heads4.safetensors", "adapters/gemma3-270m-self4.safetensors"]
-STORED_HALF = ["adapters/smollm2-135m-eagle.safetensors"]
+STORED_HALF = ["adapters/smollm2-135m-eagle.safetensors", "adapters/smollm2-135m-dflash.safetensors"]
 
 
 @pytest.mark.parametrize("shipped", STORED_INT8 + STORED_HALF)
@@ -336,7 +335,7 @@ def test_heads_with_a_restricted_readout_stay_exact(tiny_ngram, tmp_path, name, 
 
 
 def test_draft_vocab_coverage_counts_the_targets_greedy_tokens():
-    from draft_vocab import greedy_coverage
+    greedy_coverage = script_module("scripts/draft_vocab.py").greedy_coverage
 
     lm = tiny_lm(seed=0)
     seqs = own_text(lm, 2, 10, seed=1)

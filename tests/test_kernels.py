@@ -103,12 +103,11 @@ def test_using_sends_the_calls_to_another_build_and_gives_the_process_its_own_ba
     """kernels.using, the A/B of scripts/bench_linear_kernels.py --forward: inside it the model runs on the
     other build (here the one without chunks of K: the same bits, every output summed in one order); after
     it, even after an error, on the process's own; a build of other panels is refused."""
-    import sys
     from types import SimpleNamespace
 
-    from helpers import REPO
-    sys.path.insert(0, str(REPO / "scripts"))
-    from bench_linear_kernels import forward_table, variant
+    from helpers import script_module
+    forward_table, variant = (getattr(script_module("scripts/bench_linear_kernels.py"), f)
+                              for f in ("forward_table", "variant"))
 
     own, other = kernels.extension(), variant("-DDB_KCHUNK=0", tmp_path)
     lm = tiny_lm(seed=3, fast_path="kernel")  # hidden 64: two chunks of 32 where the rows take several blocks

@@ -77,7 +77,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles():
-    """Issue 45: leaderboard <-> spec_bench_table, runner <-> rundir and heads <-> published imported
+    """leaderboard <-> spec_bench_table, runner <-> rundir and heads <-> published imported
     each other, some inside functions to get by."""
     assert circles(module_imports()) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check finds one
@@ -154,3 +154,12 @@ def test_the_size_check_names_the_offending_files():
                                   "adapters/a.safetensors (30.0 MiB), results/reference/y/records.jsonl.gz (3.0 MiB)")
     del sizes["adapters/a.safetensors"]
     assert too_big(sizes, max_plain_records=400 * 2**10) == []
+
+
+def test_code_imports_the_package_without_editing_sys_path():
+    """scripts/ are programs over the installed package (pip install -e .), and bench/ and decoders/ are that
+    package: none of them edits sys.path to import it (library code lives in the package)."""
+    edits = [f"{p.relative_to(REPO)}:{n}" for folder in ("scripts", "bench", "decoders")
+             for p in sorted((REPO / folder).rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if "sys.path" in line.split("#")[0]]
+    assert not edits, edits

@@ -23,13 +23,14 @@ TINY = ["model=tiny-random", "device=cpu", "gen.max_new_tokens=10", "leaderboard
         'leaderboard.decoders.medusa=["decoder=medusa","decoder.heads=null"]',
         'leaderboard.decoders.eagle=["decoder=eagle","decoder.draft_weights=null"]',
         'leaderboard.decoders.eagle-static=["decoder=eagle","decoder.draft_weights=null","decoder.tree=static"]',
+        'leaderboard.decoders.dflash=["decoder=dflash","decoder.draft_weights=null","decoder.auto_sizes=[2,4]"]',
         'leaderboard.decoders.bpd=["decoder=bpd","decoder.heads=null"]',
         'leaderboard.decoders.bpd-ngram=["decoder=bpd","decoder.heads=null","decoder.rescore=ngram","decoder.paths=4"]',
         # a 2 x 2 grid over 16 tokens: its default (4 x 4 over 3 prompts of 48) first decodes 144 times
         'leaderboard.decoders.lookahead-auto=["decoder=lookahead","decoder.window=auto","decoder.ngram=auto",'
         '"decoder.guess_set_size=auto","decoder.auto_windows=[1,3]","decoder.auto_ngrams=[3,5]","decoder.auto_tokens=16"]']
 LABELS = ["autoregressive", "hf_generate", "hf_pld", "prompt_lookup", "recycling", "suffix", "eagle", "eagle-static",
-          "hf_assisted", "jacobi", "lookahead",
+          "dflash", "hf_assisted", "jacobi", "lookahead",
           "lookahead-auto", "spec_chain", "specinfer", "sequoia", "sequoia-auto", "medusa", "bpd", "bpd-ngram"]
 COLUMNS = ["decoder", "dataset", "prompts", "tokens_per_step", "mean_accepted_tokens", "tokens_per_s", "speedup",
            "speedup_geomean", "speedup_pooled", "acceptance_rate", "flops_per_token_vs_ar", "same_as_autoregressive",
@@ -175,7 +176,7 @@ def test_a_rerun_resumes_without_duplicates(board):
     victim = out / "humaneval" / "sequoia" / "records.jsonl"
     lines = victim.read_text().splitlines()
     # as if killed after the first prompt, and the second prompt's record of another entry pasted in
-    # (issue 43, item 4: it was kept and tabled as sequoia's)
+    # (such a record was once kept and tabled as sequoia's)
     foreign = (out / "humaneval" / "spec_chain" / "records.jsonl").read_text().splitlines()[1]
     victim.write_text(lines[0] + "\n" + foreign + "\n")
     before = {p: p.read_text() for p in out.rglob("records.jsonl") if p != victim}
@@ -279,7 +280,7 @@ def test_leaderboard_errors_are_one_line(tmp_path):
                         f"leaderboard.out_dir={tmp_path}")
     assert result.returncode == 2 and "needs the autoregressive entry" in result.stderr
     # a draft file that is not there: refused before anything is claimed (it was after each entry's
-    # config.yaml and an empty records.jsonl; issue 43, item 3)
+    # config.yaml and an empty records.jsonl)
     board = tmp_path / "board"
     result = run_module("bench.leaderboard", "model=tiny-random", "leaderboard.only=[autoregressive,eagle]",
                         'leaderboard.decoders.eagle=["decoder=eagle","decoder.draft_weights=/no/such.safetensors"]',
@@ -297,8 +298,8 @@ PRESETS = {
     "heads": (["autoregressive", "medusa", "medusa-auto-32", "medusa-auto-64", "medusa-chain", "bpd-p1", "bpd-ngram-p1",
                "bpd-p4", "bpd-ngram-p4"], 1),
     "baselines": (["autoregressive", "hf_generate"], 3),
-    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-auto", "eagle-static", "recycling", "suffix", "medusa",
-                 "lookahead-auto", "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
+    "leaders": (["autoregressive", "eagle", "eagle-8", "eagle-auto", "eagle-static", "dflash", "dflash-chain",
+                 "recycling", "suffix", "medusa", "lookahead-auto", "sequoia-auto", "hf_pld", "prompt_lookup"], 1),
     "long_outputs": (["autoregressive", "prompt_lookup", "lookahead", "recycling", "eagle", "medusa", "spec_chain",
                       "sequoia"], 1),
 }
@@ -315,7 +316,7 @@ def preset_overrides(name: str) -> list[str]:
     entries = {**{name: [f"decoder={name}"] for name in decoder_configs()},  # every method's own entry
                **OmegaConf.load(REPO / "conf" / "leaderboard.yaml").leaderboard.decoders, **preset.get("decoders", {})}
     untrained = {"decoder=medusa": "decoder.heads=null", "decoder=bpd": "decoder.heads=null",
-                 "decoder=eagle": "decoder.draft_weights=null"}
+                 "decoder=eagle": "decoder.draft_weights=null", "decoder=dflash": "decoder.draft_weights=null"}
     for label in preset.only:
         extra = [untrained[o] for o in entries[label] if o in untrained]
         if extra:
@@ -480,7 +481,7 @@ def test_leaderboard_records_carry_the_lossless_verdict(board):
 
 @pytest.mark.slow
 def test_timed_repeats_start_from_the_same_carried_state(tmp_path, monkeypatch):
-    """Issue 41, item 5: recycling's hot table (what a decoder carries between prompts) is, at the
+    """Recycling's hot table (what a decoder carries between prompts) is, at the
     start of each timed repeat of a prompt, what it was at the start of the first; the next prompt
     starts from the table its predecessor's first run left; the warm-up leaves it as it was (empty).
     On the old code repeats 2-3 drafted from a table holding the prompt's own continuation."""

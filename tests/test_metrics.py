@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import torch
 
 from bench import metrics
 from decoders.core.trace import Generation, Step
@@ -264,3 +265,77 @@ def test_overlapping_intervals():
     # intervals that share only an end overlap: the table cannot order them either
     assert metrics.overlapping({"a": (1.0, 2.0), "b": (2.0, 3.0), "c": (3.0000001, 4.0)}) == \
         {"a": ["b"], "b": ["a"], "c": []}
+
+
+# ---- acceptance in every engine's definition (docs/acceptance.md) ----------------------------------
+# A hand-made trace where the definitions differ: per step (committed, drafts proposed, drafts accepted),
+# the prefill first. Question q1 has two turns, q2 one. q1's first turn has a step without drafts and a
+# last step cut at a stop token (3 drafts verified, 2 kept, no bonus); q2's method drafts at the prefill.
+ENGINE_TRACE = {
+    ("q1", 0): [(1, 0, 0), (3, 4, 2), (1, 0, 0), (5, 4, 4), (2, 4, 2)],
+    ("q1", 1): [(1, 0, 0), (2, 3, 1), (4, 3, 3)],
+    ("q2", 0): [(3, 3, 2), (4, 3, 3), (1, 3, 0), (3, 3, 2)],
+}
+
+
+def engine_records() -> list[dict]:
+    recs = []
+    for (prompt, turn), rows in ENGINE_TRACE.items():
+        steps = [Step(committed=c, forward_tokens=d + 1, context_tokens=10, draft_tokens=d, accepted_draft_tokens=a,
+                      target_time=0.1) for c, d, a in rows]
+        g = Generation(tokens=list(range(sum(c for c, _, _ in rows))), steps=steps, ttft=0.1, stop_reason="length")
+        recs.append({**metrics.generation_metrics(g, SPEC, 1.0), "key": f"{prompt}#{turn}", "prompt_id": prompt,
+                     "turn": turn, "decoder": "d", "model": "m", "dataset": "x", "status": "ok", "reference": None,
+                     "trace": g.trace_columns()})
+    return recs
+
+
+def test_each_engines_acceptance_from_a_hand_made_trace():
+    recs = engine_records()
+    # ours: 30 new tokens in 12 forwards; Spec-Bench's: 25 tokens in the 9 decoding steps (prefills out)
+    assert metrics.tokens_per_step(recs) == 30 / 12
+    assert metrics.mean_accepted_tokens(recs) == pytest.approx(25 / 9)
+    # vLLM: the 9 steps that verified drafts (q1's draftless step out, q2's prefill in) accepted 8 + 4 + 7
+    assert metrics.vllm_mean_acceptance_length(recs) == pytest.approx(1 + 19 / 9)
+    assert metrics.vllm_acceptance_by_position(recs) == pytest.approx([8 / 9, 7 / 9, 3 / 9, 1 / 9])
+    # SGLang: accepted + 1 over every decoding step, the cut step's bonus and the draftless step's 1 included
+    assert metrics.sglang_accept_length(recs) == pytest.approx((12 + 6 + 8) / 9)
+    # EAGLE: per turn, its steps' accepted + 1 over its last step's index: q1 (12/3 + 6/1) / 2 = 5, q2 8/2 = 4
+    assert metrics.eagle_tau(recs) == 4.5
+    figures = [metrics.tokens_per_step(recs), metrics.mean_accepted_tokens(recs),
+               metrics.vllm_mean_acceptance_length(recs), metrics.sglang_accept_length(recs), metrics.eagle_tau(recs)]
+    assert len({round(f, 6) for f in figures}) == len(figures)  # the trace tells every definition apart
+
+
+def test_engine_acceptance_reads_older_records_from_their_trace_and_leaves_out_what_it_cannot_count():
+    recs = engine_records()
+    older = [{k: v for k, v in r.items() if k not in ("draft_steps", "accepted_at_least", "verified_tokens")}
+             for r in recs]
+    assert metrics.engine_acceptance(older) == metrics.engine_acceptance(recs)
+    one_step = {**recs[1], "decode_steps": 1}  # EAGLE's loop index would be 0: left out, not a division by zero
+    assert math.isnan(metrics.eagle_tau([one_step]))
+    untraced = [{k: v for k, v in r.items() if k != "trace"} for r in older]
+    assert math.isnan(metrics.vllm_mean_acceptance_length(untraced)) and metrics.vllm_acceptance_by_position([]) == []
+    assert all(math.isnan(metrics.engine_acceptance([])[k]) for k in ("sglang_accept_length", "eagle_tau"))
+
+
+def test_summaries_and_streamed_columns_carry_every_engines_acceptance():
+    from bench.report import columns
+
+    recs = engine_records()
+    direct, streamed = metrics.summarize(recs).iloc[0], metrics.summarize(columns(recs)).iloc[0]
+    assert direct["vllm_acceptance_by_position"] == "0.89 0.78 0.33 0.11" and direct["eagle_tau"] == 4.5
+    for name in ("vllm_mean_acceptance_length", "vllm_acceptance_by_position", "sglang_accept_length", "eagle_tau"):
+        assert streamed[name] == pytest.approx(direct[name]) if name != "vllm_acceptance_by_position" else \
+            streamed[name] == direct[name], name
+        assert name in metrics.to_markdown(metrics.summarize(recs)).splitlines()[0]
+def test_a_referee_at_the_runs_precision_proves_a_tie_by_disagreeing_as_much():
+    """llama.cpp's referee is a second computation in float32, like the step: a departure is a tie where the two
+    differ (anywhere in the vocabulary) by at least the chosen token's margin below the step's top-1, else real."""
+    step = torch.tensor([2.0, 1.9, 0.0])  # token 1: 0.1 below the top-1, hundreds of thousands of ulps
+    for second, tie in ((torch.tensor([1.9, 2.0, 0.0]), True), (torch.tensor([2.0, 1.9, 0.05]), False)):
+        verdict = metrics.judge_output([0, 1], [0, 0], [step, step], referee=lambda i, s=second: s)
+        assert verdict["divergence_tie"] is tie and verdict["ties_by_second_computation"] == int(tie)
+        assert verdict["ties_in_wider_dtype"] == 0
+    wider = metrics.judge_output([0, 1], [0, 0], [step, step], referee=lambda i: torch.tensor([1.9, 2.0, 0.0]).double())
+    assert wider["divergence_tie"] is True and wider["ties_in_wider_dtype"] == 1  # a wider one ranks by ulps

@@ -99,12 +99,15 @@ def test_masks_without_the_window_are_caught(family, monkeypatch):
     assert autoregressive_decode(lm, prompt(), NEW, GREEDY, stop_ids=set()).tokens != theirs
 
 
+@pytest.mark.parametrize("path", ["kernel", "prepacked"])
 @pytest.mark.parametrize("family", family_params())
-def test_fast_path_forward_equals_native(family):
-    """The fast path the matrix runs on computes the family's own formulas (its norms, rotary and
-    attention kernels are swapped only where a probe shows them bitwise the model's): the logits of a
+def test_fast_path_forward_equals_native(family, path):
+    """Each fast path computes the family's own formulas (our kernel's norms, rotary and attention are
+    swapped only where a probe shows them bitwise the model's; oneDNN's packed linears): the logits of a
     prompt past the window and of a tree fed after it match the native path's."""
-    native, fast = family_lm(family, "none"), family_lm(family)
+    native, fast = family_lm(family, "none"), family_lm(family, path)
+    if fast.fast_path != path:
+        pytest.skip(f"{path} does not run here: {fast.fast_path_note}")
     ids = prompt() * 2
     caches = [native.new_cache(), fast.new_cache()]
     outs = [lm.forward(ids, c) for lm, c in zip((native, fast), caches)]
@@ -121,14 +124,21 @@ def test_fast_path_forward_equals_native(family):
 # trees or windows reach deeper than the window (a node's ancestors cross it).
 DEFAULT_CASES = [pytest.param(f, m, marks=[pytest.mark.slow] if f not in QUICK else []) for f in FAMILIES
                  for m in METHODS]
-DEEP = ["eagle-dynamic-40-8-3-seed3", "recycling-40-10-3", "lookahead-7-3-unbounded", "jacobi-16-vocab",
-        "spec_chain-9", "sequoia-24-8", "suffix-a4-d6-p0", "oracle-1-chain-7", "bpd-neural-p3"]
+DEEP = ["eagle-dynamic-40-8-3-seed3", "dflash-tree-10-40-4-seed3", "recycling-40-10-3", "lookahead-7-3-unbounded",
+        "jacobi-16-vocab", "spec_chain-9", "sequoia-24-8", "suffix-a4-d6-p0", "oracle-1-chain-7", "bpd-neural-p3"]
 VARIANT_CASES = [pytest.param("gemma3", label, marks=pytest.mark.slow) for label in DEEP]
 
 
-@pytest.mark.parametrize("family,decoder", DEFAULT_CASES + VARIANT_CASES)
-def test_every_decoder_equals_autoregressive(family, decoder):
-    lm = family_lm(family)
+# The other fast path (the suite's runs on FAST_PATH) for methods of each kind of forward, on the hybrid family.
+OTHER_PATH = "prepacked" if FAST_PATH != "prepacked" else "kernel"
+PATH_CASES = [pytest.param("gemma3", m, OTHER_PATH, marks=pytest.mark.slow)
+              for m in ["lookahead", "eagle", "recycling", "medusa", "sequoia"]]
+
+
+@pytest.mark.parametrize("family,decoder,path", [pytest.param(*p.values, FAST_PATH, marks=p.marks)
+                                                 for p in DEFAULT_CASES + VARIANT_CASES] + PATH_CASES)
+def test_every_decoder_equals_autoregressive(family, decoder, path):
+    lm = family_lm(family, path)
     reference = autoregressive_decode(lm, prompt(), NEW, GREEDY, stop_ids=set())
     out = DECODERS[decoder].generate(lm, prompt(), NEW, GREEDY, set())
     assert out.tokens == reference.tokens
@@ -136,7 +146,7 @@ def test_every_decoder_equals_autoregressive(family, decoder):
 
 
 BATCH_CASES = [pytest.param(f, name, marks=[] if f in QUICK else [pytest.mark.slow]) for f in FAMILIES
-               for name in ["lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1", "specinfer-2x3"]
+               for name in ["lookahead-5-4-5", "eagle-dynamic-10-3-4-seed1", "dflash-tree-6-8-3-seed2", "specinfer-2x3"]
                + (["medusa-auto-16", "prompt_lookup-10-2", "recycling-cold-16-4-4"] if f in QUICK else [])]
 
 
@@ -150,8 +160,9 @@ def test_batched_rows_equal_batch_1(family, name):
 
 
 # The methods whose sampling is exact verification (Medusa's typical acceptance is lossy by design).
-# (a drawn draft's chain, a drawn tree of EAGLE's, deterministic trees and a side branch)
-SAMPLED = ["spec_chain", "eagle", "recycling", "lookahead"]
+# (a drawn draft's chain, a drawn tree of EAGLE's, deterministic trees and a side branch, a block draft's
+# chain drawn position by position)
+SAMPLED = ["spec_chain", "eagle", "recycling", "lookahead", "dflash-chain-4-seed1"]
 
 
 def sampled_rows_error(lm: LM, decoder: str, monkeypatch) -> float:
@@ -190,6 +201,30 @@ def sampled_rows_error(lm: LM, decoder: str, monkeypatch) -> float:
 @pytest.mark.parametrize("decoder", first_quick(SAMPLED))
 def test_sampling_verifies_against_the_models_own_distributions(family, decoder, monkeypatch):
     assert sampled_rows_error(family_lm(family), decoder, monkeypatch) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "qwen3_moe"])
+@pytest.mark.parametrize("initialised", [True, False])
+def test_a_block_drafts_layer_sets_what_its_constructor_leaves_unset(family, initialised, monkeypatch):
+    """Experts, routers and gpt-oss's sinks are torch.empty in a decoder layer's constructor: a block
+    draft's layer initialises them (its logits, random or not, are finite). Memory as torch.empty left it
+    is stood for by NaN; without the initialisation (initialised=False, the negative control) it stays."""
+    import decoders.methods.block_draft as block_draft
+
+    lm = family_lm(family)
+    if not initialised:
+        monkeypatch.setattr(block_draft, "init_unset_parameters", lambda lm, layers: None)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    draft = block_draft.new_block_draft(lm, seed=1)
+    monkeypatch.setattr(torch, "empty", empty)
+    finite = all(bool(p.isfinite().all()) for p in draft.layers.parameters())
+    assert finite == initialised
+    if initialised:
+        with torch.inference_mode():
+            _, feats = lm.forward(prompt(), lm.new_cache(), features=draft.reads)
+            out = draft(feats[:-1], prompt()[-1], block_draft.KVCache(block_draft.DynamicCache()), 4)
+        assert bool(draft.logits(out).isfinite().all())
 
 
 @pytest.mark.parametrize("family", family_params(SLIDING))
@@ -276,3 +311,77 @@ def test_the_cli_refuses_it_in_one_line_before_claiming_the_run_directory(tmp_pa
     from bench.rundir import MARKER
 
     assert not (tmp_path / "run" / MARKER).exists() and not (tmp_path / "run" / "config.yaml").exists()
+
+
+# ---- drafts borrow what the target has ----------------------------------------------------------
+def test_drafts_and_heads_read_the_target_head_as_the_target_does():
+    """Gemma 2 soft-caps its logits after the head (cap * tanh(logits / cap)): an EAGLE draft's and
+    Medusa heads' readouts through the same head are capped the same way."""
+    from decoders.methods.eagle_draft import FeatureDraft
+    from decoders.methods.heads import new_heads
+
+    lm = family_lm("gemma2", "none")
+    cap = lm.logit_cap
+    assert cap == 30.0
+    with torch.inference_mode():
+        logits, features = lm.forward(prompt(), lm.new_cache(), features=True)
+        head = lm.model.get_output_embeddings()
+        raw = head(lm.final_norm(features))
+        torch.testing.assert_close(logits, torch.tanh(raw / cap) * cap)  # what the target itself does
+        torch.testing.assert_close(FeatureDraft(lm).logits(features), logits)
+        hidden = lm.final_norm(features)
+        torch.testing.assert_close(new_heads(lm, 2)(hidden)[0], logits)  # untrained heads repeat the head's guess
+        assert float(FeatureDraft(lm).logits(features * 100).abs().max()) <= cap
+
+
+def test_an_eagle_draft_of_a_hybrid_target_attends_fully_with_the_global_rotary():
+    """Gemma 3 keeps a rotary table per layer type (local base 10k for sliding layers, global 1M): the
+    draft's layer is a full-attention layer of the target's class, and its forward reads the
+    full-attention table (a forward with the local one differs)."""
+    from decoders.core.kv_cache import causal_mask
+    from decoders.methods.eagle_draft import FeatureDraft
+
+    lm = family_lm("gemma3", "none")
+    torch.manual_seed(0)
+    draft = FeatureDraft(lm)
+    with torch.no_grad():
+        for p in draft.layer.parameters():
+            p.normal_(0, 0.3)
+    assert draft.layer.self_attn.sliding_window is None
+    features, tokens = torch.randn(6, 64), torch.tensor([3, 9, 4, 1, 7, 2])
+    positions, mask = torch.arange(200, 206), causal_mask(6, 0)
+    with torch.inference_mode():
+        out = draft(features, tokens, positions, mask)
+        x = draft.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens)], -1))[None]
+
+        def by(kind):
+            rope = lm.model.base_model.rotary_emb(x, positions[None], kind)
+            return draft.layer(x, attention_mask=lm.mask_4d(mask), position_ids=positions[None],
+                               position_embeddings=rope)[0]
+        torch.testing.assert_close(out, by("full_attention"))
+        assert not torch.allclose(out, by("sliding_attention"), atol=1e-3)
+
+
+# ---- a 262,144-token vocabulary ------------------------------------------------------------------
+@pytest.mark.slow
+def test_tables_at_a_262k_vocabulary_hold_what_was_seen():
+    """Gemma 3's vocabulary: recycling's adjacency table, suffix decoding's global trie and lookahead's
+    n-gram pool grow with the tokens a decode saw (rows scored, text committed), never with the
+    vocabulary (a table of vocabulary x successors would be 262,144 rows before the first step)."""
+    from decoders.methods.lookahead import Lookahead
+    from decoders.methods.recycling import Recycling
+    from decoders.methods.suffix import Suffix
+
+    spec = TinyRandomModel(family="gemma3", sliding_window=WINDOW, vocab_size=262_144, hidden_size=32,
+                           intermediate_size=64)
+    lm = LM(spec.build(262_144), name="tiny-gemma3-262k", fast_path="none")
+    ids = [7, 70_000, 262_143, 5, 7, 70_000, 262_143, 5, 131_072]
+    recycling, suffix = Recycling(tree_size=16, depth=4), Suffix()
+    for decoder in (recycling, suffix, Lookahead(window=4, ngram=3, guess_set_size=4)):
+        out = decoder.generate(lm, ids, 32, GREEDY, set())
+        assert out.tokens == autoregressive_decode(lm, ids, 32, GREEDY, stop_ids=set()).tokens
+        scored = sum(s.forward_tokens for s in out.steps)
+        if decoder is recycling:
+            assert 0 < len(recycling.carried(lm)) <= scored  # a row per token scored, at most
+        if decoder is suffix:
+            assert 0 < len(suffix.global_trie(lm)) <= 1 + (len(ids) + 32) * suffix.max_depth

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shutil
 import math
-import sys
 
 import pytest
 import torch
@@ -29,12 +28,11 @@ from decoders.methods.eagle import Eagle
 from decoders.methods.eagle_draft import load_draft
 from decoders.methods.heads import load_heads
 from decoders.methods.medusa import Medusa
-from helpers import REPO, chi2_pvalue, tiny_lm
+from helpers import chi2_pvalue, tiny_lm
 from test_lookahead import LENGTH, VOCAB, ALPHA, cycle_prompt, exact_joint, sample_counts
 from transformers import DynamicCache
 
-sys.path.insert(0, str(REPO / "scripts"))
-from eagle1_layout import write_eagle1  # noqa: E402  the authors' EAGLE-1 module, shared with a script
+from decoders.methods.eagle1_layout import write_eagle1
 
 GREEDY = Sampling()
 N_PUBLISHED = 200  # samples per exact-distribution case
@@ -56,7 +54,7 @@ def perturbed(shape, gen, scale=0.3, base=0.0):
 
 
 # ---- checkpoints in the authors' layouts -----------------------------------------------------------
-# EAGLE-1/2's is written by the authors' own module: scripts/eagle1_layout.py (write_eagle1).
+# EAGLE-1/2's is written by the authors' own module: decoders/methods/eagle1_layout.py (write_eagle1).
 def write_eagle3(path, lm, seed: int, draft_vocab: int | None = None, embed: bool = False):
     """An EAGLE-3 draft in cnets.py's layout: fc (3d -> d), midlayer.*, norm, lm_head over a draft
     vocabulary with d2t (draft id -> target id offset) and t2d."""
@@ -222,7 +220,7 @@ def test_eagle3_draft_equals_the_published_definition(tmp_path, draft_vocab, emb
 @pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
 @torch.inference_mode()
 def test_published_drafts_round_float32_rotary_tables_once(tmp_path, layout, dtype):
-    """Issue 41: a published draft cast to half precision keeps float32 rotary frequencies, so its cos
+    """A published draft cast to half precision keeps float32 rotary frequencies, so its cos
     and sin are the float32 tables rounded once, at positions up to 4096 (with a cast inv_freq they
     were off by up to 0.24 at 1000 and 0.95 at 4000); for EAGLE-1 they equal the authors' module's own
     tables (built in float32, cast with the module) wherever it caches them, below 2048; and the
@@ -485,7 +483,7 @@ def _edit_metadata(path, out, drop=(), state_edit=None, **set_meta):
 
 
 def test_a_malformed_draft_or_heads_file_is_one_line_naming_it(tmp_path):
-    """Issue 43, items 9 and 11: a file with our format tag but no hidden_size (KeyError), a
+    """A file with our format tag but no hidden_size (KeyError), a
     non-numeric one ('invalid literal for int()' naming neither key nor file), tensors of the wrong
     shape (RuntimeError), a published config.json that is a list (AttributeError) or whose
     vocab_size or hidden_size is a list (TypeError) were tracebacks. Each is now a ValueError, one

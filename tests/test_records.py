@@ -80,7 +80,7 @@ def test_a_record_cannot_be_written_twice(tmp_path):
         log.append(rec("a#0"))
 
 
-# ---- faults (issue 16, items 5 and 8): every valid record survives, nothing is duplicated ----
+# ---- faults: every valid record survives, nothing is duplicated ----
 
 
 @pytest.mark.parametrize("damage,why", [
@@ -144,7 +144,7 @@ time.sleep(60)
 
 
 def test_a_full_disk_at_resume_says_make_room_not_choose_another_directory(tmp_path, monkeypatch):
-    """Issue 43, item 11: a full disk while resuming said "give a writable directory", which sends the
+    """A full disk while resuming said "give a writable directory", which sends the
     user away from the run they should resume."""
     path = tmp_path / "records.jsonl"
     log = RecordLog(path, resume=False)

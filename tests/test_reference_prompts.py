@@ -1,4 +1,4 @@
-"""Issue 41, item 1: prompts token-identical to the reference implementations, on Spec-Bench's
+"""Prompts token-identical to the reference implementations, on Spec-Bench's
 multi-turn questions (MT-Bench's 80, both turns, after a fixed first answer), text and ids. The
 oracle is the reference code itself: fschat's conversations, driven as Spec-Bench's
 evaluation/eval.py and the EAGLE authors' evaluation scripts drive them. The tokenizer is a small

@@ -1,4 +1,4 @@
-"""A run directory is the run's own (issue 30, items 2-6, 9 and 13): a directory that is not a run
+"""A run directory is the run's own: a directory that is not a run
 is refused before anything is written, a refused run changes nothing (.hydra/ included), resume
 checks the records against the run's recorded config wherever it is, every run file is written
 whole or not at all, and a config can build only this project's classes. Each refusal is one
@@ -261,7 +261,7 @@ def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resume_works(tm
     assert (run / name).stat().st_size > 0
 
 
-# --- no write through a planted symbolic link (issue 43, item 2) ---------------------------------
+# --- no write through a planted symbolic link ---------------------------------
 
 # Every name a run opens in its directory, Hydra's job log and .hydra/ itself included.
 RUN_FILES = ["records.jsonl", "records.jsonl.lock", "records.jsonl.tmp", "records.rejected.jsonl", "config.yaml",

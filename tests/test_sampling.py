@@ -232,3 +232,25 @@ def test_a_token_read_from_non_finite_logits_is_refused(bad):
         draw(torch.softmax(rows[2] / 0.5, -1), torch.Generator().manual_seed(0))
     with pytest.raises(NonFiniteLogits, match="-inf"):
         argmax(torch.full((8,), float("-inf")))  # nothing to choose from
+
+
+@pytest.mark.parametrize("case", ["random", "one_block", "ties", "small_vocab"])
+def test_top_k_rows_has_topks_values(case):
+    """top_k_rows (block maxima, then the k best blocks) gives torch.topk's values in its order on rows
+    of 262,144 tokens: random rows, rows whose top k all sit in one block (a block's second value beats
+    every other block's maximum), rows of ties; a vocabulary too small for blocks takes torch.topk."""
+    from decoders.core.sampling import top_k_rows
+
+    g = torch.Generator().manual_seed(0)
+    V = 64 if case == "small_vocab" else 262_144
+    rows = torch.randn(6, V, generator=g)
+    if case == "one_block":
+        rows[:, 1024:1032] = 10 + torch.arange(8.0)
+    if case == "ties":
+        rows = torch.randint(0, 3, (6, V), generator=g).float()
+    ids = top_k_rows(rows, 8)
+    assert ids.shape == (6, 8)
+    assert torch.equal(rows.gather(1, ids), torch.topk(rows, 8).values)
+    assert all(len(set(r)) == 8 for r in ids.tolist())
+    if case == "one_block":
+        assert sorted(ids[0].tolist()) == list(range(1024, 1032))

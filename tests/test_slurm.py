@@ -1,4 +1,4 @@
-"""Sweeps on a real SLURM cluster, end to end (issue 20).
+"""Sweeps on a real SLURM cluster, end to end.
 
 scripts/slurm/start_cluster.sh stands up a single-node SLURM on localhost (slurmctld, slurmd,
 slurmdbd on MariaDB, munge; apt-get installs them where missing), the sweeps run through
@@ -167,14 +167,15 @@ def test_sweep_runs_as_a_job_array_and_reports(cluster, tmp_path):
     assert list(table["decoder.window"]) == [1, 2] and list(table["records"]) == [2, 2]
 
 
-def _wait(what: str, condition, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None):
+def _wait(what: str, condition, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None,
+          poll: float = 0.2):
     deadline = time.monotonic() + timeout
     while not condition():
         if process is not None and process.poll() is not None:
             pytest.fail(f"the submitting command ended (rc {process.returncode}) before {what}:\n"
                         + _tail(log.read_text() if log else "", 40), pytrace=False)
         assert time.monotonic() < deadline, f"no {what} after {timeout:.0f}s"
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +274,53 @@ def test_timed_out_task_stops_at_the_limit(cluster, time_limited):
     assert 0 < len(done) < 164 and len(set(_keys(done))) == len(done)  # complete JSON lines, each key once
     lock = run / "records.jsonl.lock"
     assert not lock.exists() or lock.read_text() == ""
+
+
+def test_sharded_leaderboard_cancelled_unit_resumes_and_merges_as_one_process(cluster, tmp_path):
+    """A small Spec-Bench leaderboard (tiny-random, a question a task group, 3 entries) as 5 units of a
+    job array; recycling's unit (the whole dataset: it carries state between prompts) cancelled mid-run:
+    the command ends saying so, the same command submits that unit alone, which resumes from its
+    records, and merges; the merged tokens, steps and acceptance are the one-process run's."""
+    from test_leaderboard_cluster import BOARD, SAME, SHARDS, same_figures
+
+    sharded, single, name = tmp_path / "sharded", tmp_path / "single", f"bench-board-{uuid.uuid4().hex[:6]}"
+    # 256 tokens a turn: recycling's unit generates for several seconds after its first record
+    same = [o for o in SAME if not o.startswith("gen.max_new_tokens=")] + ["gen.max_new_tokens=256"]
+    command = [sys.executable, "-m", "bench.leaderboard", *BOARD, *SHARDS, *same, "hydra/launcher=slurm_cpu",
+               "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10",
+               f"hydra.launcher.name={name}", f"leaderboard.out_dir={sharded}"]
+    log = tmp_path / "submit.log"
+    submitter = cluster.start(command, log)
+    unit = sharded / "units" / "spec_bench.recycling.q0-5"
+    victim = unit / "spec_bench" / "recycling" / "records.jsonl"
+    try:
+        # the array's id first, so that the cancel follows the first record within a poll
+        _wait("the job array", lambda: cluster.slurm("squeue", "-h", "-n", name, "-o", "%F").split(), 600,
+              submitter, log)
+        job = cluster.slurm("squeue", "-h", "-n", name, "-o", "%F").split()[0]
+        _wait("recycling's first record", lambda: len(_lines(victim)) >= 1, 600, submitter, log, poll=0.05)
+        cluster.slurm("scancel", f"{job}_4")  # recycling's: the plan's fifth unit
+        submitter.wait(timeout=300)
+    finally:
+        if submitter.poll() is None:
+            submitter.kill()
+    output = log.read_text()
+    assert submitter.returncode == 1, _tail(output, 40)
+    assert "unit 4: stopped by SIGTERM" in output
+    assert "1 of 5 units did not finish (spec_bench.recycling.q0-5)" in output
+    done = _lines(victim)
+    assert 0 < len(done) < 7 and len(_lines(unit / "spec_bench" / "autoregressive" / "records.jsonl")) == len(done)
+    assert sorted(cluster.accounted(name, tasks=5).values()) == ["CANCELLED"] + ["COMPLETED"] * 4
+    assert not (sharded / "leaderboard.csv").exists()
+
+    again = cluster.run(command, timeout=600)
+    assert again.returncode == 0, _tail(again.stderr + again.stdout, 60)
+    assert len(cluster.accounted(name, tasks=6)) == 6  # the second submission: recycling's unit alone
+    final = _lines(victim)
+    assert final[:len(done)] == done and len(set(_keys(final))) == len(final) == 7
+    attempts = json.loads((unit / "provenance.json").read_text())["attempts"]
+    assert len(attempts) == 2 and all(a["slurm_job"] for a in attempts)
+    board = cluster.run([sys.executable, "-m", "bench.leaderboard", *BOARD, *same, f"leaderboard.out_dir={single}"],
+                        timeout=900)
+    assert board.returncode == 0, _tail(board.stderr, 40)
+    same_figures(sharded, single)

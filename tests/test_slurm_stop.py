@@ -1,4 +1,4 @@
-"""A SLURM stop whose exception Python drops still stops the run (issue 43, item 5).
+"""A SLURM stop whose exception Python drops still stops the run.
 
 The SIGTERM handler raises wherever the interpreter is, and Python only prints an exception
 raised inside an at-fork callback, a __del__ or a weakref callback: a run on the test cluster

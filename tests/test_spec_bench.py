@@ -1,4 +1,4 @@
-"""Spec-Bench (issue 28): its questions (dataset=spec_bench), its protocol (+preset=spec_bench:
+"""Spec-Bench: its questions (dataset=spec_bench), its protocol (+preset=spec_bench:
 every turn, 3 repeats, 1024 tokens, greedy, batch 1, dtype auto), its table (spec_bench.csv/.md,
 checked against a computation written the way Spec-Bench's evaluation/speed.py does it), the
 model configs of the field's standard pairs (published drafts, pinned revisions) and the revision
@@ -154,7 +154,7 @@ def test_spec_bench_table_matches_speed_py():
 
 
 def test_spec_bench_table_says_what_it_covers():
-    """Issue 41, item 2: the table says how many questions its figures count of those asked, which
+    """The table says how many questions its figures count of those asked, which
     were skipped (a turn that could not run drops its question, for every decoder) and how many
     turns stopped at the context; a turn stopped there counts with its tokens, as in Spec-Bench."""
     from bench import spec_bench_table

@@ -1,19 +1,17 @@
-"""scripts/spec_bench_forecast.py: a method's step priced on a roofline and worked out by hand, a
-negative control that fails where a method's width or its draft is left out, the A100 profiles'
-figures, and the checked-in table against the script (no model is loaded)."""
+"""results/reference/forecast/spec_bench_a100/spec_bench_forecast.py: a method's step priced on a
+roofline and worked out by hand, a negative control that fails where a method's width or its draft is
+left out, the A100 profiles' figures, and the checked-in table against the script (no model is loaded)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import pandas as pd
 import pytest
 
 from bench.forecast import Roofline, read_roofline
-from helpers import REPO
+from helpers import script_module
 
-sys.path.insert(0, str(REPO / "scripts"))
-import spec_bench_forecast as sbf  # noqa: E402
+sbf = script_module("results/reference/forecast/spec_bench_a100/spec_bench_forecast.py")
 
 TARGET = sbf.Part("target", 1e9, 10, 1000, 100)  # 2 GB of float16 weights: 2 ms at 1000 GB/s
 DRAFT = sbf.Part("draft", 1e8, 1, 1000, 20)

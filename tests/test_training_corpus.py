@@ -1,15 +1,12 @@
-"""scripts/training_corpus.py: the self-distillation requests and the answer cache a kill can tear."""
+"""bench/training/corpus.py: the self-distillation requests and the answer cache a kill can tear."""
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-from helpers import DATA_DIR, REPO
+from helpers import DATA_DIR
 
-sys.path.insert(0, str(REPO / "scripts"))
-from training_corpus import append_answers, gsm8k_train_rows, read_answers, request_families  # noqa: E402
-from train_exit_adapter import stdlib_files  # noqa: E402
+from bench.training.corpus import append_answers, gsm8k_train_rows, read_answers, request_families, stdlib_files
 
 
 def flat(families: dict[str, list[str]]) -> list[str]:

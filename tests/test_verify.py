@@ -15,9 +15,11 @@ import math
 import pytest
 import torch
 
+import decoders.core.verify as verify_module
+from decoders.core import transfer
 from decoders.core.tree import TokenTree
 from decoders.core.verify import verify_greedy, verify_sampling
-from helpers import chi2_pvalue
+from helpers import chi2_pvalue, first_quick
 
 ALPHA = 1e-3
 
@@ -253,9 +255,16 @@ def _depth2_trials(mode: str, k1: int, k2: int, seed: int, wrong_rows: bool = Fa
     return counts, joint
 
 
+@pytest.fixture(params=[False, True], ids=["walk", "read_at_once"])
+def one_read(request, monkeypatch):
+    """Both ways verify_sampling runs: the CPU's walk, and the device's (one read a step), turned on here."""
+    monkeypatch.setattr(transfer, "reads_wait", lambda device: request.param)
+    return request.param
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,k1,k2", [("deterministic", 3, 2), ("iid", 3, 2), ("iid", 1, 1), ("without", 3, 2)])
-def test_joint_first_two_tokens(mode, k1, k2):
+def test_joint_first_two_tokens(mode, k1, k2, one_read):
     counts, joint = _depth2_trials(mode, k1, k2, seed=1000 + 10 * k1 + k2)
     assert counts.sum() == N_JOINT
     assert counts[joint == 0].sum() == 0  # pairs the target cannot produce never appear
@@ -298,6 +307,57 @@ def test_negative_control_accept_every_draft_is_rejected():
     # from the shape of the distribution, not only from the zero cell)
     keep = torch.tensor([0, 1, 3, 4])
     assert chi2_pvalue(counts[keep], P_FIRST[keep] / P_FIRST[keep].sum()) < ALPHA
+
+
+@pytest.mark.parametrize("mode", first_quick(["iid", "deterministic", "without"]))
+def test_negative_control_read_at_once_without_residual_is_rejected(mode, monkeypatch):
+    """The device's way, with the target's distribution left as it was after a rejection: the joint test sees it."""
+    monkeypatch.setattr(transfer, "reads_wait", lambda device: True)
+    monkeypatch.setattr(verify_module, "residual", lambda p, q: p)
+    counts, joint = _depth2_trials(mode, 3, 2, seed=3000, N=N_CONTROL)
+    assert chi2_pvalue(counts, joint) < ALPHA
+
+
+class HostReads:
+    """Counts a tensor's reads into Python (each makes the host wait for a GPU): tolist, item, numpy and
+    the conversions to bool, int and float, as `with HostReads(monkeypatch) as reads:` in the block."""
+    METHODS = ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.METHODS:
+            real = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _real=real, **kwargs):
+                self.count += 1
+                return _real(tensor, *args, **kwargs)
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "iid", "without"])
+def test_sampled_tree_verification_reads_the_device_once(mode, monkeypatch):
+    """Where each read makes the host wait (turned on here, on a CPU), verifying a sampled tree reads once a
+    step, whatever the tree (a 31-node tree of 5 children a node, 2 levels deep, and a chain), not once or more
+    a node; on a CPU the walk reads what it reaches."""
+    g = torch.Generator().manual_seed(5)
+    V = 6
+    for parents in ([-1] + [0] * 5 + [1 + i // 5 for i in range(25)], [-1, 0, 1, 2, 3, 4]):
+        tokens = [0] * len(parents)
+        for node, children in enumerate(TokenTree(tokens, parents).children):  # siblings differ: drawn without
+            for child, token in zip(children, torch.randperm(V, generator=g).tolist()):  # replacement
+                tokens[child] = token
+        tree = TokenTree(tokens, parents)
+        target = torch.softmax(torch.randn(len(tree), V, generator=g), -1)
+        draft = None if mode == "deterministic" else torch.full((len(tree), V), 1 / V)
+        for wait in (True, False):
+            monkeypatch.setattr(transfer, "reads_wait", lambda device: wait)
+            reads = HostReads(monkeypatch)
+            for seed in range(20):
+                path, bonus = verify_sampling(tree, target, draft, torch.Generator().manual_seed(seed),
+                                              without_replacement=mode == "without")
+                assert 0 <= bonus < V and path[0] == 0
+            monkeypatch.undo()
+            assert (reads.count == 20) if wait else reads.count > 20, (wait, reads.count)
 
 
 def test_negative_control_no_residual_is_rejected():

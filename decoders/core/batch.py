@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .contract import Batches
+from .contract import Batches, check_proposer
 from .lm import LM
 from .loop import Accept, Decoding, Feed, Proposal, Proposer, feed, propose, settled, split, verify_and_commit
 from .sampling import Sampler, Sampling
@@ -128,6 +128,8 @@ def decode_batch(decoder: "Batches", lm: LM, prompts: Sequence[Sequence[int]], m
     """Run a decoder that batches on these prompts together; samplings[r] is row r's (its own seed)."""
     samplers = [Sampler(s, lm.output_device) for s in samplings]
     built = [decoder.proposer(lm, ids, sampler, stop_ids) for ids, sampler in zip(prompts, samplers)]
+    for proposer, _ in built:
+        check_proposer(proposer)
     return speculative_decode_batch(lm, [p for p, _ in built], prompts, max_new_tokens, samplers, stop_ids,
                                     accept=built[0][1])
 

@@ -1,7 +1,23 @@
 """What a decoder is, what it may optionally do, and how its settings are checked.
 
 The runner needs only `Decoder`. The optional capabilities are declared here once and looked
-up with isinstance, so a new method opts in by having the members, with no base class.
+up with isinstance, so a new method opts in by having the members, with no base class:
+
+    LoadsAddOns      load_addons(lm): drafts, heads, n-gram LMs built before any timing
+    SelfTuning       calibration_prompts + prepare(...): tunes itself on unscored prompts
+    ReportsTuning    tuning: what an automatic setting resolved to; records keep it
+    Foresees         foresee(...): an untimed pass over each prompt before its clock (the oracle)
+    CarriesState     carried(lm): state kept between prompts, put back around warm-ups and repeats
+    Batches          proposer(...): runs in the shared loop, one prompt or B at a time
+    DeclaresStep     widest_step: the most tokens one step feeds the target (the memory estimate's)
+    greedy_only      a class attribute: True refuses gen.temperature > 0 (check_sampling)
+
+and of the proposer a Batches decoder builds (loop.Proposer), one optional part:
+
+    WaitsForPrefill  waits_for_prefill = True, with `hidden` and `feature_layers`: not asked at the
+                     prefill, which scores the root alone asking for what later proposals read
+
+check_proposer() and widest_step() refuse a method that has half of a part, in one line naming it.
 """
 from __future__ import annotations
 
@@ -22,6 +38,26 @@ class Decoder(Protocol):
 
     def generate(self, lm: LM, prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
                  stop_ids) -> Generation: ...
+
+
+# What a decoder may read of its target beyond next-token logits. A decoder declares `target_needs`
+# (capability -> why; a property where its settings decide, as draft=self does); an engine declares what
+# it `gives` (the torch LM: everything; llama.cpp: decoders/core/llamacpp.py).
+CAPABILITIES = {"hidden": "the last hidden state", "features": "a layer's output before the final norm",
+                "weights": "the target's torch modules"}
+
+
+def target_needs(decoder: Decoder) -> dict[str, str]:
+    """What `decoder` reads of its target beyond logits, each with why (nothing: logits only)."""
+    return dict(getattr(decoder, "target_needs", None) or {})
+
+
+def check_engine(decoder: Decoder, gives: frozenset[str], engine: str) -> None:
+    """One ValueError naming the first thing `decoder` needs that the engine does not give, and why it needs it."""
+    for need, why in target_needs(decoder).items():
+        if need not in gives:
+            raise ValueError(f"decoder {decoder.name} cannot run on {engine}: it reads {CAPABILITIES[need]} ({why}), "
+                             "which this engine does not give")
 
 
 @runtime_checkable
@@ -120,7 +156,8 @@ def decode_one(decoder: Batches, lm: LM, prompt_ids: Sequence[int], max_new_toke
     """A Batches decoder's generate(): its proposer on one prompt (core/batch.py runs B of them)."""
     sampler = Sampler(sampling, lm.output_device)
     proposer, accept = decoder.proposer(lm, prompt_ids, sampler, stop_ids)
-    return speculative_decode(lm, proposer, prompt_ids, max_new_tokens, sampler, stop_ids, accept=accept)
+    return speculative_decode(lm, check_proposer(proposer), prompt_ids, max_new_tokens, sampler, stop_ids,
+                              accept=accept)
 
 
 T = TypeVar("T")
@@ -184,7 +221,41 @@ def check_step(tokens: int, how: str) -> int:
     return tokens
 
 
+@runtime_checkable
+class DeclaresStep(Protocol):
+    """The most tokens one step feeds the target (check_step's result, from the settings): the memory
+    estimate counts that step's logits and activations. Every decoder that feeds more than one token a
+    step declares it; one that does not is taken to feed one (autoregressive, transformers' generate())."""
+
+    widest_step: int
+
+
 def widest_step(decoder) -> int:
-    """The most tokens `decoder` feeds the target in one step (its settings' largest; 1 for
-    autoregressive): the memory estimate counts that step's logits and activations."""
-    return getattr(decoder, "widest_step", 1)
+    """The most tokens `decoder` feeds the target in one step. A decoder running the shared loop (Batches)
+    must declare it: feeding a tree, it would otherwise be estimated at one token and could fail to fit
+    after loading."""
+    if isinstance(decoder, DeclaresStep):
+        return decoder.widest_step
+    if isinstance(decoder, Batches):
+        raise TypeError(f"decoder {getattr(decoder, 'name', type(decoder).__name__)} drafts in the shared loop but "
+                        "declares no widest_step: set it from its settings with contract.check_step")
+    return 1
+
+
+@runtime_checkable
+class WaitsForPrefill(Protocol):
+    """A proposer whose drafts come from the target's own pass (a draft model catching up on the prompt,
+    heads on the hidden state, EAGLE on its features): at the prefill the loop does not ask it but scores
+    the root alone with `hidden` and `feature_layers` (loop.propose), the same it asks for at every step."""
+
+    waits_for_prefill: bool  # True
+    hidden: bool  # the last hidden state after the final norm, per tree node (Proposal.hidden)
+    feature_layers: bool | tuple[int, ...]  # the features it reads (Proposal.feature_layers); False: none
+
+
+def check_proposer(proposer: Proposer) -> Proposer:
+    """`proposer`, refused in one line where it waits for the prefill without saying what that pass returns."""
+    if getattr(proposer, "waits_for_prefill", False) and not isinstance(proposer, WaitsForPrefill):
+        raise TypeError(f"{type(proposer).__name__} sets waits_for_prefill but not both hidden and feature_layers "
+                        "(False where it reads none): the prefill's pass returns them (contract.WaitsForPrefill)")
+    return proposer

@@ -9,8 +9,8 @@ verification and a one-token step agree in the linears). Wider inputs (a prompt'
 autograd keep the native kernel. Llama-formula RMSNorms (their class checked by a probe) are swapped
 too, for KernelRMSNorm: one call into the library per norm instead of transformers' seven operations;
 and attention whose model's rotary is Llama's, for KernelAttention: inside it, apply_rotary_pos_emb runs
-in the library, bitwise transformers' result (scripts/bench_fused_ops.py: both save 2.1-4.2 ms a SmolLM2
-forward on a 2-core Zen 4, results/reference/kernels/split_zen4/).
+in the library, bitwise transformers' result (both save 2.1-4.2 ms a SmolLM2 forward on a 2-core Zen 4:
+results/reference/kernels/split_zen4/).
 
 The extension (plain C on raw pointers, called through ctypes: no torch headers, so it builds in
 seconds) is built at first use by torch.utils.cpp_extension.load (g++ -O3 with the flags of the widest

@@ -95,6 +95,25 @@ def argmax(logits: torch.Tensor):
     return index.tolist()
 
 
+BLOCK = 256  # top_k_rows' block: its maxima are a 1/256 read of the rows, its candidates k blocks
+
+
+def top_k_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """(n, V) -> (n, k) each row's k largest tokens' ids, largest first: torch.topk's values exactly
+    (ids may differ among equal values). On a CPU torch.topk over a 262,144-token row costs about
+    1.5 ms a row; here each row's block maxima are taken first (one pass, as fast as a max), and the
+    top k tokens lie in the k blocks with the largest maxima: each of those blocks holds a value at
+    least the k-th largest maximum, which every top-k value is at least."""
+    n, V = rows.shape
+    if rows.device.type != "cpu" or V % BLOCK or V < 16 * k * BLOCK:
+        return torch.topk(rows, k).indices
+    blocks = rows.reshape(n, V // BLOCK, BLOCK)  # (n, V/B, B)
+    best = torch.topk(blocks.amax(-1), k).indices  # (n, k) the blocks with the k largest maxima
+    candidates = blocks[torch.arange(n).unsqueeze(1), best]  # (n, k, B)
+    order = torch.topk(candidates.reshape(n, k * BLOCK), k).indices  # (n, k) into the candidates
+    return best.gather(1, order // BLOCK) * BLOCK + order % BLOCK
+
+
 class ArgmaxRows:
     """The argmax of (n, V) `rows`, each row read when first asked for (rows[i], or a slice). On a CPU
     only the rows asked for are read: a tree's greedy walk reaches a few of its rows, and the argmax of
@@ -154,7 +173,7 @@ class ArgmaxRows:
         """Each row's top_k token ids, largest first (ties in topk's order)."""
         if self._top is None:
             if self.on_host:
-                self._top = torch.topk(self.rows, self.top_k).indices.tolist()
+                self._top = top_k_rows(self.rows, self.top_k).tolist()
             else:
                 self._every_row()
         return self._top

@@ -8,6 +8,11 @@ torch's pinned allocator keeps the block until the copy has run, so the source m
 """
 from __future__ import annotations
 
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
 import torch
 
 
@@ -26,3 +31,22 @@ def reads_wait(device: torch.device | str) -> bool:
     does, a drafted tree stays on the device until verification reads it (tree.DeviceTree): a step then
     makes the host wait once. The exactness tests turn it on to run that path on a CPU."""
     return torch.device(device).type != "cpu"
+
+
+@contextmanager
+def sync_counter(root: Path | None = None):
+    """Counter of the code lines that made the host wait for a CUDA device, by "path:line" (paths under
+    `root` relative to it), while the block runs. Each synchronising operation warns under
+    torch.cuda.set_sync_debug_mode("warn"); the warning is attributed to the Python line that called it."""
+    sites = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            for w in caught:
+                if "synchroniz" in str(w.message):
+                    path = Path(w.filename)
+                    sites[f"{path.relative_to(root) if root and path.is_relative_to(root) else path}:{w.lineno}"] += 1

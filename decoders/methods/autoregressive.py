@@ -96,6 +96,7 @@ class NoDraft:
 class Autoregressive:
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
+    widest_step = 1  # one token a step (contract.DeclaresStep)
 
     def generate(self, lm: LM, prompt_ids, max_new_tokens: int, sampling: Sampling, stop_ids) -> Generation:
         return autoregressive_decode(lm, prompt_ids, max_new_tokens, sampling, stop_ids)

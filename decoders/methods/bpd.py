@@ -115,6 +115,7 @@ class BPD:
     lossless: bool = True
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+    target_needs = {"hidden": "its heads read it", "weights": "its heads share the target's output head"}
 
     def __post_init__(self):
         for key in ("num_heads", "ranks_per_head", "paths"):

@@ -164,6 +164,14 @@ class DraftSpec(Protocol):
     def build(self, target: LM) -> LM: ...
 
 
+def draft_needs(spec) -> dict[str, str]:
+    """What a draft-model decoder reads of its target through its draft (contract.target_needs): draft=self
+    is cut from the target's own torch layers; a separate model reads nothing of it."""
+    if isinstance(spec, DraftSpec) and not isinstance(spec, ModelSpec):
+        return {"weights": "draft=self is cut from the target's own layers: give draft=<a GGUF model config>"}
+    return {}
+
+
 def build_draft(spec, target: LM) -> LM:
     """decoder.draft -> an LM: a model config, checked against the target's vocabulary, or a
     draft built from the target (draft=self)."""

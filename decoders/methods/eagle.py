@@ -347,6 +347,7 @@ class Eagle:
     draft_dtype: str | None = None  # the draft's own weights: None = the target's dtype, or one of DRAFT_DTYPES
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     _draft: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+    target_needs = {"features": "its draft reads them", "weights": "its draft reads the target's embedding and head"}
 
     def __post_init__(self):
         for key in ("depth", "top_k"):

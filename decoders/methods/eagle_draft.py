@@ -37,14 +37,57 @@ from ..core.weights_file import addon_path, is_checkpoint_dir, load_checked, loa
 EAGLE_FORMAT = "eagle-draft-v1"
 
 
-def _one_layer_config(lm: LM):
-    """One decoder layer of the target's class that attends to everything the draft holds: the draft's masks
-    are its own, whatever window the target's layers have."""
+def draft_layer_config(lm: LM, layers: int = 1, intermediate_size: int | None = None):
+    """`layers` decoder layers of the target's class that attend to everything the draft holds: the draft's
+    masks are its own, whatever window the target's layers have. `intermediate_size`: a narrower MLP than
+    the target's (a smaller draft file; None: the target's)."""
     cfg = copy.deepcopy(lm.config.get_text_config())
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = layers
     if getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[:1]
+        cfg.layer_types = (cfg.layer_types * layers)[:layers]
+    if intermediate_size is not None:
+        cfg.intermediate_size = intermediate_size
     return full_attention_config(cfg)
+
+
+def vocab_readout(lm: LM, vocab: Sequence[int] | None) -> tuple[torch.Tensor, nn.Linear]:
+    """(the draft vocabulary's token ids (V',), a readout over them): the target's head itself for the
+    whole vocabulary, else a copy of its rows; frozen, never saved (the ids go in the file's metadata)."""
+    head = lm.model.get_output_embeddings()
+    d, full = head.weight.shape[1], head.weight.shape[0]
+    ids = torch.as_tensor(list(vocab) if vocab is not None else range(full), dtype=torch.long)
+    if len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= full:
+        raise ValueError(f"a draft vocabulary holds token ids in [0, {full}), got {len(ids)} ids")
+    readout = nn.Linear(d, len(ids), bias=head.bias is not None)
+    with torch.no_grad():
+        readout.weight = head.weight if vocab is None else nn.Parameter(head.weight[ids].clone())
+        if head.bias is not None:
+            readout.bias = nn.Parameter(head.bias[ids].clone())
+    readout.requires_grad_(False)
+    return ids, readout
+
+
+def read_out(target: TargetParts, features: torch.Tensor) -> torch.Tensor:
+    """A draft's logits over its vocabulary: the target's final norm (in its dtype), then the readout (a
+    draft_dtype draft casts there) and the target's logit soft-cap."""
+    readout = target.readout
+    return target.lm.cap_logits(readout(target.lm.final_norm(features).to(readout.weight.dtype)))
+
+
+def run_layers(target: TargetParts, layers: Sequence[nn.Module], x: torch.Tensor, positions: torch.Tensor,
+               mask: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    """x (..., q, d) at `positions` (q,) through decoder layers of the target's class, each row seeing the
+    keys `mask` (q, len(cache) + q) allows, with the full-attention rotary table; rows are appended to
+    `cache` when given."""
+    pos = positions.reshape(1, -1).to(x.device)
+    mask4 = target.lm.mask_4d(mask).to(x.device)
+    rope = rotary_embeddings(target.rotary, x, pos, "full_attention")
+    for layer in layers:
+        out = layer(x, attention_mask=mask4, position_ids=pos,
+                    **{cache_kwarg(layer): cache.hf if cache is not None else None},
+                    use_cache=cache is not None, position_embeddings=rope)
+        x = out[0] if isinstance(out, tuple) else out
+    return x
 
 
 class FeatureDraft(nn.Module):
@@ -54,7 +97,7 @@ class FeatureDraft(nn.Module):
     def __init__(self, lm: LM, vocab: Sequence[int] | None = None):
         super().__init__()
         base = lm.model.base_model
-        cfg = _one_layer_config(lm)
+        cfg = draft_layer_config(lm)
         d = cfg.hidden_size
         self.fuse = nn.Linear(2 * d, d)
         self.layer = type(base.layers[0])(cfg, layer_idx=0)
@@ -67,17 +110,7 @@ class FeatureDraft(nn.Module):
             for name, module in self.layer.named_modules():
                 if name.endswith(("o_proj", "down_proj")) and isinstance(module, nn.Linear):
                     module.weight.zero_()
-        head = lm.model.get_output_embeddings()
-        full = head.weight.shape[0]
-        self.vocab = torch.as_tensor(list(vocab) if vocab is not None else range(full), dtype=torch.long)
-        if len(self.vocab) == 0 or int(self.vocab.min()) < 0 or int(self.vocab.max()) >= full:
-            raise ValueError(f"a draft vocabulary holds token ids in [0, {full}), got {len(self.vocab)} ids")
-        readout = nn.Linear(d, len(self.vocab), bias=head.bias is not None)
-        with torch.no_grad():
-            readout.weight = head.weight if vocab is None else nn.Parameter(head.weight[self.vocab].clone())
-            if head.bias is not None:
-                readout.bias = nn.Parameter(head.bias[self.vocab].clone())
-        readout.requires_grad_(False)
+        self.vocab, readout = vocab_readout(lm, vocab)
         # The readout (a slice of the target's head) and the rotary table: target parts, neither trained nor saved.
         # The table sits where the draft runs: transformers copies it to the input's device at every call
         # (on a GPU a wait for the host each draft forward: 5 a step for eagle on an H200).
@@ -113,18 +146,12 @@ class FeatureDraft(nn.Module):
             features, tokens = features[None], tokens[None]
         # The embedding sits at the model's input (lm.device), the features at its output (lm.output_device).
         x = self.fuse(torch.cat([features, lm.model.get_input_embeddings()(tokens.to(lm.device)).to(features)], -1))
-        pos = positions.reshape(1, -1).to(x.device)
-        out = self.layer(x, attention_mask=lm.mask_4d(mask).to(x.device), position_ids=pos,
-                         **{cache_kwarg(self.layer): cache.hf if cache is not None else None},
-                         use_cache=cache is not None,
-                         position_embeddings=rotary_embeddings(self.target.rotary, x, pos, "full_attention"))
-        out = out[0] if isinstance(out, tuple) else out
+        out = run_layers(self.target, [self.layer], x, positions, mask, cache)
         return out if batched else out[0]
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Over the draft vocabulary (column j is token self.vocab[j])."""
-        readout = self.readout  # the target's norm (its dtype) before it: a draft_dtype draft casts here
-        return self.target.lm.cap_logits(readout(self.target.lm.final_norm(features).to(readout.weight.dtype)))
+        return read_out(self.target, features)
 
     @cached_property
     def flops(self) -> DraftCost:
@@ -248,16 +275,16 @@ def load_draft(lm: LM, path: str | Path, check_base: bool = True, dtype: str | N
         load_state(draft, {k: v.to(draft.fuse.weight.dtype) for k, v in state.items()}, "decoder.draft_weights",
                    where, "an EAGLE draft of this target's shape")
         draft.info = info
-    return _ready(lm, draft, dtype)
+    return ready_draft(lm, draft, dtype)
 
 
 def draft_for(lm: LM, path: str | None, seed: int | None, check_base: bool = True, dtype: str | None = None):
     """The draft at `path` (our file or a published checkpoint), or an untrained (seed: random) draft
     without one; its own weights in `dtype` (decoder.draft_dtype; None: the target's)."""
-    return load_draft(lm, path, check_base, dtype) if path else _ready(lm, new_draft(lm, seed=seed), dtype)
+    return load_draft(lm, path, check_base, dtype) if path else ready_draft(lm, new_draft(lm, seed=seed), dtype)
 
 
-def _ready(lm: LM, draft: nn.Module, dtype: str | None) -> nn.Module:
+def ready_draft(lm: LM, draft: nn.Module, dtype: str | None) -> nn.Module:
     """In its dtype, then on the target's fast path."""
     if dtype is not None and DRAFT_DTYPES[dtype] != draft.dtype:
         draft_in_dtype(draft, DRAFT_DTYPES[dtype])

@@ -11,11 +11,14 @@ from ..core.lm import LM
 from ..core.sampling import Sampling
 from ..core.trace import Generation
 
+RUNS_TORCH = {"weights": "transformers' generate() runs the target's torch model"}  # contract.check_engine
+
 
 @dataclass
 class HFGenerate:
     """model.generate(): greedy or sampling, DynamicCache, no assistant."""
 
+    target_needs = RUNS_TORCH
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
 
@@ -28,6 +31,7 @@ class HFPromptLookup:
     """Prompt lookup decoding in generate(): candidates are copied from the context after
     the longest matching n-gram (up to max_ngram) and verified in one pass."""
 
+    target_needs = RUNS_TORCH
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     num_tokens: int = 10  # prompt_lookup_num_tokens: candidate length
@@ -50,6 +54,7 @@ class HFAssisted:
 
     draft: Any = None  # draft=self or a model config
     num_assistant_tokens: int | None = None  # null: transformers' default (and its heuristic schedule)
+    target_needs = RUNS_TORCH
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)

@@ -80,6 +80,7 @@ class Medusa:
     readout_vocab: str | None = "auto"  # auto | full | a vocabulary file: the tokens the heads may draft
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     _heads: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+    target_needs = {"hidden": "its heads read it", "weights": "its heads share the target's output head"}
 
     def __post_init__(self):
         for key in ("num_heads", "ranks_per_head"):

@@ -21,7 +21,7 @@ from ..core.sampling import Sampler, Sampling
 from ..core.tree import drafted_tree
 from ..tuning.sequoia_acceptance import cached_acceptance, device_latency, load_acceptance
 from ..tuning.sequoia_tree import choose_tree, optimal_tree
-from .draft_model import DRAFT_REQUIRED, build_draft
+from .draft_model import DRAFT_REQUIRED, build_draft, draft_needs
 from .draft_tree import DraftTreeProposer, draft_tree, stacked_dists
 
 
@@ -41,6 +41,8 @@ class Sequoia:
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+
+    target_needs = property(lambda self: draft_needs(self.draft))  # contract.check_engine
 
     def __post_init__(self):
         for key in ("budget", "depth", "K", "auto_prompts", "auto_tokens"):

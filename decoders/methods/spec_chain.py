@@ -20,7 +20,7 @@ from ..core.lm import LM, forward_flops
 from ..core.loop import Proposal, Scores
 from ..core.sampling import Sampler, argmax
 from ..core.tree import TokenTree, drafted_tree
-from .draft_model import DRAFT_REQUIRED, build_draft
+from .draft_model import DRAFT_REQUIRED, build_draft, draft_needs
 
 
 def catch_up(draft: LM, cache: KVCache, sequence: Sequence[int]) -> tuple[torch.Tensor, int]:
@@ -103,6 +103,8 @@ class SpecChain:
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+
+    target_needs = property(lambda self: draft_needs(self.draft))  # contract.check_engine
 
     def __post_init__(self):
         check("depth", self.depth, at_least=1)

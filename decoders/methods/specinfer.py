@@ -16,7 +16,7 @@ from ..core.contract import PerTarget, check, check_step, decode_one
 from ..core.lm import LM
 from ..core.sampling import Sampler
 from ..core.tree import TokenTree, host_tokens
-from .draft_model import DRAFT_REQUIRED, build_draft
+from .draft_model import DRAFT_REQUIRED, build_draft, draft_needs
 from .draft_tree import DraftTree, DraftTreeProposer, children_of, draft_tree, stacked_dists
 
 
@@ -67,6 +67,8 @@ class SpecInfer:
     name: str | None = None  # set by its conf/decoder/<name>.yaml, the one place a method is named
     lossless: bool = True
     _drafts: PerTarget = field(default_factory=PerTarget, repr=False, compare=False)
+
+    target_needs = property(lambda self: draft_needs(self.draft))  # contract.check_engine
 
     def __post_init__(self):
         check("num_drafts", self.num_drafts, at_least=1)

@@ -5,8 +5,8 @@ transformers' attention modules call), and the rest: norms, rotary embeddings, a
 residual adds, the cache, and the Python between them. The linears are then set against the
 machine's two limits: the weight bytes they read, against the measured read bandwidth, and the
 multiply-adds they do, against a large matmul's measured rate. `scripts/profile_device.py --split`
-prints this per forward width. Issue 44 asks that where a goal is missed, the profile says which
-kernel or operation holds it back.
+prints this per forward width: where a goal is missed, the profile says which kernel or operation
+holds it back.
 
 The timers wrap each Linear class's forward (only the outermost call counts) and transformers'
 attention lookup, and only while `timed` runs: the profile's curves are measured without them. A

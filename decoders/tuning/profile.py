@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import platform
-import itertools
 import random
 import re
 import time
@@ -101,10 +100,27 @@ def forward_samples(lm: LM, max_tokens: int = 48, context: int = 256, repeats: i
     return samples
 
 
-def fastest_curve(samples: dict[int, list[float]], sizes: Sequence[int]) -> list[float]:
+def kernel_switches(lm: LM) -> tuple[int, ...]:
+    """The forward widths (rows) at which `lm`'s linear layers change kernel: the packed path's first
+    packed width, our kernel's first width past its largest; none on the native path."""
+    if lm.fast_path == "prepacked" and lm.packed_min_rows:
+        return (lm.packed_min_rows,)
+    if lm.fast_path == "kernel":
+        return (kernels.MAX_ROWS + 1,)
+    return ()
+
+
+def fastest_curve(samples: dict[int, list[float]], sizes: Sequence[int], switches: Sequence[int] = ()) -> list[float]:
     """Per size (ascending) its fastest round (other load only ever adds time, so the minimum is the
-    least noisy estimate), made non-decreasing in k (more tokens never cost less on the same kernels)."""
-    return list(itertools.accumulate((min(samples[k]) for k in sizes), max))
+    least noisy estimate), made non-decreasing in k between kernel switches (more tokens never cost
+    less on the same kernels; from a switch on another kernel runs, whose curve starts afresh)."""
+    curve, worst = [], 0.0
+    for i, k in enumerate(sizes):
+        if i and any(sizes[i - 1] < s <= k for s in switches):
+            worst = 0.0
+        worst = max(worst, min(samples[k]))
+        curve.append(worst)
+    return curve
 
 
 def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256,
@@ -112,7 +128,7 @@ def measure_forward_latency(lm: LM, max_tokens: int = 48, context: int = 256,
     """Seconds of one target forward of k = 1..max_tokens new tokens (fastest_curve) and of one
     autoregressive step (its fastest round), from forward_samples."""
     samples = forward_samples(lm, max_tokens, context, repeats)
-    return fastest_curve(samples, range(1, max_tokens + 1)), min(samples[0])
+    return fastest_curve(samples, range(1, max_tokens + 1), kernel_switches(lm)), min(samples[0])
 
 
 def forward_latency(lm: LM, cache_dir: str | os.PathLike | None = None, max_tokens: int = 48, context: int = 256,
@@ -124,12 +140,15 @@ def forward_latency(lm: LM, cache_dir: str | os.PathLike | None = None, max_toke
     path = Path(cache_dir).expanduser() / "latency" / f"{key}.json" if cache_dir else None
     if path is not None and path.exists() and not refresh:
         profile = json.loads(path.read_text())
-        if "autoregressive_s" in profile and len(profile["latency_s"]) >= max_tokens and profile["context"] == context:
+        # A profile without its kernel switches was made non-decreasing across them: measured again.
+        if ("autoregressive_s" in profile and len(profile["latency_s"]) >= max_tokens and profile["context"] == context
+                and profile.get("kernel_switches") == list(kernel_switches(lm))):
             return profile
     latency, autoregressive = measure_forward_latency(lm, max_tokens, context, repeats)
     profile = {"key": key, "device": device_name(lm.device), "torch_threads": torch.get_num_threads(),
                "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "context": context,
-               "repeats": repeats, "latency_s": latency, "autoregressive_s": autoregressive}
+               "repeats": repeats, "kernel_switches": list(kernel_switches(lm)), "latency_s": latency,
+               "autoregressive_s": autoregressive}
     if path is not None:
         _save_json(path, profile)
     return profile
@@ -171,7 +190,7 @@ def step_costs(lm: LM) -> dict:
     """The seconds cost() weighs, measured: the 1-token step and forwards of CHOICE_SIZES tokens, no
     others (a third of the forwards of the whole curve), 3 rounds each (fastest_curve)."""
     samples = forward_samples(lm, max(CHOICE_SIZES), repeats=3, sizes=CHOICE_SIZES)
-    curve = fastest_curve(samples, CHOICE_SIZES)
+    curve = fastest_curve(samples, CHOICE_SIZES, kernel_switches(lm))
     return {"autoregressive_s": min(samples[0]), **{f"k{k}_s": s for k, s in zip(CHOICE_SIZES, curve)}}
 
 

@@ -139,9 +139,12 @@ def measure_acceptance(lm: LM, draft: LM, prompt_ids_list: Sequence[Sequence[int
 def model_fingerprint(lm: LM, shared_with: LM | None = None) -> str:
     """Name, config, dtype, and a checksum of the weights not shared with `shared_with` (a
     self-draft's exit adapter; all of a separate draft's)."""
-    shared = {p.data_ptr() for p in shared_with.model.parameters()} if shared_with is not None else set()
-    own = [(n, tuple(p.shape), round(float(p.detach().double().sum()), 6))
-           for n, p in lm.model.named_parameters() if p.data_ptr() not in shared]
+    if not hasattr(lm, "model"):  # llama.cpp: no torch weights; its file's hash says which
+        own = [getattr(lm, "weights_id", None)]
+    else:
+        shared = {p.data_ptr() for p in getattr(shared_with, "model", torch.nn.Module()).parameters()}
+        own = [(n, tuple(p.shape), round(float(p.detach().double().sum()), 6))
+               for n, p in lm.model.named_parameters() if p.data_ptr() not in shared]
     config = json.dumps(lm.config.to_dict(), sort_keys=True, default=str)
     raw = json.dumps([lm.name, config, str(lm.dtype), own if shared_with is not None else []], default=str)
     return hashlib.sha1(raw.encode()).hexdigest()[:16]

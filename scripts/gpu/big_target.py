@@ -15,7 +15,6 @@ Vicuna's 32000). Writes DIR/<decoder>/ (a run directory each), DIR/big_target.cs
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import sys
@@ -27,27 +26,16 @@ import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
+from bench.models import borrow_tokenizer
+from bench.records import read_records
+from bench.registry import decoder_configs
+from bench.runner import run
+from bench.shapes import SHAPES, untrained
+from bench.usage import Parser, stop_if_parse_only
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
-from bench.models import borrow_tokenizer  # noqa: E402
-from bench.records import read_records  # noqa: E402
-from bench.registry import decoder_configs  # noqa: E402
-from bench.runner import run  # noqa: E402
-
-# tiny-random's knobs set to a published target's shape.
-SHAPES = {
-    "vicuna-7b": ["model.name=random-vicuna-7b-shape", "model.num_layers=32", "model.hidden_size=4096",
-                  "model.num_heads=32", "model.num_kv_heads=32", "model.intermediate_size=11008",
-                  "model.max_position_embeddings=2048", "model.init_std=0.02"],
-    "tiny": ["model.num_layers=3"],  # the CPU mode's: seconds
-}
-# Untrained drafts in the published layouts (tests/test_cuda.py runs the same on tiny-random).
-UNTRAINED = {"medusa": ["decoder.heads=null", "decoder.num_heads=5"],
-             "bpd": ["decoder.heads=null", "decoder.rescore=ngram"],
-             "eagle": ["decoder.draft_weights=null"]}
-COMMON = ["draft.layers=1", "draft.adapter=null", "dataset=spec_bench",
-          "check_lossless=true", "quality=false", "progress=false", "warmup=true"]
+COMMON = ["dataset=spec_bench", "check_lossless=true", "quality=false", "progress=false", "warmup=true"]
 
 
 def per_step(records: list[dict]) -> dict:
@@ -63,7 +51,7 @@ def per_step(records: list[dict]) -> dict:
 
 def check_one(decoder: str, out: Path, overrides: list[str]) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"decoder={decoder}", *overrides, *COMMON, *UNTRAINED.get(decoder, [])])
+        cfg = compose("config", overrides=[f"decoder={decoder}", *overrides, *COMMON, *untrained(decoder)])
     cuda = torch.cuda.is_available() and str(cfg.device) != "cpu"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -81,7 +69,7 @@ def check_one(decoder: str, out: Path, overrides: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/gpu/big_target.py", overrides=True)
     parser.add_argument("--out")
     parser.add_argument("--print-model", action="store_true",
                         help="print the model's overrides (the shape's and the tokenizer's), one a line, and stop")
@@ -91,6 +79,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tokenizer", help="a saved tokenizer directory to borrow (the GPU kit's)")
     args, extra = parser.parse_known_args()
+    stop_if_parse_only()
     model = ["model=tiny-random", *SHAPES[args.shape], *borrow_tokenizer(args.tokenizer)]
     if args.print_model:
         print("\n".join(model))

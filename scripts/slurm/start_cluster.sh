@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node SLURM cluster on this machine (localhost), to try `hydra/launcher=slurm_cpu`
-# on a laptop; tests/test_slurm.py runs the sweeps of the README against it.
+# on a laptop; tests/test_slurm.py runs the sweeps of docs/clusters.md against it.
 #
 #   sudo scripts/slurm/start_cluster.sh [STATE_DIR]     # default /tmp/bench-slurm
 #   export SLURM_CONF=STATE_DIR/etc/slurm.conf          # then sbatch/squeue/sacct/python -m bench use it
@@ -14,6 +14,7 @@
 # slurmdbd, mariadb), so a real SLURM or MariaDB on the machine is left alone.
 # Root is needed: slurmd starts jobs as their users, and missing packages are installed with
 # apt-get (Debian/Ubuntu: slurm-wlm slurmdbd munge mariadb-server).
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -Eeuo pipefail
 export PATH=$PATH:/usr/sbin:/sbin  # the daemons live there; a non-login root shell may lack it
 

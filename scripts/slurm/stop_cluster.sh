@@ -5,6 +5,7 @@
 # was already running before start_cluster.sh has no PID file and is left alone.
 #
 #   sudo scripts/slurm/stop_cluster.sh [STATE_DIR]
+case ${1:-} in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac  # the header above is the manual
 set -uo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 

@@ -1,0 +1,1 @@
+/work/wt68/results/reference/spec_bench_slurm/sharded/jobs/.submitit/13/13_submission.sh

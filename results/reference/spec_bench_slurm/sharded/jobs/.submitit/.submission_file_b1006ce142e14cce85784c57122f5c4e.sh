@@ -1,0 +1,1 @@
+/work/wt68/results/reference/spec_bench_slurm/sharded/jobs/.submitit/6/6_submission.sh

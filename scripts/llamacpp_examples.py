@@ -1,0 +1,78 @@
+"""llama.cpp's own speculative examples (llama-lookahead, llama-lookup) on the harness's prompts, beside our
+methods on the same engine: their tokens/s as they print it, and whether their output is the engine's greedy one.
+
+    python scripts/llamacpp_examples.py --bin DIR --out DIR [--tokens 128] [hydra overrides: model=, dataset=, ...]
+
+--bin: where a llama.cpp build of the vendored source put llama-lookahead, llama-lookup and llama-cli's peers (the
+same llama.cpp llama-cpp-python builds: docs/llamacpp.md says how). Each prompt is rendered as
+the harness renders it and given as text; the model is the GGUF as shipped (dtype=auto) or its F32 copy
+(dtype=float32), as model.backend=llamacpp reads it. Greedy (--temp 0). Writes examples.csv: per example and prompt
+its decoded tokens/s, accepted tokens, and whether its text equals our llama.cpp autoregressive output's.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_dir
+
+from bench.__main__ import script_args
+
+from bench.prompts import prepare, rendering_for
+from bench.registry import CONF_DIR
+from bench.runner import build
+from decoders.core.sampling import Sampling
+from decoders.methods.autoregressive import autoregressive_decode
+
+SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
+ACCEPT = re.compile(r"n_accept\s+=\s+(\d+)")
+
+
+def run_example(binary: Path, gguf: Path, text: str, tokens: int, threads: int) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write(text)
+        f.flush()
+        out = subprocess.run([str(binary), "-m", str(gguf), "-f", f.name, "-n", str(tokens), "-t", str(threads),
+                              "--temp", "0", "-c", "4096"], capture_output=True, text=True, timeout=900)
+    log = out.stdout + out.stderr
+    speed, accept = SPEED.search(log), ACCEPT.search(log)
+    decoded, seconds, rate = (float(g) for g in speed.groups()) if speed else (None, None, None)
+    return {"returncode": out.returncode, "decoded": decoded, "seconds": seconds, "tokens_per_s": rate,
+            "n_accept": int(accept.group(1)) if accept else None, "output": out.stdout}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bin", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--tokens", type=int, default=128)
+    args, overrides = script_args(parser, argv)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, "model.backend=llamacpp"])
+    threads = cfg.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    lm = build(cfg.model, "model").load()
+    rendering = rendering_for(lm.tokenizer, cfg.prompt_format)
+    rows = []
+    for prompt in build(cfg.dataset, "dataset").load():
+        text, ids, unfit = prepare(lm.tokenizer, prompt, 0, [], rendering, lm.max_context)
+        if unfit:
+            continue
+        ours = lm.tokenizer.decode(autoregressive_decode(lm, ids, args.tokens, Sampling(), lm.stop_ids).tokens,
+                                   skip_special_tokens=True)
+        for example in ("llama-lookahead", "llama-lookup"):
+            result = run_example(args.bin / example, lm.gguf, text, args.tokens, threads)
+            result["same_as_greedy"] = ours.strip()[:200] in result.pop("output")
+            rows.append({"prompt": prompt.id, "example": example, **result})
+            print(rows[-1], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(args.out / "examples.csv", index=False)
+
+
+if __name__ == "__main__":
+    main()
