@@ -16,7 +16,6 @@ A method whose needs an engine does not give (contract.check_engine) is left out
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from bench import metrics, provenance
 from bench.errors import BenchError
 from bench.prompts import rendering_for
 from bench.registry import CONF_DIR
+from bench.usage import Parser
 from bench.runner import (RunContext, build, check_config, check_finite_logits, load_addons, prepare_decoder,
                           run_unit, sampling_from, warmup)
 from decoders.tuning.profile import forward_samples
@@ -57,7 +57,7 @@ def curve(lm, sizes: list[int], context: int, repeats: int) -> pd.DataFrame:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/engines_side_by_side.py", overrides=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--methods", default=",".join(METHODS))

@@ -11,7 +11,6 @@ its decoded tokens/s, accepted tokens, and whether its text equals our llama.cpp
 """
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ from bench.__main__ import script_args
 
 from bench.prompts import prepare, rendering_for
 from bench.registry import CONF_DIR
+from bench.usage import Parser
 from bench.runner import build
 from decoders.core.sampling import Sampling
 from decoders.methods.autoregressive import autoregressive_decode
@@ -47,7 +47,7 @@ def run_example(binary: Path, gguf: Path, text: str, tokens: int, threads: int) 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/llamacpp_examples.py", overrides=True)
     parser.add_argument("--bin", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--tokens", type=int, default=128)

@@ -8,19 +8,17 @@ ships so only where its acceptance measured the same (adapters/README.md says wh
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decoders.core.weights_file import INT8, dequantized, save_state  # noqa: E402
+from bench.usage import Parser
+from decoders.core.weights_file import INT8, dequantized, save_state
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(__doc__, prog="python scripts/store_int8.py")
     parser.add_argument("source", type=Path, help="an add-on file written by this harness (float16), or a directory")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

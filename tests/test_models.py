@@ -427,7 +427,8 @@ def test_gguf_is_parsed_once_while_dequantizing_and_gguf_is_restored(monkeypatch
 
 
 # Where each add-on default of a decoder comes from: the model config's drafts.<kind>.
-ADDON_KEYS = {"eagle": ("decoder=eagle", "decoder.draft_weights"), "medusa": ("decoder=medusa", "decoder.heads"),
+ADDON_KEYS = {"eagle": ("decoder=eagle", "decoder.draft_weights"),
+              "dflash": ("decoder=dflash", "decoder.draft_weights"), "medusa": ("decoder=medusa", "decoder.heads"),
               "ngram": ("decoder=bpd", "decoder.ngram"), "exit_adapter": ("decoder=spec_chain", "draft.adapter")}
 
 
@@ -439,13 +440,13 @@ def _composed(*overrides: str):
 
 
 # The add-ons each model ships (adapters/README.md's table says why the others do not).
-SHIPPED = {"smollm2-135m": {"eagle", "medusa", "ngram", "exit_adapter"},
+SHIPPED = {"smollm2-135m": {"eagle", "dflash", "medusa", "ngram", "exit_adapter"},
            "gemma3-270m": {"medusa", "ngram", "exit_adapter"}}
 
 
 @pytest.mark.parametrize("choice", sorted(SHIPPED))
 def test_the_decoders_read_the_add_ons_their_model_config_names(choice):
-    """decoder=eagle / medusa / bpd and draft=self default to the files the model config names, each
+    """decoder=eagle / dflash / medusa / bpd and draft=self default to the files the model config names, each
     a tracked file made for this model (its name says so); bpd's heads are medusa's. A model names
     exactly the add-ons it ships: none named null (an unshipped one is absent, so a decoder that
     needs it is refused instead of running untrained)."""
