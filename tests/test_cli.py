@@ -210,7 +210,7 @@ def test_show_prints_the_prompt_ids_a_run_fed_the_model(tmp_path, capsys):
 
 ERRORS = [
     (["decoder=nope"],
-     "unknown decoder 'nope'; choose one of: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld"),
+     "unknown decoder 'nope'; choose one of: autoregressive, bpd, dflash, eagle, hf_assisted, hf_generate, hf_pld"),
     (["model=nope"], "unknown model 'nope'"),
     (["dataset=nope"], "unknown dataset 'nope'"),
     (["gen.max_new_tokens=0"], "gen.max_new_tokens must be an integer >= 1"),
@@ -379,4 +379,4 @@ def test_hydra_flags_pass_through():
     assert "_target_: decoders.methods.hf_peers.HFPromptLookup" in shown.stdout and "name: tiny-random" in shown.stdout
     helped = run_cli("--help")
     assert (helped.returncode == 0
-            and "decoder: autoregressive, bpd, eagle, hf_assisted, hf_generate, hf_pld" in helped.stdout)
+            and "decoder: autoregressive, bpd, dflash, eagle, hf_assisted, hf_generate, hf_pld" in helped.stdout)
