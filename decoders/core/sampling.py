@@ -138,7 +138,7 @@ class ArgmaxRows:
             # One read: (n, 2 + top_k) the argmax, its logit (finite?), then the top tokens; then `also`
             # (float64 holds every id)
             index = torch.argmax(self.rows, -1, keepdim=True)
-            table = torch.cat([index, torch.topk(self.rows, self.top_k).indices], 1) if self.top_k else index
+            table = torch.cat([index, top_k_rows(self.rows, self.top_k)], 1) if self.top_k else index
             chosen = self.rows.gather(-1, index).view(-1).double()
             cut, width = table.numel(), table.shape[1]
             also = [] if self.also_rows is None else [self.also_rows.to(table.device).double()]
