@@ -93,6 +93,7 @@ def collect(lm) -> dict:
         "torch_threads": torch.get_num_threads(),
         "dtype": str(lm.dtype).replace("torch.", ""),
         "attn_implementation": lm.attn_implementation,
+        "host_allocator": getattr(lm, "host_allocator", "default"),  # decoders/core/host_memory.py
         "fast_path": lm.fast_path,  # the linear layers' kernel path that ran (model.fast_path)
         "packed_min_rows": lm.packed_min_rows,  # prepacked: the fewest rows a linear layer packs
         "fast_path_note": lm.fast_path_note,

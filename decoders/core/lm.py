@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from . import attention, kernels
+from . import attention, host_memory, kernels
 from .compiled import COMPILE_MODES, CompiledForward, compile_supported
 from .fast_path import (FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, linear_problem, prepack, prepacked_supported,
                         unpack)
@@ -111,6 +111,8 @@ class LM:
         # Which keys each layer sees (full context, or a sliding window): every mask the harness builds
         # is narrowed per layer type by it (refused here where a layer attends another way).
         self.pattern = AttentionPattern.of(self.config)
+        # A step's big tensors (logits rows: a megabyte each at 262k tokens) reused, not handed back to the OS
+        self.host_allocator = host_memory.keep_freed_blocks()
         if self.attn_implementation == "sdpa":
             attention.install()  # grouped-query attention on a CPU without copying the cache
         if self.cuda_devices:
