@@ -276,9 +276,10 @@ def departure_ulps(logits: torch.Tensor, chosen: int, dtype: torch.dtype | None 
 def rounding_tie(step: torch.Tensor, second: torch.Tensor, chosen: int) -> bool:
     """Whether the chosen token's deficit in the one-token step (its top-1 logit minus the chosen's) is within the
     distance between the step and a second computation of the same logits at the same precision (the largest
-    difference over the vocabulary): an engine whose two computations differ by more than the margin does not
-    decide between the two tokens. llama.cpp's quantized kernels quantize activations, so no wider computation of
-    the same function exists; its one forward over the prefix is the second one (docs/llamacpp.md)."""
+    difference over the vocabulary; `second` (V,), or (m, V) for several computations: the largest over all):
+    an engine whose computations differ by more than the margin does not decide between the two tokens.
+    llama.cpp's quantized kernels quantize activations, so no wider computation of the same function exists;
+    its forwards over the prefix, batched two ways, are the second ones (docs/llamacpp.md)."""
     step, second = step.float(), second.float()
     margin = float(step.max() - step[chosen])
     distance = float((step - second).abs().max())

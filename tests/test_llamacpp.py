@@ -169,6 +169,24 @@ def test_gemma_as_shipped_is_lossless(gemma, gemma_prompt):
         assert verdict["lossless"] or verdict["divergence_tie"], (method, verdict)
 
 
+def test_the_referee_computes_the_prefix_batched_two_ways(gemma, gemma_prompt):
+    """The lossless check's second computations on Q4_K_M: the prefix in one forward, and with its last 4 tokens
+    as a batch of their own; the repacked Q4_K kernels compute a tile of 4 rows and a lone row differently, so
+    the two differ where the prefix's length is not a multiple of 4, and agree where it is."""
+    from decoders.methods.autoregressive import referee_logits
+
+    tokens = greedy_reference(gemma, gemma_prompt, 8, gemma.stop_ids).tokens
+    referee = referee_logits(gemma, gemma_prompt, tokens)
+    for i in range(4):
+        seconds = referee(i)
+        assert seconds.shape == (2, gemma.vocab_size) and torch.isfinite(seconds).all()
+        apart = float((seconds[0] - seconds[1]).abs().max())
+        if (len(gemma_prompt) + i) % 4:
+            assert apart > 1e-3, (i, apart)
+        else:
+            assert apart == 0.0, (i, apart)
+
+
 def composed(extra: list[str]):
     from hydra import compose, initialize_config_dir
 

@@ -337,5 +337,10 @@ def test_a_referee_at_the_runs_precision_proves_a_tie_by_disagreeing_as_much():
         verdict = metrics.judge_output([0, 1], [0, 0], [step, step], referee=lambda i, s=second: s)
         assert verdict["divergence_tie"] is tie and verdict["ties_by_second_computation"] == int(tie)
         assert verdict["ties_in_wider_dtype"] == 0
+    # several second computations (llama.cpp's prefix batched two ways): the farthest from the step decides
+    for seconds, tie in ((torch.tensor([[2.0, 1.9, 0.0], [1.9, 2.0, 0.0]]), True),
+                         (torch.tensor([[2.0, 1.9, 0.0], [2.0, 1.9, 0.05]]), False)):
+        verdict = metrics.judge_output([0, 1], [0, 0], [step, step], referee=lambda i, s=seconds: s)
+        assert verdict["divergence_tie"] is tie and verdict["ties_by_second_computation"] == int(tie)
     wider = metrics.judge_output([0, 1], [0, 0], [step, step], referee=lambda i: torch.tensor([1.9, 2.0, 0.0]).double())
     assert wider["divergence_tie"] is True and wider["ties_in_wider_dtype"] == 1  # a wider one ranks by ulps

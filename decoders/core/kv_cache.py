@@ -209,13 +209,14 @@ class KVCache:
         n = len(indices)
         if n > len(self):
             raise ValueError(f"cannot keep {n} positions of a cache of {len(self)}")
-        if self.positions is not None:
-            self.positions = self.positions[to_device(indices, self.positions.device, torch.long)]
         # Ascending and distinct, so indices[i] >= i, and once one has moved every later one has:
         # the first that moves is found by bisection.
         start = bisect.bisect_left(range(n), True, key=lambda i: indices[i] != i)
         if start == n:  # a prefix (a chain's accepted path): crop, which every cache layer type supports
             return self._crop(n)
+        if self.positions is not None:  # the moved ones only: the context's length is no step's work
+            moved = to_device(indices[start:], self.positions.device, torch.long)
+            self.positions = torch.cat([self.positions[:start], self.positions[moved]])
         if self.slab is not None:
             return self.slab.keep(start, indices[start:])
         moved = torch.tensor(indices[start:], dtype=torch.long)

@@ -263,21 +263,34 @@ class LlamaCppLM:
                 "n_ubatch": self.n_ubatch, "system_info": self.lib.llama_print_system_info().decode().strip()}
 
     def widened(self):
-        """The lossless check's referee: a second computation of the same logits by llama.cpp, one forward
-        over the whole prefix in a context of its own (its batched kernels, not the one-token step's)."""
+        """The lossless check's referee: second computations of the same logits by llama.cpp, each over the
+        whole prefix in a context of its own with its batched kernels, not the one-token step's."""
         return _Prefill(self)
 
 
+# The prefix's last tokens fed as one batch after the rest: repacked quantized kernels compute a batch's rows
+# in tiles of 4 and the remainder one by one, so where the last row lands (in a tile, or alone) changes its
+# rounding. A verification batch may put it in either; one forward over the prefix puts it in a tile only
+# when the prefix's length is a multiple of 4, a batch of the last 4 always.
+SPLIT = 4
+
+
 class _Prefill:
-    """referee_logits' model: called as a transformers model is, one causal forward over input_ids."""
+    """referee_logits' model, called as a transformers model is. Its logits are (1, 1, computations, V):
+    referee_logits reads [0, -1], every computation of the last position. One forward over the prefix, and
+    (past SPLIT tokens) the prefix less its last SPLIT, then those SPLIT as one batch."""
 
     def __init__(self, lm: LlamaCppLM):
         self.lm = lm
 
     def __call__(self, input_ids, use_cache=False, logits_to_keep=1):
         ids = input_ids.reshape(-1).tolist()
-        logits = self.lm.forward(ids, self.lm.new_cache(), last_only=True)
-        return _Output(logits[None])
+        computations = [self.lm.forward(ids, self.lm.new_cache(), last_only=True)[-1]]
+        if len(ids) > SPLIT:
+            cache = self.lm.new_cache()
+            self.lm.forward(ids[:-SPLIT], cache, last_only=True)
+            computations.append(self.lm.forward(ids[-SPLIT:], cache, last_only=True)[-1])
+        return _Output(torch.stack(computations)[None, None])
 
 
 @dataclass
