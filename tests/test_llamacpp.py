@@ -171,8 +171,8 @@ def test_gemma_as_shipped_is_lossless(gemma, gemma_prompt):
 
 def test_the_referee_computes_the_prefix_batched_two_ways(gemma, gemma_prompt):
     """The lossless check's second computations on Q4_K_M: the prefix in one forward, and with its last 4 tokens
-    as a batch of their own; the repacked Q4_K kernels compute a tile of 4 rows and a lone row differently, so
-    the two differ where the prefix's length is not a multiple of 4, and agree where it is."""
+    as a batch of their own after the rest. The repacked Q4_K kernels round a row by its batch, so the two are
+    two computations of the same logits that disagree, and a departure within their spread is a tie."""
     from decoders.methods.autoregressive import referee_logits
 
     tokens = greedy_reference(gemma, gemma_prompt, 8, gemma.stop_ids).tokens
@@ -180,11 +180,7 @@ def test_the_referee_computes_the_prefix_batched_two_ways(gemma, gemma_prompt):
     for i in range(4):
         seconds = referee(i)
         assert seconds.shape == (2, gemma.vocab_size) and torch.isfinite(seconds).all()
-        apart = float((seconds[0] - seconds[1]).abs().max())
-        if (len(gemma_prompt) + i) % 4:
-            assert apart > 1e-3, (i, apart)
-        else:
-            assert apart == 0.0, (i, apart)
+        assert float((seconds[0] - seconds[1]).abs().max()) > 1e-3, i
 
 
 def composed(extra: list[str]):

@@ -268,10 +268,10 @@ class LlamaCppLM:
         return _Prefill(self)
 
 
-# The prefix's last tokens fed as one batch after the rest: repacked quantized kernels compute a batch's rows
-# in tiles of 4 and the remainder one by one, so where the last row lands (in a tile, or alone) changes its
-# rounding. A verification batch may put it in either; one forward over the prefix puts it in a tile only
-# when the prefix's length is a multiple of 4, a batch of the last 4 always.
+# The prefix's last tokens fed as one batch after the rest. llama.cpp rounds a row by its batch (repacked
+# quantized kernels compute a batch's rows in tiles of 4 and the remainder one by one) and by the batches that
+# filled the cache before it; a verification batch is neither the one-token step nor one forward over the
+# prefix, so the check takes a second batching as well.
 SPLIT = 4
 
 

@@ -51,8 +51,8 @@ def step_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Ite
 def referee_logits(lm: LM, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Callable[[int], torch.Tensor | None]:
     """The lossless check's referee along `tokens`: referee(i) is the target's next-token logits
     before tokens[i] from a copy of its weights in a wider dtype (LM.widened), one forward over the
-    prompt and tokens[:i] (on llama.cpp, (m, V): m computations at the run's precision). The copy is made at the first call and dropped with the function; None
-    where it does not fit in memory."""
+    prompt and tokens[:i] (on llama.cpp, (m, V): m computations at the run's precision). The copy is
+    made at the first call and dropped with the function; None where it does not fit in memory."""
     held: list[torch.nn.Module | None] = []
 
     def referee(i: int) -> torch.Tensor | None:
