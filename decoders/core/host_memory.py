@@ -3,7 +3,7 @@
 Every step allocates and frees the same big tensors: a tree's logits rows are a megabyte each at a
 262k-token vocabulary (17 rows: 17 MB). glibc's malloc hands blocks that big to the OS on free (munmap,
 or trimming the heap's top) and takes them back on the next allocation (a page fault per 4 KiB touched):
-on a CPU at 262k that was 0.3-1 ms a step, charged to whichever line freed the previous step's scores.
+on a CPU at 262k that was 0.3-1.3 ms a step, charged to whichever line freed the previous step's scores.
 Raising its mmap threshold to the most glibc allows and its trim threshold above any step's working set
 keeps those blocks in the heap; the process holds on to memory it freed, up to its peak, which the
 memory estimate already counts. Process-wide and idempotent; a C library without mallopt is left as is.

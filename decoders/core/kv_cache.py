@@ -214,12 +214,13 @@ class KVCache:
         start = bisect.bisect_left(range(n), True, key=lambda i: indices[i] != i)
         if start == n:  # a prefix (a chain's accepted path): crop, which every cache layer type supports
             return self._crop(n)
+        tail = indices[start:]
         if self.positions is not None:  # the moved ones only: the context's length is no step's work
-            moved = to_device(indices[start:], self.positions.device, torch.long)
-            self.positions = torch.cat([self.positions[:start], self.positions[moved]])
+            self.positions = torch.cat([self.positions[:start],
+                                        self.positions[to_device(tail, self.positions.device, torch.long)]])
         if self.slab is not None:
-            return self.slab.keep(start, indices[start:])
-        moved = torch.tensor(indices[start:], dtype=torch.long)
+            return self.slab.keep(start, tail)
+        moved = torch.tensor(tail, dtype=torch.long)
         for layer in self.hf.layers:
             if type(layer) is not DynamicLayer:
                 raise NotImplementedError("KVCache.keep edits caches whose layers keep the whole history "
