@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import decoders.core.kernels as kernels
 from bench.runner import judge_lossless
 from decoders.core.lm import LM
-from decoders.core.sampling import Sampling
+from decoders.core.sampling import ArgmaxRows, NonFiniteLogits, PanelMaxima, Sampling, argmax, top_k_rows
 from decoders.methods.autoregressive import autoregressive_decode
 from helpers import first_quick, tiny_lm
 from test_fast_path import _linears, _tied_model
@@ -78,6 +78,87 @@ def test_each_row_is_bitwise_the_same_alone_or_among_others(dtype):
     for r in range(0, 64, 7):
         assert torch.equal(kernels.linear(x[r:r + 1], packed, b, 100), full[r:r + 1]), r
         assert torch.equal(kernels.linear(x[r:r + 9], packed, b, 100)[0], full[r]), r
+
+
+def _crafted_rows(dtype):
+    """(rows, n) outputs the kernel computes exactly (W the identity, no bias): n = 100, three panels of 32
+    and four columns, with the ties and places numpy's argmax resolves in order."""
+    n = 100
+    x = torch.randn(6, n, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x[1, 5] = x[1, 70] = 9  # a tie across panels: the first
+    x[2, 40] = x[2, 41] = 9  # a tie inside a panel: the first
+    x[3, 98] = 9  # in the partial last panel
+    x[4] = 1  # a constant row: 0
+    x[5] = -x[5].abs() - 1
+    x[5, 33] = -0.5  # every value negative
+    return x, torch.eye(n, dtype=dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_readout_panel_maxima_give_numpys_argmax(dtype):
+    """linear(best=True): each row's panel maxima, from which argmax is numpy's argmax of the row (first
+    largest, first NaN), ties across and inside panels, a partial panel, NaN and inf included."""
+    x, w = _crafted_rows(dtype)
+    n = w.shape[0]
+    out, values, where = kernels.linear(x, kernels.pack(w), None, n, best=True)
+    assert torch.equal(out, x) and values.shape == where.shape == (6, 4)
+    maxima = PanelMaxima(values, where, kernels.extension().panel)
+    expected = out.float().numpy().argmax(-1).tolist()
+    assert expected[1:] == [5, 40, 98, 0, 33]
+    assert argmax(out, maxima) == expected
+    assert argmax(torch.zeros_like(out), maxima) == expected  # the maxima alone decide: the row is not read
+    assert [argmax(out[i], maxima[i]) for i in range(6)] == expected
+    wrong = PanelMaxima(values, torch.zeros_like(where), maxima.panel)  # negative control: columns lost
+    assert argmax(out, wrong) != expected
+    for bias, index in [({50: "nan", 80: "nan"}, 50), ({60: "inf"}, 60), ({10: "inf", 90: "nan"}, 90),
+                        ({3: "inf", 7: "nan"}, 7)]:
+        b = torch.zeros(n, dtype=dtype)
+        for column, value in bias.items():
+            b[column] = float(value)
+        out, values, where = kernels.linear(x[:1], kernels.pack(w), b, n, best=True)
+        assert out.float().numpy().argmax(-1).tolist() == [index]
+        with pytest.raises(NonFiniteLogits):
+            argmax(out, PanelMaxima(values, where, maxima.panel))
+        assert int(where[0, index // maxima.panel]) == index % maxima.panel
+    out, values, where = kernels.linear(x[:1], kernels.pack(w), torch.full((n,), float("-inf"), dtype=dtype), n,
+                                        best=True)
+    with pytest.raises(NonFiniteLogits):  # a row all -inf
+        argmax(out, PanelMaxima(values, where, maxima.panel))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_top_k_from_panel_maxima_is_torchs_topk(dtype):
+    g = torch.Generator().manual_seed(2)
+    n, k = 8192, 64
+    w = torch.randn(n, k, generator=g).to(dtype)
+    w[4000] = w[17]  # equal logits in two panels
+    x = torch.randn(3, k, generator=g).to(dtype)
+    out, values, where = kernels.linear(x, kernels.pack(w), None, n, best=True)
+    maxima = PanelMaxima(values, where, kernels.extension().panel)
+    for top in (1, 8, 16):
+        ids = top_k_rows(out, top, maxima)
+        assert torch.equal(out.gather(1, ids), torch.topk(out, top).values), top
+    rows = ArgmaxRows(out, top_k=8, maxima=maxima)
+    assert rows.slice() == [rows[i] for i in range(3)] == out.float().numpy().argmax(-1).tolist()
+    assert rows.slice(1, 3) == rows.slice()[1:3] and rows.slice(2) == rows.slice()[2:]
+
+
+@needs_kernel
+def test_the_model_readout_keeps_its_panel_maxima_on_the_kernel_path_only():
+    fast, native = tiny_lm(seed=3, fast_path="kernel"), tiny_lm(seed=3, fast_path="none")
+    ids = [(7 * i + 3) % 64 for i in range(kernels.MAX_ROWS + 4)]
+    cache = fast.new_cache()
+    fast.forward(ids[:kernels.MAX_ROWS + 1], cache)  # past the kernel's rows: the native readout, no maxima
+    assert fast.panel_maxima is None
+    logits = fast.forward(ids[kernels.MAX_ROWS + 1:], cache)
+    assert fast.panel_maxima is not None and argmax(logits, fast.panel_maxima) == argmax(logits)
+    native.forward(ids[:5], native.new_cache())
+    assert native.panel_maxima is None
+    fast.set_fast_path("none")
+    fast.forward(ids[:5], fast.new_cache())
+    assert fast.panel_maxima is None and "keeps_maxima" not in fast.model.get_output_embeddings().__dict__
 
 
 @needs_kernel

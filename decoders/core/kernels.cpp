@@ -259,6 +259,33 @@ constexpr std::array<BlockBF16, ROWS + 1> bf16_blocks(std::integer_sequence<int,
 constexpr auto BLOCKS_BF16 = bf16_blocks(std::make_integer_sequence<int, ROWS>{});
 #endif
 
+// Each row's largest output in a panel as numpy's argmax finds it (the first largest; a NaN above everything,
+// the first NaN): `best` its value in float32, `where` its column in the panel. Read while the panel's outputs
+// are still in L1, so that a row's argmax later reads 1 / PANEL of the row (the first panel holding its
+// maximum, then that column): a 262,144-token row is 1 MB, read back from memory after the readout.
+inline float as_float(float v) { return v; }
+inline float as_float(uint16_t v) {  // bfloat16's bits: the high half of a float32's
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename T>
+inline void panel_best(const T* y, int64_t valid, float* best, int32_t* where) {
+  float b = as_float(y[0]);
+  int32_t w = 0;
+  for (int32_t j = 1; j < valid && b == b; ++j) {  // b == b: not yet a NaN, which nothing replaces
+    const float v = as_float(y[j]);
+    if (v > b || v != v) {
+      b = v;
+      w = j;
+    }
+  }
+  *best = b;
+  *where = w;
+}
+
 // Panels split over the threads; in each panel, the rows in register blocks of ROWS. With more than one
 // block and a `chunk` (k steps; 0: none), K is walked a chunk at a time, every block taking the chunk before
 // the next: the later blocks find it in L1, and each block prefetches the next chunk as it goes, so the
@@ -266,7 +293,7 @@ constexpr auto BLOCKS_BF16 = bf16_blocks(std::make_integer_sequence<int, ROWS>{}
 // accumulators wait in `carry`, so every output is still summed over k = 0..K-1 in order.
 template <typename T, typename Blocks>
 void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_elems, const T* bias, int64_t n,
-            T* y, const Blocks& blocks, int64_t chunk) {
+            T* y, const Blocks& blocks, int64_t chunk, float* best = nullptr, int32_t* where = nullptr) {
   const int64_t p = panels(n);
   const int64_t grain = std::max<int64_t>(1, GRAIN_BYTES / (panel_elems * static_cast<int64_t>(sizeof(T))));
   const bool chunked = chunk > 0 && chunk < k && m > ROWS && m <= CARRY_ROWS;
@@ -285,6 +312,9 @@ void linear(const T* x, int64_t m, int64_t k, const T* packed, int64_t panel_ele
         }
         i += kc;
       } while (i < k);
+      if (best != nullptr) {
+        for (int64_t r = 0; r < m; ++r) panel_best(y + r * n + col, valid, best + r * p + q, where + r * p + q);
+      }
     }
   });
 }
@@ -450,11 +480,22 @@ void db_linear_f32(const float* x, int64_t m, int64_t k, const float* packed, co
   linear(x, m, k, packed, k * PANEL, bias, n, y, BLOCKS_F32, K_CHUNK);
 }
 
+// db_linear_f32, and each row's largest output per panel (panel_best): best, where (m, ceil(n / PANEL)).
+void db_linear_best_f32(const float* x, int64_t m, int64_t k, const float* packed, const float* bias, int64_t n,
+                        float* y, float* best, int32_t* where) {
+  linear(x, m, k, packed, k * PANEL, bias, n, y, BLOCKS_F32, K_CHUNK, best, where);
+}
+
 #if defined(__AVX512F__)
 // The same in bfloat16 (bits as uint16), W packed by db_pack_bf16; accumulated in float32, rounded once.
 void db_linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, const uint16_t* bias,
                     int64_t n, uint16_t* y) {
   linear(x, m, k, packed, (k + 1) / 2 * 2 * PANEL, bias, n, y, BLOCKS_BF16, 0);
+}
+
+void db_linear_best_bf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, const uint16_t* bias,
+                         int64_t n, uint16_t* y, float* best, int32_t* where) {
+  linear(x, m, k, packed, (k + 1) / 2 * 2 * PANEL, bias, n, y, BLOCKS_BF16, 0, best, where);
 }
 #endif
 

@@ -144,6 +144,7 @@ class Library:
         # The bfloat16 kernels are in an AVX-512 build only.
         suffixes = ("f32", "bf16") if hasattr(lib, "db_linear_bf16") else ("f32",)
         kinds = {"pack": [ptr, i64, i64, ptr], "linear": [ptr, i64, i64, ptr, ptr, i64, ptr],
+                 "linear_best": [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr],
                  "rmsnorm": [ptr, i64, i64, ptr, ctypes.c_float, ptr],
                  "rotary": [ptr, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]}
         for kind, argtypes in kinds.items():
@@ -157,6 +158,7 @@ class Library:
         self.rotary = {by_suffix[x]: getattr(lib, f"db_rotary_{x}") for x in suffixes}
         self.panel, self.rows = lib.db_kernel_panel(), lib.db_kernel_rows()  # output columns a panel, rows a block
         self._f32, self._bf16 = lib.db_linear_f32, getattr(lib, "db_linear_bf16", None)
+        self.best = {by_suffix[x]: getattr(lib, f"db_linear_best_{x}") for x in suffixes}
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """A (n, k) CPU weight in column panels: float32 (ceil(n/panel), k, panel), bfloat16
@@ -175,8 +177,11 @@ class Library:
                             f"not {w.dtype}")
         return out
 
-    def linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-        """x (..., k) @ W^T + bias for W (n, k) packed by pack(); x, bias in W's dtype, on the CPU."""
+    def linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, best: bool = False
+               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., k) @ W^T + bias for W (n, k) packed by pack(); x, bias in W's dtype, on the CPU. best: also
+        each output row's largest value per panel (float32) and its column in the panel (int32), both
+        (..., ceil(n / panel)): numpy's argmax within the panel (kernels.cpp panel_best)."""
         k = x.shape[-1]
         f32 = packed.dtype == torch.float32
         if (x.dtype != packed.dtype or packed.shape[0] != -(-n // self.panel)
@@ -191,9 +196,19 @@ class Library:
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()
-        (self._f32 if f32 else self._bf16)(x2.data_ptr(), x2.shape[0], k, packed.data_ptr(),
-                                           bias.data_ptr() if bias is not None else None, n, out.data_ptr())
-        return out
+        args = (x2.data_ptr(), x2.shape[0], k, packed.data_ptr(), bias.data_ptr() if bias is not None else None, n,
+                out.data_ptr())
+        if not best:
+            (self._f32 if f32 else self._bf16)(*args)
+            return out
+        values, where = self.panel_maxima(x.shape[:-1], n)
+        self.best[x.dtype](*args, values.data_ptr(), where.data_ptr())
+        return out, values, where
+
+    def panel_maxima(self, rows: tuple[int, ...], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Empty (rows..., panels) float32 and int32 tensors for linear(best=True) over n outputs."""
+        p = -(-n // self.panel)
+        return torch.empty(*rows, p), torch.empty(*rows, p, dtype=torch.int32)
 
 
 def extension() -> Library:
@@ -260,9 +275,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return extension().pack(weight)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """x (..., k) @ W^T + bias for W (n, k) packed by pack() (Library.linear); the extension is loaded."""
-    return _lib.linear(x, packed, bias, n)
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, best: bool = False):
+    """x (..., k) @ W^T + bias for W (n, k) packed by pack() (Library.linear, with its `best`); the extension
+    is loaded."""
+    return _lib.linear(x, packed, bias, n, best)
 
 
 # Packed copies by (address, dtype), for kernel_linear: a compiled graph calls it with the weight.
@@ -291,7 +307,8 @@ def _(x, weight, bias):
 
 class KernelLinear(nn.Linear):
     """An nn.Linear (its class swapped) computing inputs of 1..MAX_ROWS rows with the kernel, on a
-    packed copy of its weight rebuilt when the weight changes (training, .to())."""
+    packed copy of its weight rebuilt when the weight changes (training, .to()). A model's readout
+    (keep_panel_maxima) also leaves each row's panel maxima in `last_maxima`: (output, values, where, panel)."""
 
     def _pack(self) -> torch.Tensor:
         """The packed copy of the weight as it is now (repacked if its address, dtype or version changed)."""
@@ -335,9 +352,34 @@ class KernelLinear(nn.Linear):
             bias = bias.contiguous()
         n = weight.shape[0]
         out = torch.empty(*shape[:-1], n, dtype=dtype)
-        (_lib._f32 if dtype == torch.float32 else _lib._bf16)(
-            x.data_ptr(), rows, k, packed.data_ptr(), bias.data_ptr() if bias is not None else None, n, out.data_ptr())
+        args = (x.data_ptr(), rows, k, packed.data_ptr(), bias.data_ptr() if bias is not None else None, n,
+                out.data_ptr())
+        if state.get("keeps_maxima"):
+            values, where = _lib.panel_maxima(shape[:-1], n)
+            _lib.best[dtype](*args, values.data_ptr(), where.data_ptr())
+            state["last_maxima"] = (out, values, where, _lib.panel)
+        else:
+            (_lib._f32 if dtype == torch.float32 else _lib._bf16)(*args)
         return out
+
+
+def keep_panel_maxima(head: nn.Module | None) -> bool:
+    """Let a model's readout (a KernelLinear) keep each row's panel maxima beside its logits, so that an
+    argmax reads those, not the row (sampling.PanelMaxima); False where the readout is not on the kernel."""
+    if type(head) is not KernelLinear:
+        return False
+    head.keeps_maxima = True
+    return True
+
+
+def panel_maxima_of(head: nn.Module | None, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """(values, where, panel) of the readout's last call, if `logits` is that call's output itself (a model
+    that changes the readout's output after it, e.g. soft-capping, returns another tensor: None); given up
+    either way."""
+    last = head.__dict__.pop("last_maxima", None) if head is not None else None
+    if last is None or last[0] is not logits:
+        return None
+    return last[1:]
 
 
 _DTYPES: set[torch.dtype] = set()  # dtypes KernelLinear runs here (filled by swap, as each is probed)
@@ -518,5 +560,5 @@ def unswap(model: nn.Module) -> None:
         if type(module) is KernelLinear:
             module.__class__ = nn.Linear
             _PACKED.pop((module.weight.data_ptr(), module.weight.dtype), None)
-            for attr in ("_kernel_packed", "_kernel_key"):
+            for attr in ("_kernel_packed", "_kernel_key", "keeps_maxima", "last_maxima"):
                 module.__dict__.pop(attr, None)

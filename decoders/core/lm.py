@@ -18,6 +18,7 @@ from .fast_path import (FAST_PATHS, PACKED_MIN_ROWS, PrepackedLinear, linear_pro
                         unpack)
 from .kv_cache import BatchKVCache, KVCache, cache_kwarg, causal_mask, full_history_cache
 from .layer_types import AttentionPattern
+from .sampling import PanelMaxima
 from .transfer import to_device
 
 
@@ -103,7 +104,8 @@ class LM:
         # embedding's; logits, hidden states and features come out on `output_device`, the head's
         # (the same device unless model.device_map spread the layers). `dtype` is the weights' dtype.
         self.device = model.get_input_embeddings().weight.device
-        self.output_device = model.get_output_embeddings().weight.device
+        self.head = model.get_output_embeddings()  # the readout (the same module whatever path its class takes)
+        self.output_device = self.head.weight.device
         self.dtype = model.dtype
         self.cuda_devices = sorted({p.device for p in model.parameters() if p.device.type == "cuda"},
                                    key=lambda d: d.index or 0)
@@ -129,12 +131,16 @@ class LM:
         self._want_hidden = False
         self._features: torch.Tensor | None = None
         self._flops_spec: dict | None = None
+        # The last forward's logits rows' panel maxima, where the readout is on the kernel path (else None):
+        # an argmax over 262,144 logits reads those instead of the row (sampling.PanelMaxima)
+        self.panel_maxima: PanelMaxima | None = None
         model.base_model.register_forward_hook(self._capture_hidden)
         # A model whose modules are shared with an LM already on the fast path (a self-draft) is on it too.
         packed = [m for m in model.modules() if type(m) is PrepackedLinear]
         self.fast_path = "prepacked" if packed else "none"
         if any(type(m) is kernels.KernelLinear for m in model.modules()):
             self.fast_path = "kernel"
+            kernels.keep_panel_maxima(model.get_output_embeddings())
         self.packed_min_rows = packed[0]._min_rows if packed else None  # rows from which "prepacked" packs
         self.fast_path_note = ""  # why the path in use differs from the one asked for, if it does
         self.fast_path_bytes = 0  # memory the fast path holds beyond the model's own weights
@@ -199,6 +205,7 @@ class LM:
             else:
                 self.fast_path_bytes += kernels.swap(self.model)
                 self.fast_path = "kernel"
+                kernels.keep_panel_maxima(self.model.get_output_embeddings())
         else:
             why_not = prepacked_supported(self.model)
             if why_not:
@@ -475,6 +482,7 @@ class LM:
             for handle in handles:
                 handle.remove()
         logits = out.logits[0]
+        self.panel_maxima = self._maxima_of(out.logits)
         if features:
             f, self._features = self._features[0].to(self.output_device), None
             return logits, f
@@ -485,6 +493,13 @@ class LM:
                 return logits, h[kwargs["logits_to_keep"]]
             return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
+
+    def _maxima_of(self, logits: torch.Tensor) -> PanelMaxima | None:
+        """The panel maxima of `logits` (1, q, V), the readout's output, where the readout kept them."""
+        if self.fast_path != "kernel":
+            return None
+        kept = kernels.panel_maxima_of(self.head, logits)
+        return PanelMaxima(kept[0][0], kept[1][0], kept[2]) if kept is not None else None
 
     def _forward_compiled(self, ids, cache: KVCache, positions, attention, *, logits_last, logits_rows, hidden,
                           features):
@@ -500,6 +515,7 @@ class LM:
         elif logits_last is not None:
             h = h[-int(logits_last):]
         logits = self.model.get_output_embeddings()(h)
+        self.panel_maxima = self._maxima_of(logits[None])
         if features is True:
             return logits, final[0].to(self.output_device)
         if features:

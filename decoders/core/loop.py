@@ -24,7 +24,7 @@ import torch
 
 from .kv_cache import KVCache
 from .lm import LM
-from .sampling import ArgmaxRows, Sampler
+from .sampling import ArgmaxRows, PanelMaxima, Sampler
 from .trace import Generation, new_tracer, truncate_at_stop
 from .transfer import to_device
 from .tree import DeviceTree, TokenTree, ancestor_rows
@@ -74,13 +74,15 @@ class Scores:
     rows: torch.Tensor | None = None  # (len(tree) + len(side.rows), V): both, as the forward returned them
     top_k: int = 0  # the proposal's top_k
     read: torch.Tensor | None = None  # the proposal's DeviceTree's `read`: read with the argmax
+    maxima: PanelMaxima | None = None  # of `rows` (else `logits`), where the readout kept them (LM.panel_maxima)
     _argmax: ArgmaxRows | None = field(default=None, init=False, repr=False)
 
     def argmax_rows(self) -> ArgmaxRows:
         """The argmax of every row, the tree's then the side branch's, read as asked (one reader a step:
         on a GPU verification and a proposer's commit share one read)."""
         if self._argmax is None:
-            self._argmax = ArgmaxRows(self.rows if self.rows is not None else self.logits, self.top_k, self.read)
+            self._argmax = ArgmaxRows(self.rows if self.rows is not None else self.logits, self.top_k, self.read,
+                                      self.maxima)
         return self._argmax
 
     def argmax(self, start: int = 0, stop: int | None = None) -> list[int]:
@@ -231,19 +233,21 @@ def feed(cached: int, sequence: Sequence[int], proposal: Proposal) -> Feed:
     return Feed(tokens, cached, u, s, mask, positions, [u - 1, *range(u + s, u + s + n - 1), *side_rows])
 
 
-def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, uncached: int) -> Scores:
+def split(proposal: Proposal, logits: torch.Tensor, extra: torch.Tensor | None, uncached: int,
+          maxima: PanelMaxima | None = None) -> Scores:
     """The target's output for one prompt's feed (logits of feed.logits_rows; `extra`: the hidden
-    state of the same rows, or the features of every fed row, as asked) as Scores."""
+    state of the same rows, or the features of every fed row, as asked; `maxima`: the logits' panel
+    maxima) as Scores."""
     side = proposal.side
     hidden = extra if proposal.hidden else None
     features = extra if proposal.feature_layers else None
     read = proposal.tree.read if isinstance(proposal.tree, DeviceTree) else None
     if side is None:
-        return Scores(logits, None, hidden, features, top_k=proposal.top_k, read=read)
+        return Scores(logits, None, hidden, features, top_k=proposal.top_k, read=read, maxima=maxima)
     n, s = len(proposal.tree), len(side.tokens)
     return Scores(logits[:n], logits[n:], hidden[:n] if hidden is not None else None,
                   torch.cat([features[:uncached], features[uncached + s:]]) if features is not None else None,
-                  rows=logits, top_k=proposal.top_k, read=read)
+                  rows=logits, top_k=proposal.top_k, read=read, maxima=maxima)
 
 
 def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:
@@ -257,7 +261,7 @@ def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:
         kwargs["logits_rows"] = fed.logits_rows
     out = lm.forward(fed.tokens, cache, hidden=proposal.hidden, features=proposal.feature_layers, **kwargs)
     logits, extra = out if proposal.hidden or proposal.feature_layers else (out, None)
-    return split(proposal, logits, extra, fed.uncached)
+    return split(proposal, logits, extra, fed.uncached, lm.panel_maxima)
 
 
 def waits_for_prefill(proposer: Proposer) -> bool:

@@ -5,6 +5,7 @@ hf_* peers sample from the same distribution by construction.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -82,14 +83,63 @@ def _finite(values) -> None:
             raise NonFiniteLogits(value)
 
 
-def argmax(logits: torch.Tensor):
+@dataclass(frozen=True)
+class PanelMaxima:
+    """Each logits row's largest value per panel of `panel` columns and its column in the panel, as the
+    kernel readout wrote them beside the row (kernels.keep_panel_maxima): values (..., P) float32, where
+    (..., P) int32, P = ceil(V / panel). A row's argmax reads these, then nothing of the row: a 262,144-token
+    row is 1 MB, 17-77 us to scan (warm or not), its maxima 1/32 of it."""
+
+    values: torch.Tensor
+    where: torch.Tensor
+    panel: int
+
+    def __getitem__(self, rows) -> "PanelMaxima":
+        return PanelMaxima(self.values[rows], self.where[rows], self.panel)
+
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """values and where as numpy (rows, P): views, made once."""
+        width = self.values.shape[-1]
+        return self.values.numpy().reshape(-1, width), self.where.numpy().reshape(-1, width)
+
+    def argmax(self, start: int = 0, stop: int | None = None):
+        """argmax() of the rows these maxima are of (of rows start:stop, of a 2-D PanelMaxima): numpy's
+        argmax over a row's maxima is the first panel holding its first largest value (or first NaN),
+        `where` the column in it."""
+        if self.values.dim() == 1:
+            return self.row_argmax(0)
+        values, where = (a[start:stop] for a in self._arrays)
+        panel = values.argmax(-1)
+        rows = np.arange(len(values))
+        _finite(values[rows, panel].tolist())
+        index = panel * self.panel + where[rows, panel]
+        return (index.reshape(self.values.shape[:-1]) if self.values.dim() > 2 else index).tolist()
+
+    def row_argmax(self, i: int) -> int:
+        """argmax() of row i alone (of a 2-D PanelMaxima): a few numpy scalar reads, no copies."""
+        values, where = self._arrays
+        row = values[i]
+        panel = int(row.argmax())
+        _finite((float(row[panel]),))
+        return panel * self.panel + int(where[i, panel])
+
+
+def argmax(logits: torch.Tensor, maxima: PanelMaxima | None = None):
     """Each row's largest entry's index (the first on ties, as torch.argmax and transformers), as Python
     ints: an int for a 1-D tensor, a list for 2-D; NonFiniteLogits where a row is not finite. On a CPU
     numpy finds it: torch's CPU argmax took 44 us for one 49,152-logit row against numpy's 4 (float32;
-    other dtypes widen exactly to it first). On a GPU the chosen values come in the indices' read."""
+    other dtypes widen exactly to it first). `maxima`: the rows' panel maxima, read instead of the rows.
+    On a GPU the chosen values come in the indices' read."""
     if logits.device.type != "cpu":
         return argmax_in_one_read(logits)
+    if maxima is not None:
+        return maxima.argmax()
     rows = logits.detach().to(torch.float32).numpy()
+    if rows.ndim == 1:  # scalar reads: numpy's take_along_axis costs 10 us
+        index = int(rows.argmax())
+        _finite((float(rows[index]),))
+        return index
     index = rows.argmax(-1)
     _finite(np.take_along_axis(rows, np.expand_dims(index, -1), -1).ravel().tolist())
     return index.tolist()
@@ -98,20 +148,23 @@ def argmax(logits: torch.Tensor):
 BLOCK = 256  # top_k_rows' block: its maxima are a 1/256 read of the rows, its candidates k blocks
 
 
-def top_k_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
+def top_k_rows(rows: torch.Tensor, k: int, maxima: PanelMaxima | None = None) -> torch.Tensor:
     """(n, V) -> (n, k) each row's k largest tokens' ids, largest first: torch.topk's values exactly
     (ids may differ among equal values). On a CPU torch.topk over a 262,144-token row costs about
-    1.5 ms a row; here each row's block maxima are taken first (one pass, as fast as a max), and the
-    top k tokens lie in the k blocks with the largest maxima: each of those blocks holds a value at
-    least the k-th largest maximum, which every top-k value is at least."""
+    1.5 ms a row; here each row's block maxima are taken first (one pass, as fast as a max; none where
+    `maxima` holds them, its panels the blocks), and the top k tokens lie in the k blocks with the
+    largest maxima: each of those blocks holds a value at least the k-th largest maximum, which every
+    top-k value is at least."""
     n, V = rows.shape
-    if rows.device.type != "cpu" or V % BLOCK or V < 16 * k * BLOCK:
+    block = maxima.panel if maxima is not None else BLOCK
+    if rows.device.type != "cpu" or V % block or V < 16 * k * block:
         return torch.topk(rows, k).indices
-    blocks = rows.reshape(n, V // BLOCK, BLOCK)  # (n, V/B, B)
-    best = torch.topk(blocks.amax(-1), k).indices  # (n, k) the blocks with the k largest maxima
+    blocks = rows.reshape(n, V // block, block)  # (n, V/B, B)
+    # (n, k) the blocks with the k largest maxima (a NaN anywhere: torch.topk's own order of NaNs decides)
+    best = torch.topk(maxima.values if maxima is not None else blocks.amax(-1), k).indices
     candidates = blocks[torch.arange(n).unsqueeze(1), best]  # (n, k, B)
-    order = torch.topk(candidates.reshape(n, k * BLOCK), k).indices  # (n, k) into the candidates
-    return best.gather(1, order // BLOCK) * BLOCK + order % BLOCK
+    order = torch.topk(candidates.reshape(n, k * block), k).indices  # (n, k) into the candidates
+    return best.gather(1, order // block) * block + order % block
 
 
 class ArgmaxRows:
@@ -120,10 +173,13 @@ class ArgmaxRows:
     all of them, each over the whole vocabulary, cost 0.2-0.6 ms a step. On a GPU every row at the first
     ask, kept: each read makes the host wait, and verification and a proposer's commit would each read.
     `top_k` > 0: each row's top_k tokens are wanted too (top()); `also`: a 1-D tensor whose values are wanted
-    (also()): on a GPU both come in the same read."""
+    (also()): on a GPU both come in the same read. `maxima`: the rows' panel maxima, where the readout
+    kept them: a row's argmax and top k read those first."""
 
-    def __init__(self, rows: torch.Tensor, top_k: int = 0, also: torch.Tensor | None = None):
+    def __init__(self, rows: torch.Tensor, top_k: int = 0, also: torch.Tensor | None = None,
+                 maxima: PanelMaxima | None = None):
         self.rows, self.top_k, self.also_rows = rows, min(top_k, rows.shape[-1]), also
+        self.maxima = maxima
         self.on_host = rows.device.type == "cpu"
         self._all: list[int] | None = None
         self._top: list[list[int]] | None = None
@@ -133,7 +189,7 @@ class ArgmaxRows:
     def _every_row(self) -> list[int]:
         if self._all is None:
             if self.on_host or not (self.top_k or self.also_rows is not None):
-                self._all = argmax(self.rows)
+                self._all = argmax(self.rows, self.maxima)
                 return self._all
             # One read: (n, 2 + top_k) the argmax, its logit (finite?), then the top tokens; then `also`
             # (float64 holds every id)
@@ -163,17 +219,19 @@ class ArgmaxRows:
         if not self.on_host:
             return self._every_row()[i]
         if i not in self._row:
-            self._row[i] = argmax(self.rows[i])
+            self._row[i] = self.maxima.row_argmax(i) if self.maxima is not None else argmax(self.rows[i])
         return self._row[i]
 
     def slice(self, start: int = 0, stop: int | None = None) -> list[int]:
-        return argmax(self.rows[start:stop]) if self.on_host else self._every_row()[start:stop]
+        if not self.on_host:
+            return self._every_row()[start:stop]
+        return self.maxima.argmax(start, stop) if self.maxima is not None else argmax(self.rows[start:stop])
 
     def top(self) -> list[list[int]]:
         """Each row's top_k token ids, largest first (ties in topk's order)."""
         if self._top is None:
             if self.on_host:
-                self._top = top_k_rows(self.rows, self.top_k).tolist()
+                self._top = top_k_rows(self.rows, self.top_k, self.maxima).tolist()
             else:
                 self._every_row()
         return self._top
@@ -222,10 +280,10 @@ def draw_in_one_read(p: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def next_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
-               warpers: LogitsProcessorList | None = None) -> int:
-    """Greedy argmax (first index on ties, as transformers) or one sample."""
+               warpers: LogitsProcessorList | None = None, maxima: PanelMaxima | None = None) -> int:
+    """Greedy argmax (first index on ties, as transformers) or one sample. `maxima`: the row's panel maxima."""
     if sampling.greedy:
-        return argmax(logits_row)
+        return argmax(logits_row, maxima)
     return draw(probs(logits_row[None], sampling, warpers)[0], generator)
 
 
