@@ -83,20 +83,24 @@ class AttentionPattern:
             parts.append(f"{n} {kind}" + (f" (window {window})" if window is not None else ""))
         return " + ".join(parts)
 
-    def masks(self, allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
-              ) -> torch.Tensor | dict[str, torch.Tensor]:
+    def masks(self, allowed, query_positions, key_positions):
         """`allowed` (..., q, k) bool, True where a query may attend, narrowed per layer type: a sliding
         layer's query at position p also needs its key at a position above p - window. query_positions
-        (..., q) and key_positions (..., k) are token positions (not cache slots). One tensor for a model
-        of one layer type, else {layer type: mask}."""
+        (..., q) and key_positions (..., k) are token positions (not cache slots). Torch tensors, or numpy
+        arrays (on the host each operation costs a fraction of torch's). One mask for a model of one layer
+        type, else {layer type: mask}."""
         out = {}
-        for kind, window in self.by_type().items():
+        for kind, window in self._by_type:
             if window is None:
                 out[kind] = allowed
             else:
-                near = key_positions.unsqueeze(-2) > query_positions.unsqueeze(-1) - window  # (..., q, k)
-                out[kind] = allowed & near.to(allowed.device)
+                near = key_positions[..., None, :] > query_positions[..., :, None] - window  # (..., q, k)
+                out[kind] = allowed & (near.to(allowed.device) if isinstance(near, torch.Tensor) else near)
         return out if self.mixed else next(iter(out.values()))
+
+    @functools.cached_property
+    def _by_type(self) -> tuple[tuple[str, int | None], ...]:
+        return tuple(self.by_type().items())
 
 
 def rotary_embeddings(rotary: nn.Module, x: torch.Tensor, positions: torch.Tensor, layer_type: str):

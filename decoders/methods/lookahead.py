@@ -64,16 +64,17 @@ class LookaheadWindow:
             self.pool.add_from(prompt)
         # Level 0 is guessed; level l fills at step l (the Jacobi iterates of level 0), then the window slides.
         self.levels = [initial_guesses(init, window, list(prompt), vocab_size, random.Random(seed))]
-        self._masks: dict[int, torch.Tensor] = {}
+        self._masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # levels -> the window's mask, offsets
         self._candidates, self._committed = 0, 0  # this step's trie size and committed length, for commit()
 
     def propose(self, sequence: Sequence[int], room: int) -> Proposal:
         grams = self.pool.candidates(sequence[-1])
         levels, width = len(self.levels), self.width
         if levels not in self._masks:
-            self._masks[levels] = window_mask(levels, width)
-        side = SideBranch(tokens=[t for level in self.levels for t in level], mask=self._masks[levels],
-                          offsets=window_offsets(levels, width), rows=list(range((levels - 1) * width, levels * width)))
+            self._masks[levels] = window_mask(levels, width), window_offsets(levels, width)
+        mask, offsets = self._masks[levels]
+        side = SideBranch(tokens=[t for level in self.levels for t in level], mask=mask, offsets=offsets,
+                          rows=list(range((levels - 1) * width, levels * width)))
         self._candidates, self._committed = len(grams), len(sequence)
         return Proposal(TokenTree.from_sequences(sequence[-1], grams), side=side)
 
