@@ -147,18 +147,22 @@ def test_top_k_from_panel_maxima_is_torchs_topk(dtype):
 
 @needs_kernel
 def test_the_model_readout_keeps_its_panel_maxima_on_the_kernel_path_only():
+    """LM.maxima_of: the maxima of the logits the last forward returned, that very tensor only (logits a
+    caller replaced, e.g. with NaN, are read themselves); none off the kernel path or past its rows."""
     fast, native = tiny_lm(seed=3, fast_path="kernel"), tiny_lm(seed=3, fast_path="none")
     ids = [(7 * i + 3) % 64 for i in range(kernels.MAX_ROWS + 4)]
     cache = fast.new_cache()
-    fast.forward(ids[:kernels.MAX_ROWS + 1], cache)  # past the kernel's rows: the native readout, no maxima
-    assert fast.panel_maxima is None
+    logits = fast.forward(ids[:kernels.MAX_ROWS + 1], cache)  # past the kernel's rows: the native readout
+    assert fast.maxima_of(logits) is None
     logits = fast.forward(ids[kernels.MAX_ROWS + 1:], cache)
-    assert fast.panel_maxima is not None and argmax(logits, fast.panel_maxima) == argmax(logits)
-    native.forward(ids[:5], native.new_cache())
-    assert native.panel_maxima is None
+    maxima = fast.maxima_of(logits)
+    assert maxima is not None and argmax(logits, maxima) == argmax(logits)
+    assert fast.maxima_of(logits.clone()) is None and fast.maxima_of(logits[1:]) is None
+    logits = native.forward(ids[:5], native.new_cache())
+    assert native.maxima_of(logits) is None
     fast.set_fast_path("none")
-    fast.forward(ids[:5], fast.new_cache())
-    assert fast.panel_maxima is None and "keeps_maxima" not in fast.model.get_output_embeddings().__dict__
+    logits = fast.forward(ids[:5], fast.new_cache())
+    assert fast.maxima_of(logits) is None and "keeps_maxima" not in fast.head.__dict__
 
 
 @needs_kernel

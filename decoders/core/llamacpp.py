@@ -185,6 +185,10 @@ class LlamaCppLM:
         context.holder = weakref.ref(cache)
         return cache
 
+    def maxima_of(self, logits: torch.Tensor) -> None:
+        """No panel maxima (LM.maxima_of): llama.cpp's readout keeps none; argmax reads the rows."""
+        return None
+
     def sync(self) -> None:
         """llama_decode returns once its work is done on a CPU: nothing to wait for."""
 

@@ -132,9 +132,9 @@ class LM:
         self._want_hidden = False
         self._features: torch.Tensor | None = None
         self._flops_spec: dict | None = None
-        # The last forward's logits rows' panel maxima, where the readout is on the kernel path (else None):
-        # an argmax over 262,144 logits reads those instead of the row (sampling.PanelMaxima)
-        self.panel_maxima: PanelMaxima | None = None
+        # The last forward's logits as it returned them, and their panel maxima, where the readout is on the
+        # kernel path (else None): an argmax over 262,144 logits reads those instead of the row (maxima_of)
+        self._maxima: tuple[torch.Tensor, PanelMaxima] | None = None
         model.base_model.register_forward_hook(self._capture_hidden)
         # A model whose modules are shared with an LM already on the fast path (a self-draft) is on it too.
         packed = [m for m in model.modules() if type(m) is PrepackedLinear]
@@ -502,7 +502,7 @@ class LM:
             for handle in handles:
                 handle.remove()
         logits = out.logits[0]
-        self.panel_maxima = self._maxima_of(out.logits)
+        self._keep_maxima(out.logits, logits)
         if features:
             f, self._features = self._features[0].to(self.output_device), None
             return logits, f
@@ -514,12 +514,24 @@ class LM:
             return logits, (h[-logits_last:] if logits_last is not None else h)
         return logits
 
-    def _maxima_of(self, logits: torch.Tensor) -> PanelMaxima | None:
-        """The panel maxima of `logits` (1, q, V), the readout's output, where the readout kept them."""
-        if self.fast_path != "kernel":
-            return None
-        kept = kernels.panel_maxima_of(self.head, logits)
-        return PanelMaxima(kept[0][0], kept[1][0], kept[2]) if kept is not None else None
+    def _keep_maxima(self, readout: torch.Tensor, logits: torch.Tensor) -> None:
+        """Note the panel maxima of `logits` (q, V), which the forward returns, where the readout kept them:
+        `readout` is the readout's own output ((1, q, V) or (q, V)) as the model passed it on."""
+        kept = kernels.panel_maxima_of(self.head, readout) if self.fast_path == "kernel" else None
+        if kept is None:
+            self._maxima = None
+            return
+        values, where, panel = kept
+        if values.dim() == 3:
+            values, where = values[0], where[0]
+        self._maxima = logits, PanelMaxima(values, where, panel)
+
+    def maxima_of(self, logits: torch.Tensor) -> PanelMaxima | None:
+        """The panel maxima of `logits` if they are the last forward's logits, the very tensor it returned
+        (sampling.PanelMaxima: an argmax reads those instead of the row); None otherwise: other logits, or
+        a readout off the kernel path. Logits changed in place would keep stale maxima: nothing does that."""
+        kept = self._maxima
+        return kept[1] if kept is not None and kept[0] is logits else None
 
     def _forward_compiled(self, ids, cache: KVCache, positions, attention, *, logits_last, logits_rows, hidden,
                           features):
@@ -534,8 +546,8 @@ class LM:
             h = h[to_device(logits_rows, self.output_device, torch.long)]
         elif logits_last is not None:
             h = h[-int(logits_last):]
-        logits = self.model.get_output_embeddings()(h)
-        self.panel_maxima = self._maxima_of(logits[None])
+        logits = self.head(h)
+        self._keep_maxima(logits, logits)
         if features is True:
             return logits, final[0].to(self.output_device)
         if features:

@@ -74,7 +74,7 @@ class Scores:
     rows: torch.Tensor | None = None  # (len(tree) + len(side.rows), V): both, as the forward returned them
     top_k: int = 0  # the proposal's top_k
     read: torch.Tensor | None = None  # the proposal's DeviceTree's `read`: read with the argmax
-    maxima: PanelMaxima | None = None  # of `rows` (else `logits`), where the readout kept them (LM.panel_maxima)
+    maxima: PanelMaxima | None = None  # of `rows` (else `logits`), where the readout kept them (LM.maxima_of)
     _argmax: ArgmaxRows | None = field(default=None, init=False, repr=False)
 
     def argmax_rows(self) -> ArgmaxRows:
@@ -261,7 +261,7 @@ def score(lm: LM, cache: KVCache, fed: Feed, proposal: Proposal) -> Scores:
         kwargs["logits_rows"] = fed.logits_rows
     out = lm.forward(fed.tokens, cache, hidden=proposal.hidden, features=proposal.feature_layers, **kwargs)
     logits, extra = out if proposal.hidden or proposal.feature_layers else (out, None)
-    return split(proposal, logits, extra, fed.uncached, lm.panel_maxima)
+    return split(proposal, logits, extra, fed.uncached, lm.maxima_of(logits))
 
 
 def waits_for_prefill(proposer: Proposer) -> bool:

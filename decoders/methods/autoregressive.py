@@ -24,9 +24,10 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
     while True:
         context = len(cache)
         with tracer.target():
-            logits = lm.forward(feed, cache, last_only=True)[-1]
+            logits = lm.forward(feed, cache, last_only=True)
+            maxima = lm.maxima_of(logits)
+            logits = logits[-1]
         try:
-            maxima = lm.panel_maxima
             token = next_token(logits, sampling, generator, warpers, maxima[-1] if maxima is not None else None)
         except NonFiniteLogits as e:  # the reference's own step: named, so a run says where it broke
             raise NonFiniteLogits(e.value, step=len(tokens)) from None
