@@ -9,6 +9,7 @@ import functools
 import inspect
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -29,7 +30,11 @@ def _cache_kwarg(cls: type) -> str:
 
 
 def causal_mask(new: int, cached: int, device=None) -> torch.Tensor:
-    """bool (new, cached + new): every new token sees the whole cache and the new tokens up to itself."""
+    """bool (new, cached + new): every new token sees the whole cache and the new tokens up to itself.
+    On the host in numpy (slot j seen by row i where j <= cached + i): between forwards each torch
+    operation costs several times a numpy one."""
+    if device is None or torch.device(device).type == "cpu":
+        return torch.from_numpy(np.arange(cached + new) <= np.arange(cached, cached + new)[:, None])
     return torch.ones(new, cached + new, dtype=torch.bool, device=device).tril(cached)
 
 

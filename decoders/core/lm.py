@@ -9,7 +9,6 @@ import copy
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -141,7 +140,7 @@ class LM:
         self.fast_path = "prepacked" if packed else "none"
         if any(type(m) is kernels.KernelLinear for m in model.modules()):
             self.fast_path = "kernel"
-            kernels.keep_panel_maxima(model.get_output_embeddings())
+            kernels.keep_panel_maxima(self.head)
         self.packed_min_rows = packed[0]._min_rows if packed else None  # rows from which "prepacked" packs
         self.fast_path_note = ""  # why the path in use differs from the one asked for, if it does
         self.fast_path_bytes = 0  # memory the fast path holds beyond the model's own weights
@@ -206,7 +205,7 @@ class LM:
             else:
                 self.fast_path_bytes += kernels.swap(self.model)
                 self.fast_path = "kernel"
-                kernels.keep_panel_maxima(self.model.get_output_embeddings())
+                kernels.keep_panel_maxima(self.head)
         else:
             why_not = prepacked_supported(self.model)
             if why_not:
@@ -409,27 +408,16 @@ class LM:
             allowed, query_positions, key_positions = allowed[None], query_positions[None], key_positions[None]
         if not self.pattern.sliding:
             return self._attention_form(to_device(allowed, self.device)[:, None])
-        masks = self.pattern.masks(to_device(allowed, self.device), to_device(query_positions, self.device),
-                                   to_device(key_positions, self.device))
+        if self.device.type == "cpu":  # in numpy: between forwards each torch operation costs several numpy ones
+            masks = self.pattern.masks(allowed.numpy(), query_positions.numpy(), key_positions.numpy())
+            masks = ({kind: torch.from_numpy(m) for kind, m in masks.items()} if isinstance(masks, dict)
+                     else torch.from_numpy(masks))
+        else:
+            masks = self.pattern.masks(to_device(allowed, self.device), to_device(query_positions, self.device),
+                                       to_device(key_positions, self.device))
         if isinstance(masks, dict):
             return {kind: self._attention_form(m[:, None]) for kind, m in masks.items()}
         return self._attention_form(masks[:, None])
-
-    def _host_attention_mask(self, mask: torch.Tensor | None, query_positions: torch.Tensor,
-                             key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
-        """attention_mask() of a forward on the CPU, in numpy: bool `mask` (q, k) or None (causal), the
-        positions 1-D. The same masks; a step's dozen torch operations here cost 0.1-0.2 ms after a
-        forward has left the caches cold, numpy's a fraction of that."""
-        queries, keys = query_positions.numpy(), key_positions.numpy()
-        q, k = len(queries), len(keys)
-        if mask is None:  # causal_mask(q, k - q): slot j seen by row i where j <= k - q + i
-            allowed = np.arange(k) <= np.arange(k - q, k)[:, None]
-        else:
-            allowed = mask.numpy()
-        masks = self.pattern.masks(allowed, queries, keys)
-        if isinstance(masks, dict):
-            return {kind: self._attention_form(torch.from_numpy(m.reshape(1, 1, q, k))) for kind, m in masks.items()}
-        return self._attention_form(torch.from_numpy(masks.reshape(1, 1, q, k)))
 
     def _causal_attention(self, q: int, cached: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """attention_mask for `q` new tokens fed causally after `cached` ones at positions 0, 1, ..."""
@@ -470,11 +458,8 @@ class LM:
             fed = (kwargs["position_ids"][0] if position_ids is not None
                    else torch.arange(cached, cached + q, device=self.device))  # transformers' default
             cache.fed(fed)
-            if self.device.type == "cpu":
-                kwargs["attention_mask"] = self._host_attention_mask(mask, fed, cache.positions)
-            else:
-                kwargs["attention_mask"] = self.attention_mask(mask if mask is not None else causal_mask(q, cached),
-                                                               fed, cache.positions)
+            kwargs["attention_mask"] = self.attention_mask(mask if mask is not None else causal_mask(q, cached),
+                                                           fed, cache.positions)
             kwargs["position_ids"] = fed.reshape(1, -1)
         elif mask is not None:
             kwargs["attention_mask"] = self.mask_4d(mask)

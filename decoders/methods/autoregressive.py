@@ -24,9 +24,9 @@ def autoregressive_decode(lm: LM, prompt_ids: Sequence[int], max_new_tokens: int
     while True:
         context = len(cache)
         with tracer.target():
-            logits = lm.forward(feed, cache, last_only=True)
-            maxima = lm.maxima_of(logits)
-            logits = logits[-1]
+            rows = lm.forward(feed, cache, last_only=True)
+            maxima = lm.maxima_of(rows)
+            logits = rows[-1]
         try:
             token = next_token(logits, sampling, generator, warpers, maxima[-1] if maxima is not None else None)
         except NonFiniteLogits as e:  # the reference's own step: named, so a run says where it broke
