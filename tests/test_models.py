@@ -441,7 +441,7 @@ def _composed(*overrides: str):
 
 # The add-ons each model ships (adapters/README.md's table says why the others do not).
 SHIPPED = {"smollm2-135m": {"eagle", "dflash", "medusa", "ngram", "exit_adapter"},
-           "gemma3-270m": {"medusa", "ngram", "exit_adapter"}}
+           "gemma3-270m": {"dflash", "medusa", "ngram", "exit_adapter"}}
 
 
 @pytest.mark.parametrize("choice", sorted(SHIPPED))
