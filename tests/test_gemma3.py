@@ -43,3 +43,19 @@ def test_every_method_is_lossless(gemma3, prompts, decoder):
         out = DECODERS[decoder].generate(gemma3, ids, NEW, Sampling(), gemma3.stop_ids)
         assert out.tokens == reference.tokens, prompt_id
         check_trace(out, NEW, gemma3.stop_ids)
+
+
+@pytest.mark.parametrize("tree", ["tree", "chain"])
+def test_its_shipped_block_draft_is_lossless_and_accepted(gemma3, prompts, tree):
+    """The block draft trained for it (adapters/gemma3-270m-dflash.safetensors, int8): autoregressive's tokens
+    on every prompt, and some of its drafts accepted (an untrained block draft's mask rows predict nothing)."""
+    from decoders.methods.dflash import DFlash
+
+    decoder = DFlash(draft_weights="adapters/gemma3-270m-dflash.safetensors", tree=tree, tree_size=8)
+    accepted = 0
+    for prompt_id, ids in prompts:
+        out = decoder.generate(gemma3, ids, NEW, Sampling(), gemma3.stop_ids)
+        assert out.tokens == greedy_reference(gemma3, ids, NEW, gemma3.stop_ids).tokens, prompt_id
+        check_trace(out, NEW, gemma3.stop_ids)
+        accepted += sum(s.accepted_draft_tokens for s in out.steps)
+    assert accepted > 0

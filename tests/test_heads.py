@@ -158,7 +158,8 @@ def test_shipped_heads_beat_untrained_ones_on_real_prompts(smollm, data_dir):
                                      "adapters/smollm2-135m-self4.safetensors", "adapters/smollm2-135m-ngram4.json.gz",
                                      "adapters/smollm2-135m-dflash.safetensors",
                                      "adapters/gemma3-270m-heads4.safetensors",
-                                     "adapters/gemma3-270m-self4.safetensors", "adapters/gemma3-270m-ngram4.json.gz"])
+                                     "adapters/gemma3-270m-self4.safetensors", "adapters/gemma3-270m-ngram4.json.gz",
+                                     "adapters/gemma3-270m-dflash.safetensors"])
 def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypatch, shipped):
     """The configs name the shipped add-ons relative to the repository; a run started elsewhere finds them."""
     from decoders.core.weights_file import addon_path
@@ -170,10 +171,11 @@ def test_shipped_addons_are_found_from_any_working_directory(tmp_path, monkeypat
 
 
 # How each shipped add-on is stored (adapters/README.md's table): int8 where that measured neutral for
-# acceptance (the heads, the exit adapters), float16 elsewhere (the EAGLE draft lost 2% of its
+# acceptance (the heads, the exit adapters, Gemma's block draft), float16 elsewhere (the EAGLE draft lost 2% of its
 # tokens per step in int8).
 STORED_INT8 = ["adapters/smollm2-135m-heads4.safetensors", "adapters/smollm2-135m-self4.safetensors",
-               "adapters/gemma3-270m-heads4.safetensors", "adapters/gemma3-270m-self4.safetensors"]
+               "adapters/gemma3-270m-heads4.safetensors", "adapters/gemma3-270m-self4.safetensors",
+               "adapters/gemma3-270m-dflash.safetensors"]
 STORED_HALF = ["adapters/smollm2-135m-eagle.safetensors", "adapters/smollm2-135m-dflash.safetensors"]
 
 
