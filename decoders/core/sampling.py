@@ -189,7 +189,7 @@ class ArgmaxRows:
     def _every_row(self) -> list[int]:
         if self._all is None:
             if self.on_host or not (self.top_k or self.also_rows is not None):
-                self._all = self.maxima.argmax() if self.maxima is not None else argmax(self.rows)
+                self._all = argmax(self.rows, self.maxima)
                 return self._all
             # One read: (n, 2 + top_k) the argmax, its logit (finite?), then the top tokens; then `also`
             # (float64 holds every id)
