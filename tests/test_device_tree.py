@@ -149,7 +149,7 @@ def test_the_tree_rides_with_the_argmax_read_off_the_host(top_k, monkeypatch):
     tree = torch.tensor([3.0, 39.0, -1.0, 0.5, 2.0 ** 40])  # ids, a parent -1, a float32 score, a large id
     reads, real, real_argmax = [], torch.Tensor.tolist, sampling.argmax
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
-    monkeypatch.setattr(sampling, "argmax", lambda t: reads.append(t.shape) or real_argmax(t))  # numpy's on a CPU
+    monkeypatch.setattr(sampling, "argmax", lambda t, *maxima: reads.append(t.shape) or real_argmax(t, *maxima))
 
     def read(also):
         argmax_rows = ArgmaxRows(rows, top_k, also)

@@ -519,7 +519,7 @@ def test_top_rows_ride_with_the_argmax_read_on_a_gpu(monkeypatch):
     rows = torch.randint(0, 5, (7, 12)).float()  # ties, so argmax's first index is checked too
     reads, real, real_argmax = [], torch.Tensor.tolist, sampling.argmax
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))  # a read of a tensor
-    monkeypatch.setattr(sampling, "argmax", lambda t: reads.append(t.shape) or real_argmax(t))  # numpy's on a CPU
+    monkeypatch.setattr(sampling, "argmax", lambda t, *maxima: reads.append(t.shape) or real_argmax(t, *maxima))
 
     def read_both(top_k):
         scores = Scores(rows, top_k=top_k)
