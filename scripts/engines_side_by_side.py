@@ -84,7 +84,7 @@ def main(argv=None):
         torch.set_num_threads(base.threads)
     dataset = build(base.dataset, "dataset")
     prompts = dataset.load()
-    ctxs, skipped = {}, []
+    ctxs, skipped, drafts = {}, [], {}
     for engine in engines:
         on_llamacpp = args.llamacpp_draft and engine != "torch"
         draft = [f"draft={args.llamacpp_draft}", "draft.dtype=auto"] if on_llamacpp else []
@@ -106,6 +106,10 @@ def main(argv=None):
             prepare_decoder(ctx, prompts)
             warmup(ctx, [(prompts[0], 0)])
             ctxs[engine, m] = ctx
+            if "draft" in cfgs[m].decoder:  # which draft each entry ran, in its records and the table
+                named = next((o.split("=", 1)[1] for o in overrides if o.startswith("draft=")), "self")
+                drafts[engine, m] = (f"{args.llamacpp_draft} (GGUF as shipped)" if on_llamacpp else
+                                     f"self ({cfgs[m].draft.layers} layers)" if named == "self" else named)
         profile = args.out / "profiles" / engine
         profile.mkdir(parents=True, exist_ok=True)
         curve(lm, [int(k) for k in args.curve.split(",")], args.context, args.curve_repeats).to_csv(
@@ -121,7 +125,8 @@ def main(argv=None):
     for i, prompt in enumerate(prompts):
         for key in order[i % len(order):] + order[:i % len(order)]:  # rotated: no entry always runs first
             with torch.inference_mode():
-                records[key].append(run_unit(ctxs[key], prompt, 0, []))
+                records[key].append({**run_unit(ctxs[key], prompt, 0, []), **({"draft": drafts[key]} if key in drafts
+                                                                              else {})})
             with open(args.out / key[0] / key[1] / "records.jsonl", "a") as f:  # kept as it goes
                 f.write(json.dumps(records[key][-1]) + "\n")
             print(f"[side-by-side] {prompt.id} {key[0]} {key[1]}: {records[key][-1].get('tokens_per_s', 0):.1f} tok/s",
@@ -135,7 +140,8 @@ def write(out: Path, records: dict[tuple, list[dict]], skipped: list[dict]) -> N
         ok = [r for r in recs if r["status"] == "ok"]
         ref = {r["prompt_id"]: r for r in records.get((engine, "autoregressive"), []) if r["status"] == "ok"}
         pairs = [(r, ref[r["prompt_id"]]) for r in ok if r["prompt_id"] in ref]
-        rows.append({"engine": engine, "method": method, "prompts": len(ok),
+        rows.append({"engine": engine, "method": method, "draft": next((r["draft"] for r in ok if "draft" in r), ""),
+                     "prompts": len(ok),
                      "tokens_per_step": metrics.tokens_per_step(ok), "tokens_per_s": metrics.mean_tokens_per_s(ok),
                      **metrics.speedups(pairs), **metrics.speedup_interval(pairs), **metrics.lossless_columns(ok),
                      **{k: sum(r.get(k) or 0 for r in ok) for k in TIE_COUNTS}})

@@ -250,24 +250,29 @@ def test_llama_cpps_errors_are_raised_and_shown(q4, capsys):
 
 
 def test_side_by_side_and_a_forecast_at_llama_cpps_prices(tmp_path, capsys):
-    """scripts/engines_side_by_side.py on the shipped file (2 methods, 1 prompt) writes its runs, the engine's k-token
-    cost curve and the table with the lossless check; bench.forecast prices those runs at that profile."""
+    """scripts/engines_side_by_side.py on the shipped file (3 methods, one with a GGUF draft; 1 prompt) writes its
+    runs, the engine's k-token cost curve and the table with the lossless check and the draft each method ran;
+    bench.forecast prices those runs at that profile."""
     from bench.forecast import main as forecast
     from test_scripts import run_script
 
     out = run_script("engines_side_by_side.py", "--out", str(tmp_path), "--engines", "llamacpp", "--methods",
-                     "autoregressive,prompt_lookup", "--curve", "1,2,4", "--curve-repeats", "1", "--context", "32",
+                     "autoregressive,prompt_lookup,spec_chain", "--llamacpp-draft", "smollm2-135m", "--curve", "1,2,4",
+                     "--curve-repeats", "1", "--context", "32",
                      "dataset=gsm8k", "dataset.limit=1", "gen.max_new_tokens=12", "quality=false", "threads=1")
     assert out.returncode == 0, out.stderr[-2000:]
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "table.csv").set_index("method")
-    assert list(table.index) == ["autoregressive", "prompt_lookup"] and set(table["engine"]) == {"llamacpp"}
+    assert list(table.index) == ["autoregressive", "prompt_lookup", "spec_chain"]
+    assert set(table["engine"]) == {"llamacpp"}
+    assert table.loc["spec_chain", "draft"] == "smollm2-135m (GGUF as shipped)"  # the table says which draft ran
+    assert table["draft"].isna().sum() == 2  # the model-free methods name none
     assert (table["lossless_up_to_ties"] == 1.0).all() and (table["real_divergences"] == 0).all()
     assert list(pd.read_csv(tmp_path / "profiles" / "llamacpp" / "profile.csv")["tokens"]) == [1, 2, 4]
     capsys.readouterr()
     forecast([str(tmp_path / "llamacpp"), "--profile", str(tmp_path / "profiles" / "llamacpp"),
               "--out", str(tmp_path / "forecast")])
     forecasted = pd.read_csv(tmp_path / "forecast" / "forecast.csv")
-    assert sorted(forecasted["decoder"]) == ["autoregressive", "prompt_lookup"]
+    assert sorted(forecasted["decoder"]) == ["autoregressive", "prompt_lookup", "spec_chain"]
     assert forecasted[["forecast_speedup", "forecast_tokens_per_s", "measured_tokens_per_s"]].notna().all().all()
