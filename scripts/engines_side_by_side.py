@@ -9,14 +9,17 @@ drift falls on all of them alike.
 DIR gets, per engine, a directory of runs as the leaderboard writes them (DIR/<engine>/<method>/records.jsonl, and
 provenance.json in DIR/<engine>): `python -m bench.forecast DIR/<engine> --profile DIR/profiles/<engine>` replays
 them at another engine's prices. DIR/profiles/<engine>/profile.csv is that engine's k-token cost curve (a forward of
-k tokens after --context cached ones, tree-style, scripts/profile_device.py's layout); DIR/table.csv and table.md
-the results: tokens per step, tok/s, speedup over the same engine's autoregressive with its 95% interval, and the
-lossless check (greedy equality with the engine's own one-token decoding; ties proven by a second computation).
+k tokens after --context cached ones, tree-style, scripts/profile_device.py's layout; by default the context the
+runs' middle steps see, as llama.cpp's forwards cost more with more context); DIR/table.csv and table.md the
+results: tokens per step, tok/s, speedup over the same engine's autoregressive with its 95% interval, the draft a
+draft method ran, and the lossless check (greedy equality with the engine's own one-token decoding; ties proven by
+a second computation).
 A method whose needs an engine does not give (contract.check_engine) is left out of that engine, with why.
 """
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +30,7 @@ from bench.__main__ import script_args
 
 from bench import metrics, provenance
 from bench.errors import BenchError
-from bench.prompts import rendering_for
+from bench.prompts import prepare, rendering_for
 from bench.registry import CONF_DIR
 from bench.usage import Parser
 from bench.runner import (RunContext, build, check_config, check_finite_logits, load_addons, prepare_decoder,
@@ -56,13 +59,21 @@ def curve(lm, sizes: list[int], context: int, repeats: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def runs_context(ctx: RunContext, prompts) -> int:
+    """The context a run's middle step sees: the median prompt's tokens plus half of the new tokens."""
+    lengths = [len(prepare(ctx.lm.tokenizer, p, 0, [], ctx.rendering, ctx.lm.max_context)[1] or []) for p in prompts]
+    return int(statistics.median(lengths)) + ctx.cfg.gen.max_new_tokens // 2
+
+
 def main(argv=None):
     parser = Parser(__doc__, prog="python scripts/engines_side_by_side.py", overrides=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--curve", default="1,2,4,8,16,32", help="k-token forwards profiled per engine")
-    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--context", default="auto",
+                        help="cached tokens before each profiled forward; auto: where the runs' steps sit (the median "
+                             "prompt's tokens + half of gen.max_new_tokens), since llama.cpp's forwards grow with it")
     parser.add_argument("--curve-repeats", type=int, default=5)
     parser.add_argument("--summarize", action="store_true",
                         help="only write the table from the records already in --out (an interrupted run's)")
@@ -112,12 +123,14 @@ def main(argv=None):
                                      f"self ({cfgs[m].draft.layers} layers)" if named == "self" else named)
         profile = args.out / "profiles" / engine
         profile.mkdir(parents=True, exist_ok=True)
-        curve(lm, [int(k) for k in args.curve.split(",")], args.context, args.curve_repeats).to_csv(
+        context = int(args.context) if args.context != "auto" else runs_context(ctxs[engine, "autoregressive"], prompts)
+        print(f"[side-by-side] {engine}: the k-token curve after {context} cached tokens", flush=True)
+        curve(lm, [int(k) for k in args.curve.split(",")], context, args.curve_repeats).to_csv(
             profile / "profile.csv", index=False)
         info = provenance.collect(lm)
-        for d in (profile, args.out / engine):
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "provenance.json").write_text(json.dumps(info, indent=2))
+        (profile / "provenance.json").write_text(json.dumps({**info, "context_tokens": context}, indent=2))
+        (args.out / engine).mkdir(parents=True, exist_ok=True)
+        (args.out / engine / "provenance.json").write_text(json.dumps(info, indent=2))
     records: dict[tuple, list[dict]] = {key: [] for key in ctxs}
     order = list(ctxs)
     for key in order:

@@ -5,6 +5,7 @@ equals the engine's own one-token decoding (or departs at ties the lossless chec
 the engine does not give is refused before anything loads."""
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -258,7 +259,7 @@ def test_side_by_side_and_a_forecast_at_llama_cpps_prices(tmp_path, capsys):
 
     out = run_script("engines_side_by_side.py", "--out", str(tmp_path), "--engines", "llamacpp", "--methods",
                      "autoregressive,prompt_lookup,spec_chain", "--llamacpp-draft", "smollm2-135m", "--curve", "1,2,4",
-                     "--curve-repeats", "1", "--context", "32",
+                     "--curve-repeats", "1",
                      "dataset=gsm8k", "dataset.limit=1", "gen.max_new_tokens=12", "quality=false", "threads=1")
     assert out.returncode == 0, out.stderr[-2000:]
     import pandas as pd
@@ -270,6 +271,9 @@ def test_side_by_side_and_a_forecast_at_llama_cpps_prices(tmp_path, capsys):
     assert table["draft"].isna().sum() == 2  # the model-free methods name none
     assert (table["lossless_up_to_ties"] == 1.0).all() and (table["real_divergences"] == 0).all()
     assert list(pd.read_csv(tmp_path / "profiles" / "llamacpp" / "profile.csv")["tokens"]) == [1, 2, 4]
+    run = pd.read_json(tmp_path / "llamacpp" / "autoregressive" / "records.jsonl", lines=True)
+    profiled = json.loads((tmp_path / "profiles" / "llamacpp" / "provenance.json").read_text())["context_tokens"]
+    assert profiled == run["prompt_tokens"][0] + 12 // 2  # priced where the run's middle step sits
     capsys.readouterr()
     forecast([str(tmp_path / "llamacpp"), "--profile", str(tmp_path / "profiles" / "llamacpp"),
               "--out", str(tmp_path / "forecast")])
