@@ -280,3 +280,25 @@ def test_side_by_side_and_a_forecast_at_llama_cpps_prices(tmp_path, capsys):
     forecasted = pd.read_csv(tmp_path / "forecast" / "forecast.csv")
     assert sorted(forecasted["decoder"]) == ["autoregressive", "prompt_lookup", "spec_chain"]
     assert forecasted[["forecast_speedup", "forecast_tokens_per_s", "measured_tokens_per_s"]].notna().all().all()
+
+
+def test_the_examples_read_our_prompt_as_is_and_are_compared_where_both_go(tmp_path):
+    """scripts/llamacpp_examples.py hands llama.cpp's examples the rendered prompt in argv with escapes off (a prompt
+    file loses its final newline, escapes rewrite backslashes), reads their log, and compares their continuation
+    with ours as far as both go. A stand-in binary echoes what it was given, as the examples print it."""
+    from helpers import script_module
+
+    examples = script_module("scripts/llamacpp_examples.py")
+    fake = tmp_path / "llama-lookup"
+    fake.write_text("#!/usr/bin/env python3\nimport sys\nargs = sys.argv[1:]\nassert '--no-escape' in args\n"
+                    "prompt = args[args.index('-p') + 1]\nprint('\\n\\n' + prompt + ' 42, so 6.\\n\\n', end='')\n"
+                    "print('encoded   %d tokens in 0.1 seconds' % len(prompt.split()), file=sys.stderr)\n"
+                    "print('decoded   12 tokens in 0.50 seconds, speed: 24.0 t/s\\nn_accept  = 5', file=sys.stderr)\n")
+    fake.chmod(0o755)
+    text = "A \\n literal and a last newline\n"
+    got = examples.run_example(fake, tmp_path / "m.gguf", text, 12, 1)
+    assert got["continuation"] == " 42, so 6.\n\n"  # the prompt came back whole: its newline and backslash kept
+    assert (got["prompt_tokens"], got["tokens_per_s"], got["n_accept"]) == (7, 24.0, 5)
+    assert examples.same_start(" 42, so 6. Then", got["continuation"])
+    assert not examples.same_start(" 41, so 6.", got["continuation"])  # the negative control
+    assert not examples.same_start(" 42", None)
