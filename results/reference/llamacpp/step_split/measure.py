@@ -53,15 +53,14 @@ def main(argv=None):
             else:
                 step = statistics.median(forward_samples(theirs, 1, args.context, 3, seed=i, sizes=[])[0])
                 rows.append({"round": i, "engine": "llamacpp-f32", "step_ms": step * 1e3})
-        bandwidth = read_bandwidth(torch.device("cpu"))
-        rows.append({"round": i, "engine": "read_bandwidth_GBps", "step_ms": bandwidth / 1e9})
+        rows.append({"round": i, "engine": "memory", "read_GBps": read_bandwidth(torch.device("cpu")) / 1e9})
         print(rows[-3:], flush=True)
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "rounds.csv", index=False)
     n_bytes = linear_work(ours.model, 1)[0]
     med = table.groupby("engine").median(numeric_only=True).drop(columns="round")
-    gbps = med.loc["read_bandwidth_GBps", "step_ms"]
+    gbps = med.loc["memory", "read_GBps"]
     summary = {"model": ours.name, "context": args.context, "rounds": args.rounds, "linear_weight_bytes": n_bytes,
                "read_bandwidth_GBps": gbps, "floor_ms": n_bytes / gbps / 1e6,
                **{f"torch_{k}": med.loc["torch", k] for k in ("step_ms", "linears_ms", "attention_ms", "rest_ms")},
