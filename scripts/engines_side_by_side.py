@@ -3,7 +3,7 @@ shipped quantization, each prompt run by every (engine, method) in a rotating or
 drift falls on all of them alike.
 
     python scripts/engines_side_by_side.py --out DIR [--engines torch,llamacpp-f32,llamacpp]
-        [--methods autoregressive,prompt_lookup,...] [--curve 1,2,4,8,16,32] [--llamacpp-draft smollm2-135m]
+        [--methods autoregressive,prompt_lookup,...] [--curve 1,2,...,32] [--llamacpp-draft smollm2-135m]
         [hydra overrides: model=, dataset=, ...]
 
 DIR gets, per engine, a directory of runs as the leaderboard writes them (DIR/<engine>/<method>/records.jsonl, and
@@ -70,7 +70,9 @@ def main(argv=None):
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--curve", default="1,2,4,8,16,32", help="k-token forwards profiled per engine")
+    parser.add_argument("--curve", default=",".join(map(str, range(1, 33))),
+                        help="k-token forwards profiled per engine (default every width 1-32: a quantized llama.cpp "
+                             "kernel computes rows in tiles, so a width between two others may cost more than both)")
     parser.add_argument("--context", default="auto",
                         help="cached tokens before each profiled forward; auto: where the runs' steps sit (the median "
                              "prompt's tokens + half of gen.max_new_tokens), since llama.cpp's forwards grow with it")
