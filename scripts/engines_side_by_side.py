@@ -83,6 +83,8 @@ def main(argv=None):
                         help="draft=<this model config> at its shipped quantization for the draft methods on llama.cpp "
                              "(on torch they keep the run's draft, draft=self by default)")
     args, overrides = script_args(parser, argv)
+    if args.context != "auto" and not args.context.isdigit():
+        parser.error(f"--context {args.context}: give a number of cached tokens, or auto")
     if args.summarize:
         return write(args.out, {(d.parent.name, d.name): [json.loads(line) for line in open(d / "records.jsonl")]
                                 for d in sorted(args.out.glob("*/*")) if (d / "records.jsonl").is_file()}, [])
@@ -140,8 +142,10 @@ def main(argv=None):
     for i, prompt in enumerate(prompts):
         for key in order[i % len(order):] + order[:i % len(order)]:  # rotated: no entry always runs first
             with torch.inference_mode():
-                records[key].append({**run_unit(ctxs[key], prompt, 0, []), **({"draft": drafts[key]} if key in drafts
-                                                                              else {})})
+                record = run_unit(ctxs[key], prompt, 0, [])
+            if key in drafts:
+                record["draft"] = drafts[key]
+            records[key].append(record)
             with open(args.out / key[0] / key[1] / "records.jsonl", "a") as f:  # kept as it goes
                 f.write(json.dumps(records[key][-1]) + "\n")
             print(f"[side-by-side] {prompt.id} {key[0]} {key[1]}: {records[key][-1].get('tokens_per_s', 0):.1f} tok/s",
