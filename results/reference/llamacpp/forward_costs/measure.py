@@ -4,14 +4,13 @@ curve taken at one context and at a few widths leaves out.
     python results/reference/llamacpp/forward_costs/measure.py --contexts 100,200,... --widths 0,8,16 --out DIR ...
     python results/reference/llamacpp/forward_costs/measure.py --contexts 111 --widths 0,1,...,17 --out DIR ...
 
-Per context, a cache of that many random tokens, then `--rounds` rounds over the widths in a fresh random order
-(width 0: the one-token autoregressive step), forwards as the tree decoders feed them
-(decoders/tuning/profile.timed_forward); medians in ms, one line per context, and forward_costs.csv.
+Per context, the project's profile samples (decoders/tuning/profile.forward_samples: a cache of that many random
+tokens, then `--rounds` rounds over the widths in a fresh random order; width 0: the one-token autoregressive step;
+forwards as the tree decoders feed them); medians in ms, one line per context, and forward_costs.csv.
 """
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from bench.__main__ import script_args  # noqa: E402
 from bench.registry import CONF_DIR  # noqa: E402
 from bench.runner import build  # noqa: E402
 from bench.usage import Parser  # noqa: E402
-from decoders.tuning.profile import primed_cache, timed_forward  # noqa: E402
+from decoders.tuning.profile import forward_samples  # noqa: E402
 
 
 def main(argv=None):
@@ -43,15 +42,10 @@ def main(argv=None):
     torch.set_num_threads(cfg.threads or torch.get_num_threads())
     widths = [int(k) for k in args.widths.split(",")]
     lm = build(cfg.model, "model").load(step=max(widths))
-    rng, rows = random.Random(0), []
+    rows = []
     for context in (int(c) for c in args.contexts.split(",")):
-        ids, cache = primed_cache(lm, context, max(widths), rng)
-        for k in widths:  # warm-up
-            timed_forward(lm, ids, cache, context, k)
-        samples = {k: [] for k in widths}
-        for _ in range(args.rounds):
-            for k in rng.sample(widths, len(widths)):
-                samples[k].append(timed_forward(lm, ids, cache, context, k))
+        measured = forward_samples(lm, max(widths), context, args.rounds, sizes=[k for k in widths if k])
+        samples = {k: measured[k] for k in widths}
         rows += [{"context": context, "tokens": k, "median_ms": statistics.median(v) * 1e3, "min_ms": min(v) * 1e3}
                  for k, v in samples.items()]
         print(f"context {context}: " + "  ".join(f"{k}: {statistics.median(v) * 1e3:.1f}" for k, v in samples.items()),
