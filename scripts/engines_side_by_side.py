@@ -100,6 +100,7 @@ def main(argv=None):
     dataset = build(base.dataset, "dataset")
     prompts = dataset.load()
     ctxs, skipped, drafts = {}, [], {}
+    named_draft = next((o.split("=", 1)[1] for o in overrides if o.startswith("draft=")), "self")  # the run's draft
     for engine in engines:
         on_llamacpp = args.llamacpp_draft and engine != "torch"
         draft = [f"draft={args.llamacpp_draft}", "draft.dtype=auto"] if on_llamacpp else []
@@ -122,9 +123,8 @@ def main(argv=None):
             warmup(ctx, [(prompts[0], 0)])
             ctxs[engine, m] = ctx
             if "draft" in cfgs[m].decoder:  # which draft each entry ran, in its records and the table
-                named = next((o.split("=", 1)[1] for o in overrides if o.startswith("draft=")), "self")
                 drafts[engine, m] = (f"{args.llamacpp_draft} (GGUF as shipped)" if on_llamacpp else
-                                     f"self ({cfgs[m].draft.layers} layers)" if named == "self" else named)
+                                     f"self ({cfgs[m].draft.layers} layers)" if named_draft == "self" else named_draft)
         profile = args.out / "profiles" / engine
         profile.mkdir(parents=True, exist_ok=True)
         context = int(args.context) if args.context != "auto" else runs_context(ctxs[engine, "autoregressive"], prompts)
