@@ -145,6 +145,65 @@ def test_top_k_from_panel_maxima_is_torchs_topk(dtype):
     assert rows.slice(1, 3) == rows.slice()[1:3] and rows.slice(2) == rows.slice()[2:]
 
 
+def _maxima_of(rows: torch.Tensor, panel: int) -> PanelMaxima:
+    """rows' panel maxima as the readout writes them (a partial last panel padded with -inf; a NaN wins)."""
+    n, V = rows.shape
+    padded = torch.full((n, -(-V // panel) * panel), float("-inf"))
+    padded[:, :V] = rows.float()
+    values = padded.reshape(n, -1, panel).amax(-1)
+    return PanelMaxima(values, torch.zeros(values.shape, dtype=torch.int32), panel)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["random", "one_panel", "ties", "all_-inf", "partial_panel"])
+def test_the_librarys_top_k_is_torchs_topk(dtype, case):
+    """kernels.cpp top_k (each row's k largest from its panel maxima, in one call): torch.topk's values in
+    its order, distinct ids, on 262,144-token rows: random, the top k all in one panel, ties everywhere,
+    rows all -inf, and a vocabulary whose last panel is partial with the largest values in it."""
+    library = kernels.extension()
+    g = torch.Generator().manual_seed(5)
+    V = 1000 if case == "partial_panel" else 262_144
+    rows = torch.randn(7, V, generator=g)
+    if case == "one_panel":
+        rows[:, 1024:1088] = 10 + torch.arange(64.0)  # two panels hold the top 64
+        rows[:, 1030:1038] = 100 + torch.arange(8.0)
+    if case == "ties":
+        rows = torch.randint(0, 3, (7, V), generator=g).float()
+    if case == "all_-inf":
+        rows[:] = float("-inf")
+    if case == "partial_panel":
+        rows[:, V - 3:] = 50 + torch.arange(3.0)
+    rows = rows.to(dtype)
+    maxima = _maxima_of(rows, library.panel)
+    for k in (1, 8, 16 if case == "partial_panel" else 64):  # 1000 tokens: 32 panels
+        ids = library.top_k(rows, maxima.values, maxima.panel, k)
+        assert ids is not None and ids.shape == (7, k)
+        assert torch.equal(rows.gather(1, ids), torch.topk(rows, k).values), k
+        assert all(len(set(r)) == k for r in ids.tolist())
+        assert torch.equal(top_k_rows(rows, k, maxima), ids)
+    assert torch.equal(library.top_k(rows[2:5], maxima.values[2:5], maxima.panel, 8), library.top_k(
+        rows, maxima.values, maxima.panel, 8)[2:5])  # a row's answer does not depend on the others
+    if case == "random":  # negative control: maxima of other rows point to the wrong panels
+        wrong = library.top_k(rows, maxima.values.roll(1, 0), maxima.panel, 8)
+        assert not torch.equal(rows.gather(1, wrong), torch.topk(rows, 8).values)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nan_row_is_left_to_torch_topk(dtype):
+    """A row holding a NaN: the library does not answer (torch.topk's order of NaNs decides) and
+    top_k_rows gives torch.topk's answer, NaN first."""
+    rows = torch.randn(3, 8192, generator=torch.Generator().manual_seed(6)).to(dtype)
+    rows[1, 5000] = float("nan")
+    maxima = _maxima_of(rows, kernels.extension().panel)
+    assert kernels.extension().top_k(rows, maxima.values, maxima.panel, 8) is None
+    ids = top_k_rows(rows, 8, maxima)
+    expected = torch.topk(rows, 8).values
+    assert torch.allclose(rows.gather(1, ids).float(), expected.float(), equal_nan=True)
+    assert int(ids[1, 0]) == 5000
+
+
 @needs_kernel
 def test_the_model_readout_keeps_its_panel_maxima_on_the_kernel_path_only():
     """LM.maxima_of: the maxima of the logits the last forward returned, that very tensor only (logits a

@@ -54,6 +54,10 @@ inline float vsum(vfloat v) { return _mm512_reduce_add_ps(v); }
 inline vfloat negate(vfloat v) {  // the sign bit flipped, as torch's neg (-0 for +0, unlike 0 - v)
   return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
 }
+// Bit i set where lane i of p[0..LANES) is above `bound` or a NaN (not <=, unordered).
+inline uint32_t above_or_nan(const float* p, vfloat bound) {
+  return _mm512_cmp_ps_mask(_mm512_loadu_ps(p), bound, _CMP_NLE_UQ);
+}
 #else
 constexpr int LANES = 8, REGISTERS = 16;
 using vfloat = __m256;
@@ -81,6 +85,9 @@ inline float vsum(vfloat v) {  // the lanes in a fixed order
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 inline vfloat negate(vfloat v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }  // the sign bit flipped
+inline uint32_t above_or_nan(const float* p, vfloat bound) {
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), bound, _CMP_NLE_UQ)));
+}
 #endif
 
 // The tuning knobs (macros so that scripts/bench_linear_kernels.py --variants can build others beside).
@@ -397,9 +404,104 @@ void rotary(void (*row)(const E*, const E*, const E*, int64_t, E*), const E* x, 
             out + b * os[0] + h * os[1] + t * os[2]);
 }
 
+// ---- each row's k largest logits from its panel maxima (sampling.top_k_rows) -------------------------
+// The k largest of a row lie in the k panels with the largest maxima: each of those holds a value at least
+// the k-th largest maximum, which every one of the k largest values is at least (an equal value elsewhere
+// gives the same values). `best` keeps the k largest seen so far, largest first; a value enters only above
+// the k-th (ties keep the earlier: torch.topk's values either way, its ids among equal values may differ).
+struct Best {
+  float* value;
+  int64_t* index;
+  int64_t k, count = 0;
+  void offer(float v, int64_t i) {  // v not a NaN
+    if (count == k && !(v > value[k - 1])) return;
+    int64_t at = count < k ? count++ : k - 1;
+    for (; at > 0 && v > value[at - 1]; --at) {
+      value[at] = value[at - 1];
+      index[at] = index[at - 1];
+    }
+    value[at] = v;
+    index[at] = i;
+  }
+};
+
+// Offers x[0..n) to `best` (false at a NaN): a vector compare against the k-th value first, so that a long
+// row costs a compare per LANES values and only the few values above it are looked at one by one.
+inline bool offer_all(const float* x, int64_t n, Best& best) {
+  int64_t i = 0;
+  for (; i < n && best.count < best.k; ++i) {
+    if (x[i] != x[i]) return false;
+    best.offer(x[i], i);
+  }
+  for (; i + LANES <= n; i += LANES) {
+    for (uint32_t bits = above_or_nan(x + i, vset1(best.value[best.k - 1])); bits != 0; bits &= bits - 1) {
+      const int64_t j = i + __builtin_ctz(bits);
+      if (x[j] != x[j]) return false;
+      best.offer(x[j], j);
+    }
+  }
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return false;
+    best.offer(x[i], i);
+  }
+  return true;
+}
+
+template <typename T>
+int64_t top_k(const float* maxima, int64_t rows, int64_t p, const T* logits, int64_t ld, int64_t n, int64_t panel,
+              int64_t k, int64_t* top) {
+  int64_t failed = 0;
+#pragma omp parallel for schedule(static) reduction(+ : failed) if (rows * p >= (1 << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    float value[64], panel_value[64], candidates[64 * 64];
+    int64_t panel_index[64];
+    Best panels_best{panel_value, panel_index, k};
+    if (!offer_all(maxima + r * p, p, panels_best)) {
+      ++failed;
+      continue;
+    }
+    // the k best panels' columns, in panel order, then the k largest of them
+    std::sort(panel_index, panel_index + k);
+    const T* row = logits + r * ld;
+    int64_t m = 0;
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t c = panel_index[j] * panel; c < std::min(n, (panel_index[j] + 1) * panel); ++c)
+        candidates[m++] = as_float(row[c]);
+    int64_t* out = top + r * k;
+    Best best{value, out, k};
+    if (!offer_all(candidates, m, best)) {
+      ++failed;
+      continue;
+    }
+    for (int64_t j = 0; j < k; ++j) {  // a candidate's place -> its column in the row
+      int64_t place = out[j], q = 0;
+      while (place >= std::min(n, (panel_index[q] + 1) * panel) - panel_index[q] * panel) {
+        place -= std::min(n, (panel_index[q] + 1) * panel) - panel_index[q] * panel;
+        ++q;
+      }
+      out[j] = panel_index[q] * panel + place;
+    }
+  }
+  return failed;
+}
+
 }  // namespace
 
 extern "C" {
+
+// Each of `rows` logits rows' k largest values' columns, largest first, into top (rows, k): the rows' panel
+// maxima (rows, p) as the readout wrote them (db_linear_best_*), the rows (rows, n) at row stride `ld`.
+// 1 <= k <= 64, panel <= 64. Returns the number of rows holding a NaN (their top left unwritten: the caller
+// asks torch.topk, whose order of NaNs decides).
+int64_t db_top_k_f32(const float* maxima, int64_t rows, int64_t p, const float* logits, int64_t ld, int64_t n,
+                     int64_t panel, int64_t k, int64_t* top) {
+  return top_k(maxima, rows, p, logits, ld, n, panel, k, top);
+}
+
+int64_t db_top_k_bf16(const float* maxima, int64_t rows, int64_t p, const uint16_t* logits, int64_t ld, int64_t n,
+                      int64_t panel, int64_t k, int64_t* top) {
+  return top_k(maxima, rows, p, logits, ld, n, panel, k, top);
+}
 
 // Rotary embeddings for queries and keys in one call: q (B, H, T, D), k (B, KV, T, D) at the given
 // strides (the last dimension contiguous), cos / sin (B, T, D) contiguous; outputs at their own strides.

@@ -151,6 +151,10 @@ class Library:
             for suffix in suffixes:
                 getattr(lib, f"db_{kind}_{suffix}").argtypes = argtypes
                 getattr(lib, f"db_{kind}_{suffix}").restype = None
+        for suffix in ("f32", "bf16"):  # in every build: they only read
+            getattr(lib, f"db_top_k_{suffix}").argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr]
+            getattr(lib, f"db_top_k_{suffix}").restype = i64
+        self._top_k = {torch.float32: lib.db_top_k_f32, torch.bfloat16: lib.db_top_k_bf16}
         self.path, self.lib = Path(path), lib
         by_suffix = {"f32": torch.float32, "bf16": torch.bfloat16}
         self.dtypes = [by_suffix[x] for x in suffixes]  # what this build computes
@@ -204,6 +208,21 @@ class Library:
         values, where = self.panel_maxima(x.shape[:-1], n)
         self.best[x.dtype](*args, values.data_ptr(), where.data_ptr())
         return out, values, where
+
+    def top_k(self, rows: torch.Tensor, maxima: torch.Tensor, panel: int, k: int) -> torch.Tensor | None:
+        """(n, V) logits rows, their (n, ceil(V / panel)) panel maxima -> (n, k) each row's k largest values'
+        ids, largest first (kernels.cpp top_k: torch.topk's values; ids among equal values may differ from
+        its). None where this cannot answer: a NaN in a row (torch.topk's order of NaNs decides), a dtype
+        or shape it does not take."""
+        n, V = rows.shape
+        if (rows.dtype not in self._top_k or rows.stride(1) != 1 or not 1 <= k <= 64 or not 1 <= panel <= 64
+                or maxima.dtype != torch.float32 or maxima.shape != (n, -(-V // panel)) or maxima.shape[1] < k):
+            return None
+        maxima = maxima.contiguous()
+        top = torch.empty(n, k, dtype=torch.long)
+        nan_rows = self._top_k[rows.dtype](maxima.data_ptr(), n, maxima.shape[1], rows.data_ptr(), rows.stride(0),
+                                           V, panel, k, top.data_ptr())
+        return None if nan_rows else top
 
     def panel_maxima(self, rows: tuple[int, ...], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Empty (rows..., panels) float32 and int32 tensors for linear(best=True) over n outputs."""
