@@ -6,6 +6,8 @@ scripts/profile_device.py and scripts/bench_linear_kernels.py, not here. The ext
 the session (tests/conftest.py); where it cannot build these tests skip, saying why."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -321,7 +323,6 @@ def _llama_norm(dim: int, dtype: torch.dtype):
 
 def _fused(norm):
     """The same module on the kernel path (a copy: the class is swapped in place)."""
-    import copy
     fused = copy.deepcopy(norm)
     kernels._DTYPES.add(next(fused.parameters()).dtype)
     fused.__class__ = kernels._kernel_norm_class(type(norm))
@@ -348,24 +349,55 @@ def test_fused_norm_matches_transformers_and_each_row_is_its_own(dtype, dim):
         assert not torch.allclose(fused(x), want, rtol=2 * ulp, atol=1e-6)
 
 
+@pytest.mark.parametrize("dim", [640, 256, 7])  # Gemma 3 270M's width and head; under one vector
+def test_gemmas_norm_is_fused_in_float32_and_matches_transformers(dim):
+    """Gemma's RMSNorm, (1 + w) * (x * rsqrt(mean(x^2) + eps)) in float32: fused on the kernel path in
+    float32 (its weight offset made once per weight version), transformers' own in bfloat16."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    if WHY_NOT[torch.float32] is not None:
+        pytest.skip(f"kernel: {WHY_NOT[torch.float32]}")
+    norm = Gemma3RMSNorm(dim, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim, generator=torch.Generator().manual_seed(1)))
+    fused = _fused(norm)
+    assert isinstance(fused, kernels.KernelRMSNorm) and fused.kernel_dtypes == {torch.float32}
+    x = torch.randn(2, 33, dim, generator=torch.Generator().manual_seed(2)) * 4
+    with torch.inference_mode():
+        want, got = norm(x), fused(x)
+    assert torch.allclose(got, want, rtol=2 * torch.finfo(torch.float32).eps, atol=1e-6)
+    with torch.no_grad():  # a new weight: its offset is made again
+        norm.weight.add_(0.5)
+        fused.weight.add_(0.5)
+    with torch.inference_mode():
+        assert torch.allclose(fused(x), norm(x), rtol=2 * torch.finfo(torch.float32).eps, atol=1e-6)
+        fused.eps = 1.0  # the control: a wrong eps is seen
+        assert not torch.allclose(fused(x), norm(x), rtol=2 * torch.finfo(torch.float32).eps, atol=1e-6)
+    if torch.bfloat16 in kernels._DTYPES:  # bfloat16: not the library's rounding, so transformers' own
+        half = copy.deepcopy(norm).to(torch.bfloat16)
+        half.__class__ = type(fused)
+        with torch.inference_mode():
+            assert torch.equal(half(x.bfloat16()), Gemma3RMSNorm.forward(half, x.bfloat16()))
+
+
 @needs_kernel
-def test_only_llamas_norm_formula_is_fused_and_the_swap_is_undone():
-    class GemmaLikeRMSNorm(torch.nn.Module):  # (1 + w): not Llama's formula, so the probe refuses it
+def test_only_known_norm_formulas_are_fused_and_the_swap_is_undone():
+    class CenteredRMSNorm(torch.nn.Module):  # subtracts the mean: neither Llama's formula nor Gemma's
         def __init__(self, dim, eps=1e-6):
             super().__init__()
-            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.zeros(dim)), eps
+            self.weight, self.variance_epsilon, self.eps = torch.nn.Parameter(torch.zeros(dim)), eps, eps
 
         def forward(self, x):
-            x32 = x.float()
-            return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+            x32 = x.float() - x.float().mean(-1, keepdim=True)
+            return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
                     * (1.0 + self.weight.float())).to(x.dtype)
 
     lm = tiny_lm(seed=1, fast_path="kernel")
     norms = [m for m in lm.model.modules() if type(m).__name__.endswith("RMSNorm")]
     assert norms and all(isinstance(m, kernels.KernelRMSNorm) for m in norms)
-    gemma = torch.nn.Sequential(GemmaLikeRMSNorm(16))
-    lm.accelerate(gemma)
-    assert type(gemma[0]) is GemmaLikeRMSNorm
+    other = torch.nn.Sequential(CenteredRMSNorm(16))
+    lm.accelerate(other)
+    assert type(other[0]) is CenteredRMSNorm
     x = torch.randn(3, norms[0].weight.shape[0], requires_grad=True)
     norms[0](x).sum().backward()  # autograd: transformers' own forward, so gradients flow
     assert x.grad is not None and x.grad.abs().sum() > 0

@@ -6,8 +6,9 @@ sharing stay as they are), which keeps its weight repacked into column panels an
 1..MAX_ROWS rows on them: each weight is streamed once for all the rows, and each output is summed
 over k in a fixed order, so a row's result is bitwise the same alone or among others (a tree's
 verification and a one-token step agree in the linears). Wider inputs (a prompt's prefill) and
-autograd keep the native kernel. Llama-formula RMSNorms (their class checked by a probe) are swapped
-too, for KernelRMSNorm: one call into the library per norm instead of transformers' seven operations;
+autograd keep the native kernel. RMSNorms of Llama's formula, or Gemma's (1 + w) in float32 (their class
+checked by a probe), are swapped too, for KernelRMSNorm: one call into the library per norm instead of
+transformers' seven or eight operations;
 and attention whose model's rotary is Llama's, for KernelAttention: inside it, apply_rotary_pos_emb runs
 in the library, bitwise transformers' result (both save 2.1-4.2 ms a SmolLM2 forward on a 2-core Zen 4:
 results/reference/kernels/split_zen4/).
@@ -405,49 +406,81 @@ _DTYPES: set[torch.dtype] = set()  # dtypes KernelLinear runs here (filled by sw
 
 
 class KernelRMSNorm:
-    """Mixed into a Llama-formula RMSNorm class (swap makes `Kernel<its name>` from both, so isinstance
-    still holds): the norm of a CPU input in the kernel's dtypes in one call into the library instead of
-    transformers' seven operations. Compiled graphs, autograd and anything else keep the class's own."""
+    """Mixed into an RMSNorm class whose forward a probe found to be one of two formulas (swap makes
+    `Kernel<its name>` from both, so isinstance still holds): Llama's, w * (x * rsqrt(mean(x^2) + eps)),
+    or Gemma's, the same with (1 + w) in float32 (its weight stored as w - 1); the norm of a CPU input in
+    the dtypes the probe agreed in, in one call into the library instead of transformers' seven or eight
+    operations. Compiled graphs, autograd and anything else keep the class's own."""
+
+    weight_offset = 0.0  # Gemma's formula: 1.0
+    eps_attribute = "variance_epsilon"  # Gemma's norms call it eps
+    kernel_dtypes: frozenset = frozenset()  # where the probe agreed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         dim = x.shape[-1]
-        if (x.dtype != weight.dtype or x.dtype not in _DTYPES or not x.is_cpu or x.numel() == 0
+        if (x.dtype != weight.dtype or x.dtype not in self.kernel_dtypes or not x.is_cpu or x.numel() == 0
                 or weight.shape != (dim,) or torch.compiler.is_compiling()
                 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
             return super().forward(x)
         if not x.is_contiguous():
             x = x.contiguous()
         out = torch.empty_like(x)
-        _lib.rmsnorm[x.dtype](x.data_ptr(), x.numel() // dim, dim, weight.contiguous().data_ptr(),
-                              self.variance_epsilon, out.data_ptr())
+        _lib.rmsnorm[x.dtype](x.data_ptr(), x.numel() // dim, dim, self._kernel_weight().data_ptr(),
+                              getattr(self, self.eps_attribute), out.data_ptr())
         return out
+
+    def _kernel_weight(self) -> torch.Tensor:
+        """The weight the formula multiplies by: w, or Gemma's 1 + w (made once per weight version)."""
+        weight = self.weight
+        if not self.weight_offset:
+            return weight if weight.is_contiguous() else weight.contiguous()
+        key = (weight.data_ptr(), weight._version)
+        made = self.__dict__.get("_offset_weight")
+        if made is None or made[0] != key:
+            made = key, (self.weight_offset + weight.detach().float()).to(weight.dtype).contiguous()
+            self.__dict__["_offset_weight"] = made
+        return made[1]
 
 
 _NORMS: dict[type, type | None] = {}  # a norm class -> its Kernel class, or None where the probe refused it
+# The formulas a norm class is probed for: Llama's in every dtype the kernel runs; Gemma's in float32 only
+# (in bfloat16 it rounds once, at the end, where the library's bfloat16 norm rounds x * scale first).
+_FORMULAS = ({"weight_offset": 0.0, "eps_attribute": "variance_epsilon"},
+             {"weight_offset": 1.0, "eps_attribute": "eps", "only": torch.float32})
 
 
 def _kernel_norm_class(cls: type) -> type | None:
-    """`cls` with KernelRMSNorm's forward, if its own forward is Llama's formula (a probe on random rows
-    in every dtype the kernel runs must agree to the dtype's rounding); None otherwise (Gemma's (1 + w),
-    say)."""
+    """`cls` with KernelRMSNorm's forward, if its own forward is one of _FORMULAS (a probe on random rows in
+    each dtype the kernel runs must agree to the dtype's rounding), for the dtypes it agreed in; None where
+    no formula agreed in any."""
     if cls not in _NORMS:
-        kernel = type(f"Kernel{cls.__name__}", (KernelRMSNorm, cls), {})
-        ok = True
-        for dtype in _DTYPES:
-            try:
-                probe = cls(96, eps=1e-5).to(dtype)
-            except TypeError:  # not constructed as Llama's is: not known to be its formula
-                ok = False
+        _NORMS[cls] = None
+        for formula in _FORMULAS:
+            only = formula.get("only")
+            attributes = {k: v for k, v in formula.items() if k != "only"}
+            kernel = type(f"Kernel{cls.__name__}", (KernelRMSNorm, cls), attributes)
+            agreed = set()
+            for dtype in sorted(_DTYPES if only is None else _DTYPES & {only}, key=str):
+                try:
+                    probe = cls(96, eps=1e-5).to(dtype)
+                except TypeError:  # not constructed as these are: not known to be their formula
+                    break
+                if not hasattr(probe, formula["eps_attribute"]):
+                    break
+                with torch.no_grad():
+                    probe.weight.copy_(torch.linspace(-2, 2, 96))
+                    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(0)).to(dtype) * 3
+                    want = probe(x)
+                    kernel.kernel_dtypes = frozenset({dtype})
+                    probe.__class__ = kernel
+                    got = probe(x)
+                if torch.allclose(got.float(), want.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-6):
+                    agreed.add(dtype)
+            if agreed:
+                kernel.kernel_dtypes = frozenset(agreed)
+                _NORMS[cls] = kernel
                 break
-            with torch.no_grad():
-                probe.weight.copy_(torch.linspace(-2, 2, 96))
-                x = torch.randn(5, 96, generator=torch.Generator().manual_seed(0)).to(dtype) * 3
-                want = probe(x)
-                probe.__class__ = kernel
-                got = probe(x)
-            ok = ok and torch.allclose(got.float(), want.float(), rtol=2 * torch.finfo(dtype).eps, atol=1e-6)
-        _NORMS[cls] = kernel if ok else None
     return _NORMS[cls]
 
 
@@ -543,7 +576,7 @@ def _is_attention(module: nn.Module) -> bool:
 
 
 def _is_rmsnorm(module: nn.Module) -> bool:
-    return (type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
+    return (type(module).__name__.endswith("RMSNorm") and any(hasattr(module, f["eps_attribute"]) for f in _FORMULAS)
             and isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 1)
 
 
@@ -576,6 +609,7 @@ def unswap(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, (KernelRMSNorm, KernelAttention)):
             module.__class__ = type(module).__bases__[1]
+            module.__dict__.pop("_offset_weight", None)
         if type(module) is KernelLinear:
             module.__class__ = nn.Linear
             _PACKED.pop((module.weight.data_ptr(), module.weight.dtype), None)
