@@ -349,35 +349,34 @@ def test_fused_norm_matches_transformers_and_each_row_is_its_own(dtype, dim):
         assert not torch.allclose(fused(x), want, rtol=2 * ulp, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim", [640, 256, 7])  # Gemma 3 270M's width and head; under one vector
-def test_gemmas_norm_is_fused_in_float32_and_matches_transformers(dim):
-    """Gemma's RMSNorm, (1 + w) * (x * rsqrt(mean(x^2) + eps)) in float32: fused on the kernel path in
-    float32 (its weight offset made once per weight version), transformers' own in bfloat16."""
+def test_gemmas_norm_is_fused_and_matches_transformers(dtype, dim, monkeypatch):
+    """Gemma's RMSNorm, (1 + w) * (x * rsqrt(mean(x^2) + eps)) in float32 and rounded once: fused on the
+    kernel path in each dtype the kernel runs, its weight offset made once per weight version."""
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
-    if WHY_NOT[torch.float32] is not None:
-        pytest.skip(f"kernel: {WHY_NOT[torch.float32]}")
+    monkeypatch.setattr(kernels, "_NORMS", {})  # probed afresh, in every dtype this machine's kernel runs
+    monkeypatch.setattr(kernels, "_DTYPES", {d for d, why in WHY_NOT.items() if why is None})
     norm = Gemma3RMSNorm(dim, eps=1e-6)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(dim, generator=torch.Generator().manual_seed(1)))
+    norm = norm.to(dtype)
     fused = _fused(norm)
-    assert isinstance(fused, kernels.KernelRMSNorm) and fused.kernel_dtypes == {torch.float32}
-    x = torch.randn(2, 33, dim, generator=torch.Generator().manual_seed(2)) * 4
+    assert isinstance(fused, kernels.KernelRMSNorm) and fused.kernel_dtypes == kernels._DTYPES
+    x = (torch.randn(2, 33, dim, generator=torch.Generator().manual_seed(2)) * 4).to(dtype)
+    close = dict(rtol=2 * torch.finfo(dtype).eps, atol=1e-6)
     with torch.inference_mode():
         want, got = norm(x), fused(x)
-    assert torch.allclose(got, want, rtol=2 * torch.finfo(torch.float32).eps, atol=1e-6)
+        assert got.dtype == dtype and torch.allclose(got.float(), want.float(), **close)
+        assert torch.equal(fused(x[1:, 5:9]), got[1:, 5:9])  # each row on its own
     with torch.no_grad():  # a new weight: its offset is made again
         norm.weight.add_(0.5)
         fused.weight.add_(0.5)
     with torch.inference_mode():
-        assert torch.allclose(fused(x), norm(x), rtol=2 * torch.finfo(torch.float32).eps, atol=1e-6)
+        assert torch.allclose(fused(x).float(), norm(x).float(), **close)
         fused.eps = 1.0  # the control: a wrong eps is seen
-        assert not torch.allclose(fused(x), norm(x), rtol=2 * torch.finfo(torch.float32).eps, atol=1e-6)
-    if torch.bfloat16 in kernels._DTYPES:  # bfloat16: not the library's rounding, so transformers' own
-        half = copy.deepcopy(norm).to(torch.bfloat16)
-        half.__class__ = type(fused)
-        with torch.inference_mode():
-            assert torch.equal(half(x.bfloat16()), Gemma3RMSNorm.forward(half, x.bfloat16()))
+        assert not torch.allclose(fused(x).float(), norm(x).float(), **close)
 
 
 @needs_kernel

@@ -550,6 +550,21 @@ void db_rmsnorm_bf16(const uint16_t* x, int64_t rows, int64_t dim, const uint16_
   }
 }
 
+// Gemma's formula in bfloat16, as transformers computes it: x read as float32, the norm and the float32
+// weight w (1 + its stored weight) applied in float32, rounded to bfloat16 once.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+void db_rmsnorm_f32w_bf16(const uint16_t* x, int64_t rows, int64_t dim, const float* w, float eps, uint16_t* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * dim;
+    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(mean_square_bf16(xr, dim) + eps));
+    for (int64_t i = 0; i < dim; i += 16) {
+      const __mmask16 mask = tail_mask(dim - i);
+      const __m512 h = _mm512_mul_ps(bf16_to_f32(mask, xr + i), scale);
+      _mm256_mask_storeu_epi16(y + r * dim + i, mask,
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, w + i), h)));
+    }
+  }
+}
 #endif
 
 int64_t db_kernel_panel() { return PANEL; }

@@ -6,7 +6,7 @@ sharing stay as they are), which keeps its weight repacked into column panels an
 1..MAX_ROWS rows on them: each weight is streamed once for all the rows, and each output is summed
 over k in a fixed order, so a row's result is bitwise the same alone or among others (a tree's
 verification and a one-token step agree in the linears). Wider inputs (a prompt's prefill) and
-autograd keep the native kernel. RMSNorms of Llama's formula, or Gemma's (1 + w) in float32 (their class
+autograd keep the native kernel. RMSNorms of Llama's formula, or Gemma's ((1 + w), in float32; their class
 checked by a probe), are swapped too, for KernelRMSNorm: one call into the library per norm instead of
 transformers' seven or eight operations;
 and attention whose model's rotary is Llama's, for KernelAttention: inside it, apply_rotary_pos_emb runs
@@ -161,6 +161,11 @@ class Library:
         self.dtypes = [by_suffix[x] for x in suffixes]  # what this build computes
         self.rmsnorm = {by_suffix[x]: getattr(lib, f"db_rmsnorm_{x}") for x in suffixes}
         self.rotary = {by_suffix[x]: getattr(lib, f"db_rotary_{x}") for x in suffixes}
+        # Gemma's formula (a float32 weight): float32's own kernel, and a bfloat16 one that rounds once
+        self.rmsnorm_f32_weight = {torch.float32: lib.db_rmsnorm_f32}
+        if "bf16" in suffixes:
+            lib.db_rmsnorm_f32w_bf16.argtypes, lib.db_rmsnorm_f32w_bf16.restype = kinds["rmsnorm"], None
+            self.rmsnorm_f32_weight[torch.bfloat16] = lib.db_rmsnorm_f32w_bf16
         self.panel, self.rows = lib.db_kernel_panel(), lib.db_kernel_rows()  # output columns a panel, rows a block
         self._f32, self._bf16 = lib.db_linear_f32, getattr(lib, "db_linear_bf16", None)
         self.best = {by_suffix[x]: getattr(lib, f"db_linear_best_{x}") for x in suffixes}
@@ -426,28 +431,28 @@ class KernelRMSNorm:
         if not x.is_contiguous():
             x = x.contiguous()
         out = torch.empty_like(x)
-        _lib.rmsnorm[x.dtype](x.data_ptr(), x.numel() // dim, dim, self._kernel_weight().data_ptr(),
-                              getattr(self, self.eps_attribute), out.data_ptr())
+        norm = _lib.rmsnorm_f32_weight[x.dtype] if self.weight_offset else _lib.rmsnorm[x.dtype]
+        norm(x.data_ptr(), x.numel() // dim, dim, self._kernel_weight().data_ptr(), getattr(self, self.eps_attribute),
+             out.data_ptr())
         return out
 
     def _kernel_weight(self) -> torch.Tensor:
-        """The weight the formula multiplies by: w, or Gemma's 1 + w (made once per weight version)."""
+        """The weight the formula multiplies by: w, or Gemma's 1 + w in float32 (made once per weight version)."""
         weight = self.weight
         if not self.weight_offset:
             return weight if weight.is_contiguous() else weight.contiguous()
         key = (weight.data_ptr(), weight._version)
         made = self.__dict__.get("_offset_weight")
         if made is None or made[0] != key:
-            made = key, (self.weight_offset + weight.detach().float()).to(weight.dtype).contiguous()
+            made = key, (self.weight_offset + weight.detach().float()).contiguous()
             self.__dict__["_offset_weight"] = made
         return made[1]
 
 
 _NORMS: dict[type, type | None] = {}  # a norm class -> its Kernel class, or None where the probe refused it
-# The formulas a norm class is probed for: Llama's in every dtype the kernel runs; Gemma's in float32 only
-# (in bfloat16 it rounds once, at the end, where the library's bfloat16 norm rounds x * scale first).
+# The formulas a norm class is probed for, in every dtype the kernel runs
 _FORMULAS = ({"weight_offset": 0.0, "eps_attribute": "variance_epsilon"},
-             {"weight_offset": 1.0, "eps_attribute": "eps", "only": torch.float32})
+             {"weight_offset": 1.0, "eps_attribute": "eps"})
 
 
 def _kernel_norm_class(cls: type) -> type | None:
@@ -457,11 +462,9 @@ def _kernel_norm_class(cls: type) -> type | None:
     if cls not in _NORMS:
         _NORMS[cls] = None
         for formula in _FORMULAS:
-            only = formula.get("only")
-            attributes = {k: v for k, v in formula.items() if k != "only"}
-            kernel = type(f"Kernel{cls.__name__}", (KernelRMSNorm, cls), attributes)
+            kernel = type(f"Kernel{cls.__name__}", (KernelRMSNorm, cls), dict(formula))
             agreed = set()
-            for dtype in sorted(_DTYPES if only is None else _DTYPES & {only}, key=str):
+            for dtype in sorted(_DTYPES, key=str):
                 try:
                     probe = cls(96, eps=1e-5).to(dtype)
                 except TypeError:  # not constructed as these are: not known to be their formula
