@@ -6,8 +6,8 @@ sharing stay as they are), which keeps its weight repacked into column panels an
 1..MAX_ROWS rows on them: each weight is streamed once for all the rows, and each output is summed
 over k in a fixed order, so a row's result is bitwise the same alone or among others (a tree's
 verification and a one-token step agree in the linears). Wider inputs (a prompt's prefill) and
-autograd keep the native kernel. RMSNorms of Llama's formula, or Gemma's ((1 + w), in float32; their class
-checked by a probe), are swapped too, for KernelRMSNorm: one call into the library per norm instead of
+autograd keep the native kernel. RMSNorms of Llama's formula, or Gemma's ((1 + w), computed in float32;
+their class checked by a probe), are swapped too, for KernelRMSNorm: one call into the library per norm instead of
 transformers' seven or eight operations;
 and attention whose model's rotary is Llama's, for KernelAttention: inside it, apply_rotary_pos_emb runs
 in the library, bitwise transformers' result (both save 2.1-4.2 ms a SmolLM2 forward on a 2-core Zen 4:
@@ -152,7 +152,7 @@ class Library:
             for suffix in suffixes:
                 getattr(lib, f"db_{kind}_{suffix}").argtypes = argtypes
                 getattr(lib, f"db_{kind}_{suffix}").restype = None
-        for suffix in ("f32", "bf16"):  # in every build: they only read
+        for suffix in ("f32", "bf16"):  # in every build: they read bfloat16 bits as float32, never compute in it
             getattr(lib, f"db_top_k_{suffix}").argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr]
             getattr(lib, f"db_top_k_{suffix}").restype = i64
         self._top_k = {torch.float32: lib.db_top_k_f32, torch.bfloat16: lib.db_top_k_bf16}
