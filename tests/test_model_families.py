@@ -205,22 +205,30 @@ def test_sampling_verifies_against_the_models_own_distributions(family, decoder,
 
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "qwen3_moe"])
 @pytest.mark.parametrize("initialised", [True, False])
-def test_a_block_drafts_layer_sets_what_its_constructor_leaves_unset(family, initialised, monkeypatch):
+@pytest.mark.parametrize("kind", ["block", "eagle"])
+def test_a_drafts_layer_sets_what_its_constructor_leaves_unset(family, initialised, kind, monkeypatch):
     """Experts, routers and gpt-oss's sinks are torch.empty in a decoder layer's constructor: a block
-    draft's layer initialises them (its logits, random or not, are finite). Memory as torch.empty left it
-    is stood for by NaN; without the initialisation (initialised=False, the negative control) it stays."""
+    draft's layer and an EAGLE draft's initialise them (a random draft's logits are finite, and one seed is
+    one draft). Memory as torch.empty left it is stood for by NaN; without the initialisation
+    (initialised=False, the negative control) it stays."""
     import decoders.methods.block_draft as block_draft
+    import decoders.methods.eagle_draft as eagle_draft
 
     lm = family_lm(family)
+    module = block_draft if kind == "block" else eagle_draft
     if not initialised:
-        monkeypatch.setattr(block_draft, "init_unset_parameters", lambda lm, layers: None)
+        monkeypatch.setattr(module, "init_unset_parameters", lambda lm, layers: None)
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
-    draft = block_draft.new_block_draft(lm, seed=1)
+    drafts = [block_draft.new_block_draft(lm, seed=1) if kind == "block" else eagle_draft.new_draft(lm, seed=1)
+              for _ in range(2)]
     monkeypatch.setattr(torch, "empty", empty)
-    finite = all(bool(p.isfinite().all()) for p in draft.layers.parameters())
+    layers = [d.layers if kind == "block" else d.layer for d in drafts]
+    finite = all(bool(p.isfinite().all()) for p in layers[0].parameters())
     assert finite == initialised
-    if initialised:
+    assert all(torch.equal(a, b) for a, b in zip(layers[0].parameters(), layers[1].parameters())) == initialised
+    if initialised and kind == "block":
+        draft = drafts[0]
         with torch.inference_mode():
             _, feats = lm.forward(prompt(), lm.new_cache(), features=draft.reads)
             out = draft(feats[:-1], prompt()[-1], block_draft.KVCache(block_draft.DynamicCache()), 4)

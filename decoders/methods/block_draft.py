@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from ..core.kv_cache import KVCache
 from ..core.lm import LM, DraftCost, TargetParts
 from ..core.weights_file import addon_path, load_checked, load_state, meta_int, meta_json, save_weights
-from .eagle_draft import draft_layer_config, read_out, ready_draft, run_layers, vocab_readout
+from .eagle_draft import draft_layer_config, init_unset_parameters, read_out, ready_draft, run_layers, vocab_readout
 from .published import eagle3_reads
 
 BLOCK_FORMAT = "block-draft-v1"
@@ -59,19 +59,6 @@ def block_mask(context: int, cached: int, block: int) -> torch.Tensor:
     mask = torch.ones(rows, cached + rows, dtype=torch.bool)
     mask[:context, cached:] = torch.ones(context, rows, dtype=torch.bool).tril()  # causal, no block
     return mask
-
-
-def init_unset_parameters(lm: LM, layers: nn.Module) -> None:
-    """Initialise, by the target family's own rule (its _init_weights), what a decoder layer's constructor
-    leaves unset: a mixture of experts' expert and router weights and gpt-oss's attention sinks are
-    torch.empty (memory as it was: NaN in a random draft's logits). Linear, embedding and norm modules keep
-    their constructor's values (a dense layer's initialisation, and the draws it takes, are unchanged)."""
-    for module in layers.modules():
-        if (isinstance(module, (nn.Linear, nn.Embedding)) or "Norm" in type(module).__name__
-                or not any(True for _ in module.parameters(recurse=False))):
-            continue
-        with torch.no_grad():
-            lm.model._init_weights(module)
 
 
 class BlockDraft(nn.Module):

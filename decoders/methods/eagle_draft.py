@@ -50,6 +50,19 @@ def draft_layer_config(lm: LM, layers: int = 1, intermediate_size: int | None = 
     return full_attention_config(cfg)
 
 
+def init_unset_parameters(lm: LM, layers: nn.Module) -> None:
+    """Initialise, by the target family's own rule (its _init_weights), what a decoder layer's constructor
+    leaves unset: a mixture of experts' expert and router weights and gpt-oss's attention sinks are
+    torch.empty (memory as it was: NaN in a random draft's logits). Linear, embedding and norm modules keep
+    their constructor's values (a dense layer's initialisation, and the draws it takes, are unchanged)."""
+    for module in layers.modules():
+        if (isinstance(module, (nn.Linear, nn.Embedding)) or "Norm" in type(module).__name__
+                or not any(True for _ in module.parameters(recurse=False))):
+            continue
+        with torch.no_grad():
+            lm.model._init_weights(module)
+
+
 def vocab_readout(lm: LM, vocab: Sequence[int] | None) -> tuple[torch.Tensor, nn.Linear]:
     """(the draft vocabulary's token ids (V',), a readout over them): the target's head itself for the
     whole vocabulary, else a copy of its rows; frozen, never saved (the ids go in the file's metadata)."""
@@ -101,6 +114,7 @@ class FeatureDraft(nn.Module):
         d = cfg.hidden_size
         self.fuse = nn.Linear(2 * d, d)
         self.layer = type(base.layers[0])(cfg, layer_idx=0)
+        init_unset_parameters(lm, self.layer)
         # Identity start: features_t+1 := features_t (the fuse passes the features through, the layer's
         # residual branches output zero), a stable point to train from.
         with torch.no_grad():
