@@ -454,7 +454,7 @@ int64_t top_k(const float* maxima, int64_t rows, int64_t p, const T* logits, int
 #pragma omp parallel for schedule(static) reduction(+ : failed) if (rows * p >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     float value[64], panel_value[64], candidates[64 * 64];
-    int64_t panel_index[64];
+    int64_t panel_index[64], column[64 * 64];
     Best panels_best{panel_value, panel_index, k};
     if (!offer_all(maxima + r * p, p, panels_best)) {
       ++failed;
@@ -465,22 +465,17 @@ int64_t top_k(const float* maxima, int64_t rows, int64_t p, const T* logits, int
     const T* row = logits + r * ld;
     int64_t m = 0;
     for (int64_t j = 0; j < k; ++j)
-      for (int64_t c = panel_index[j] * panel; c < std::min(n, (panel_index[j] + 1) * panel); ++c)
-        candidates[m++] = as_float(row[c]);
+      for (int64_t c = panel_index[j] * panel; c < std::min(n, (panel_index[j] + 1) * panel); ++c) {
+        candidates[m] = as_float(row[c]);
+        column[m++] = c;
+      }
     int64_t* out = top + r * k;
     Best best{value, out, k};
     if (!offer_all(candidates, m, best)) {
       ++failed;
       continue;
     }
-    for (int64_t j = 0; j < k; ++j) {  // a candidate's place -> its column in the row
-      int64_t place = out[j], q = 0;
-      while (place >= std::min(n, (panel_index[q] + 1) * panel) - panel_index[q] * panel) {
-        place -= std::min(n, (panel_index[q] + 1) * panel) - panel_index[q] * panel;
-        ++q;
-      }
-      out[j] = panel_index[q] * panel + place;
-    }
+    for (int64_t j = 0; j < k; ++j) out[j] = column[out[j]];  // a candidate's place -> its column in the row
   }
   return failed;
 }
