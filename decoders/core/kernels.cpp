@@ -355,6 +355,29 @@ inline float mean_square_bf16(const uint16_t* x, int64_t dim) {
   }
   return _mm512_reduce_add_ps(acc) / static_cast<float>(dim);
 }
+
+__attribute__((target("avx512f,avx512bw")))
+inline __m512 weight_f32(__mmask16 mask, const uint16_t* w) { return bf16_to_f32(mask, w); }
+__attribute__((target("avx512f")))
+inline __m512 weight_f32(__mmask16 mask, const float* w) { return _mm512_maskz_loadu_ps(mask, w); }
+
+// The bfloat16 norms: x read as float32, times its scale, rounded to bfloat16 there where `round_norm`
+// (Llama's formula), times the weight w (bfloat16 or float32 elements), rounded to bfloat16.
+template <bool round_norm, typename W>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+inline void rmsnorm_bf16(const uint16_t* x, int64_t rows, int64_t dim, const W* w, float eps, uint16_t* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * dim;
+    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(mean_square_bf16(xr, dim) + eps));
+    for (int64_t i = 0; i < dim; i += 16) {
+      const __mmask16 mask = tail_mask(dim - i);
+      const __m512 norm = _mm512_mul_ps(bf16_to_f32(mask, xr + i), scale);
+      const __m512 h = round_norm ? round_bf16(norm) : norm;
+      _mm256_mask_storeu_epi16(y + r * dim + i, mask,
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(weight_f32(mask, w + i), h)));
+    }
+  }
+}
 #endif
 
 // ---- rotary embeddings (Llama's): out = x * cos + rotate_half(x) * sin ------------------------------
@@ -533,32 +556,14 @@ void db_rmsnorm_f32(const float* x, int64_t rows, int64_t dim, const float* w, f
 // bfloat16, then times the bfloat16 weight, rounded again.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 void db_rmsnorm_bf16(const uint16_t* x, int64_t rows, int64_t dim, const uint16_t* w, float eps, uint16_t* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * dim;
-    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(mean_square_bf16(xr, dim) + eps));
-    for (int64_t i = 0; i < dim; i += 16) {
-      const __mmask16 mask = tail_mask(dim - i);
-      const __m512 h = round_bf16(_mm512_mul_ps(bf16_to_f32(mask, xr + i), scale));
-      _mm256_mask_storeu_epi16(y + r * dim + i, mask,
-                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(bf16_to_f32(mask, w + i), h)));
-    }
-  }
+  rmsnorm_bf16<true>(x, rows, dim, w, eps, y);
 }
 
 // Gemma's formula in bfloat16, as transformers computes it: x read as float32, the norm and the float32
 // weight w (1 + its stored weight) applied in float32, rounded to bfloat16 once.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 void db_rmsnorm_f32w_bf16(const uint16_t* x, int64_t rows, int64_t dim, const float* w, float eps, uint16_t* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * dim;
-    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(mean_square_bf16(xr, dim) + eps));
-    for (int64_t i = 0; i < dim; i += 16) {
-      const __mmask16 mask = tail_mask(dim - i);
-      const __m512 h = _mm512_mul_ps(bf16_to_f32(mask, xr + i), scale);
-      _mm256_mask_storeu_epi16(y + r * dim + i, mask,
-                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, w + i), h)));
-    }
-  }
+  rmsnorm_bf16<false>(x, rows, dim, w, eps, y);
 }
 #endif
 
